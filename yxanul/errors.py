@@ -1,0 +1,28 @@
+"""User-facing errors: one line, no traceback.
+
+Anything a user can cause by a bad flag, file or config value raises a subclass of
+:class:`UserError`; the CLI prints ``error: <message>`` on one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake in the user's input (flag, config key, file). Printed as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A config key that is unknown or has a bad value."""
+
+    def __init__(self, key: str, expected: str, got: object = None):
+        self.key, self.expected, self.got = key, expected, got
+        msg = f"config key '{key}': expected {expected}"
+        if got is not None:
+            msg += f", got {got!r}"
+        super().__init__(msg)
+
+
+class DataError(UserError):
+    """A data file or directory that is missing, empty or unreadable."""

@@ -1,0 +1,94 @@
+"""Optimizer and learning-rate schedule: AdamW with decay/no-decay groups, linear warmup then
+cosine decay to ``min_lr_ratio * max_lr``."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import ConfigError
+
+
+@dataclass
+class OptimArgs:
+    """Optimizer and learning-rate schedule."""
+
+    max_lr: float = field(default=6e-4, metadata={"help": "Peak learning rate, reached at the end of warmup."})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "Final learning rate as a fraction of max_lr (cosine floor)."})
+    warmup_steps: int = field(default=100, metadata={"help": "Optimizer steps of linear warmup from 0 to max_lr."})
+    lr_decay_steps: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer step at which the cosine reaches its floor (default: max_steps). "
+                          "Keep it fixed when a run is trained in several pieces."},
+    )
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only; norms, embeddings' bias-free params excluded)."})
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
+    beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 disables clipping)."})
+
+    def __post_init__(self):
+        if self.max_lr <= 0:
+            raise ConfigError("max_lr", "a positive float", self.max_lr)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("min_lr_ratio", "a float in [0, 1]", self.min_lr_ratio)
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps", "an integer >= 0", self.warmup_steps)
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
+            raise ConfigError("lr_decay_steps", "a positive integer or null", self.lr_decay_steps)
+        if self.weight_decay < 0:
+            raise ConfigError("weight_decay", "a float >= 0", self.weight_decay)
+        if self.max_grad_norm < 0:
+            raise ConfigError("max_grad_norm", "a float >= 0", self.max_grad_norm)
+
+
+def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, decay_steps: int) -> float:
+    """Learning rate used for optimizer step ``step`` (0-based: the first update uses ``lr_at(0)``).
+
+    Linear warmup reaches ``max_lr`` at ``step == warmup_steps``; cosine decay reaches
+    ``min_lr_ratio * max_lr`` at ``step == decay_steps`` and stays there.
+    """
+    min_lr = max_lr * min_lr_ratio
+    if warmup_steps > 0 and step < warmup_steps:
+        return max_lr * (step + 1) / (warmup_steps + 1)
+    if step >= decay_steps:
+        return min_lr
+    span = max(1, decay_steps - warmup_steps)
+    progress = (step - warmup_steps) / span
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.AdamW:
+    """AdamW with two groups: >=2-D weights decay, 1-D params (norm weights) and embeddings' padding don't.
+
+    Uses the fused CUDA kernel when every parameter is on a CUDA device.
+    """
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": args.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    kwargs = {}
+    if "fused" in inspect.signature(torch.optim.AdamW).parameters:
+        kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
+    return torch.optim.AdamW(
+        groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps, **kwargs
+    )
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: OptimArgs, max_steps: int):
+    """LambdaLR over optimizer steps implementing :func:`lr_at` (the lambda is a ratio of max_lr)."""
+    decay_steps = args.lr_decay_steps or max_steps
+
+    def ratio(step: int) -> float:
+        return lr_at(step, max_lr=1.0, min_lr_ratio=args.min_lr_ratio,
+                     warmup_steps=args.warmup_steps, decay_steps=decay_steps)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, ratio)
