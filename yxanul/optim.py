@@ -24,7 +24,7 @@ class OptimArgs:
         metadata={"help": "Optimizer step at which the cosine reaches its floor (default: max_steps). "
                           "Keep it fixed when a run is trained in several pieces."},
     )
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only; norms, embeddings' bias-free params excluded)."})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay for >=2-D weights (matrices, embeddings); 1-D params (norm weights) never decay."})
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
@@ -62,7 +62,7 @@ def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, d
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.AdamW:
-    """AdamW with two groups: >=2-D weights decay, 1-D params (norm weights) and embeddings' padding don't.
+    """AdamW with two groups: >=2-D weights decay, 1-D params (norm weights) don't.
 
     Uses the fused CUDA kernel when every parameter is on a CUDA device.
     """
