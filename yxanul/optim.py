@@ -1,5 +1,11 @@
 """Optimizer and learning-rate schedule: AdamW with decay/no-decay groups, linear warmup then
-cosine decay to ``min_lr_ratio * max_lr``."""
+cosine decay to ``min_lr_ratio * max_lr``.
+
+The trainer sets each step's LR from :func:`lr_at` itself instead of preparing a torch scheduler
+with accelerate: ``AcceleratedScheduler`` steps ``num_processes`` times per call (unless
+``split_batches``), which would tie the schedule to the world size; a pure function of the
+optimizer step also makes resume trivially exact.
+"""
 
 from __future__ import annotations
 
@@ -58,7 +64,7 @@ def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, d
         return min_lr
     span = max(1, decay_steps - warmup_steps)
     progress = (step - warmup_steps) / span
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+    return max_lr - 0.5 * (1.0 - math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.AdamW:
@@ -81,14 +87,3 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
     return torch.optim.AdamW(
         groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps, **kwargs
     )
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, args: OptimArgs, max_steps: int):
-    """LambdaLR over optimizer steps implementing :func:`lr_at` (the lambda is a ratio of max_lr)."""
-    decay_steps = args.lr_decay_steps or max_steps
-
-    def ratio(step: int) -> float:
-        return lr_at(step, max_lr=1.0, min_lr_ratio=args.min_lr_ratio,
-                     warmup_steps=args.warmup_steps, decay_steps=decay_steps)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, ratio)

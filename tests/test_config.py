@@ -1,0 +1,79 @@
+"""Config: YAML + CLI merge, strictness and one-line errors (real parser, real subprocess)."""
+
+import subprocess
+import sys
+
+import pytest
+
+from yxanul.config import parse_args, resolve
+from yxanul.errors import ConfigError, UserError
+
+
+def test_defaults_yaml_then_cli(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("max_lr: 0.001\nmodel: tiny\nseq_length: 64\nuse_fp8: true\n")
+    cfg = parse_args(["--config", str(p), "--seq_length", "32", "--max_steps", "7"])
+    assert cfg.optim.max_lr == 0.001          # from YAML
+    assert cfg.model.seq_length == 32         # CLI wins over YAML
+    assert cfg.train.max_steps == 7
+    assert cfg.precision.use_fp8 is True
+    assert cfg.optim.warmup_steps == 100      # dataclass default
+    flat = cfg.to_flat_dict()
+    assert flat["seq_length"] == 32 and flat["max_lr"] == 0.001
+
+
+def test_bool_flag_forms():
+    assert parse_args(["--use_fp8"]).precision.use_fp8 is True
+    assert parse_args(["--use_fp8", "false"]).precision.use_fp8 is False
+    assert parse_args(["--use_tensorboard", "no"]).tracking.use_tensorboard is False
+
+
+def test_unknown_yaml_key_suggests():
+    with pytest.raises(ConfigError, match=r"max_lrr.*did you mean 'max_lr'"):
+        resolve({"max_lrr": 1.0})
+
+
+@pytest.mark.parametrize("key,value", [("max_steps", "ten"), ("max_lr", [1]), ("fp8_format", "e3m4"),
+                                       ("max_steps", 2.5), ("use_fp8", "maybe"), ("max_lr", -1.0)])
+def test_bad_values_name_the_key(key, value):
+    with pytest.raises(ConfigError) as e:
+        resolve({key: value})
+    assert key in str(e.value)
+
+
+def test_yaml_only_field_rejected_on_cli():
+    with pytest.raises(UserError, match="curriculum"):
+        resolve(cli_values={"curriculum": "[1,2]"})
+
+
+def test_missing_and_invalid_config_file(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        parse_args(["--config", str(tmp_path / "nope.yaml")])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1,\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        parse_args(["--config", str(bad)])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max_stepz", "3"], "unrecognized arguments: --max_stepz"),
+    (["--max_steps", "abc"], "max_steps"),
+    (["--fp8_format", "nope"], "fp8_format"),
+])
+def test_cli_errors_are_one_line_exit_2(args, needle):
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *args], capture_output=True, text=True)
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_help_lists_seed_flags():
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for flag in ["--max_steps", "--run_name", "--output_dir", "--resume", "--list_checkpoints",
+                 "--checkpoint_freq", "--eval_freq", "--use_tensorboard", "--use_wandb", "--seed",
+                 "--model", "--seq_length", "--micro_batch_size", "--gradient_accumulation_steps",
+                 "--max_lr", "--min_lr_ratio", "--warmup_steps", "--weight_decay", "--max_grad_norm",
+                 "--use_fp8", "--fp8_format", "--fp8_margin", "--fp8_interval"]:
+        assert flag in r.stdout, flag

@@ -1,0 +1,28 @@
+import math
+
+import torch
+
+from yxanul.optim import OptimArgs, build_optimizer, lr_at
+
+
+def test_lr_warmup_peak_and_floor():
+    kw = dict(max_lr=6e-4, min_lr_ratio=0.1, warmup_steps=100, decay_steps=1000)
+    assert lr_at(0, **kw) < lr_at(50, **kw) < lr_at(99, **kw) < 6e-4
+    assert lr_at(100, **kw) == 6e-4                         # warmup end = peak
+    assert math.isclose(lr_at(550, **kw), 6e-5 + 0.5 * (6e-4 - 6e-5))  # half-way down the cosine
+    assert math.isclose(lr_at(1000, **kw), 6e-5)            # the end = min_lr_ratio * max_lr
+    assert math.isclose(lr_at(5000, **kw), 6e-5)            # and stays there
+    assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(100, 1100))
+
+
+def test_no_warmup():
+    assert lr_at(0, max_lr=1.0, min_lr_ratio=0.0, warmup_steps=0, decay_steps=10) == 1.0
+
+
+def test_optimizer_groups():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4, bias=False))
+    opt = build_optimizer(model, OptimArgs(weight_decay=0.1))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {p.dim() for p in decay["params"]} == {2}
+    assert {p.dim() for p in no_decay["params"]} == {1}

@@ -1,0 +1,210 @@
+"""Checkpoints: ``RUN/checkpoints/step_N/`` written atomically, a ``latest`` pointer, best-by-val-loss
+kept, the last ``keep_last`` kept, and a listing table.
+
+Layout of one checkpoint (everything accelerate's ``save_state`` writes, plus ours)::
+
+    step_N/
+      model.safetensors, optimizer.bin, random_states_*.pkl   # accelerate.save_state
+      trainer_state.json   # step, tokens_seen, epoch, data position, precision, backend, val_loss
+      config.yaml          # the resolved config of the run that wrote it
+
+Atomicity: every rank writes into ``.tmp-step_N``; after a barrier the main process writes
+``trainer_state.json`` last and renames the folder to ``step_N`` (one ``rename`` on one file
+system), then replaces the ``latest`` pointer with ``os.replace``. A crash at any moment leaves
+either the old checkpoint set or the new one, never a half-written ``step_N``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError, UserError
+
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class CheckpointArgs:
+    """Run directory and checkpoints."""
+
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Run directory: config, checkpoints, metrics.jsonl, TensorBoard events and "
+                          "samples all live under it (default: runs/<run_name>)."})
+    run_name: str | None = field(default=None, metadata={"help": "Name of the run (default: <model>-<date>-<time>)."})
+    resume: str | None = field(
+        default=None,
+        metadata={"help": "Resume from 'latest' (the newest checkpoint under output_dir) or a checkpoint path."})
+    list_checkpoints: bool = field(default=False, metadata={"help": "Print the checkpoints of output_dir and exit."})
+    checkpoint_freq: int = field(default=250, metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
+    keep_last: int = field(default=3, metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
+    save_final: bool = field(default=True, metadata={"help": "Save a checkpoint when training ends."})
+
+    def __post_init__(self):
+        if self.checkpoint_freq < 0:
+            raise ConfigError("checkpoint_freq", "an integer >= 0", self.checkpoint_freq)
+        if self.keep_last < 1:
+            raise ConfigError("keep_last", "an integer >= 1", self.keep_last)
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Complete checkpoints (with a trainer_state.json) sorted by step."""
+    root = checkpoints_dir(run_dir)
+    out = []
+    if not root.is_dir():
+        return out
+    for d in root.iterdir():
+        if d.is_dir() and d.name.startswith("step_") and (d / STATE_FILE).is_file():
+            try:
+                state = json.loads((d / STATE_FILE).read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            state["path"] = str(d)
+            out.append(state)
+    return sorted(out, key=lambda s: s["step"])
+
+
+def _pointer(run_dir, name: str) -> Path | None:
+    p = checkpoints_dir(run_dir) / name
+    if not p.is_file():
+        return None
+    target = checkpoints_dir(run_dir) / p.read_text().strip()
+    return target if (target / STATE_FILE).is_file() else None
+
+
+def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
+    """'latest' -> newest complete checkpoint of run_dir (None if there is none); else a path."""
+    if resume == "latest":
+        latest = _pointer(run_dir, "latest")
+        if latest is not None:
+            return latest
+        ckpts = list_checkpoints(run_dir)
+        return Path(ckpts[-1]["path"]) if ckpts else None
+    p = Path(resume)
+    if (p / STATE_FILE).is_file():
+        return p
+    if (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p):
+        return resolve_resume("latest", p)
+    raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
+
+
+def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+
+
+def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, Any], *,
+                    keep_last: int, config_yaml: str | None = None,
+                    _fault: Callable[[str], None] | None = None) -> Path:
+    """Save ``accelerator`` state + ``state`` as ``checkpoints/step_{state['step']}`` atomically.
+
+    Must be called on every process (DeepSpeed saves are collective). ``_fault`` is a test hook
+    called with a stage name ("after_state") to simulate a crash mid-save.
+    """
+    root = checkpoints_dir(run_dir)
+    step = int(state["step"])
+    final, tmp = root / f"step_{step}", root / f".tmp-step_{step}"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-step_*"):  # leftovers of a crashed save
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if _fault:
+        _fault("after_state")
+    if accelerator.is_main_process:
+        if config_yaml is not None:
+            (tmp / "config.yaml").write_text(config_yaml)
+        state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        _write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
+        if final.exists():  # re-saving the same step (e.g. final == periodic): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / "latest", final.name + "\n")
+        _update_best(run_dir, state, final)
+        _prune(run_dir, keep_last)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _update_best(run_dir, state, final: Path) -> None:
+    val = state.get("val_loss")
+    if val is None:
+        return
+    best = _pointer(run_dir, "best")
+    if best is None or val < read_state(best).get("val_loss", float("inf")):
+        _write_atomic(checkpoints_dir(run_dir) / "best", final.name + "\n")
+
+
+def _prune(run_dir, keep_last: int) -> None:
+    ckpts = list_checkpoints(run_dir)
+    keep = {c["path"] for c in ckpts[-keep_last:]}
+    for name in ("best", "latest"):
+        p = _pointer(run_dir, name)
+        if p is not None:
+            keep.add(str(p))
+    for c in ckpts:
+        if c["path"] not in keep:
+            shutil.rmtree(c["path"], ignore_errors=True)
+
+
+def format_table(run_dir: str | os.PathLike) -> str:
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        return f"no checkpoints under {checkpoints_dir(run_dir)}"
+    latest, best = _pointer(run_dir, "latest"), _pointer(run_dir, "best")
+    rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "path")]
+    for c in ckpts:
+        tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
+        val = c.get("val_loss")
+        rows.append((str(c["step"]), f"{c.get('tokens_seen', 0):,}", f"{val:.4f}" if val is not None else "-",
+                     str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
+                     tags, c["path"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul checkpoints RUN_DIR`: print the checkpoint table of a run."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="yxanul checkpoints", description=main.__doc__)
+    parser.add_argument("run_dir", help="the run's --output_dir")
+    args = parser.parse_args(argv)
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"run directory '{args.run_dir}': no such directory")
+    print(format_table(args.run_dir))
+    return 0

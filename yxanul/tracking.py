@@ -1,0 +1,104 @@
+"""Console line, ``metrics.jsonl``, accelerate trackers (TensorBoard, W&B) and MFU."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass
+class TrackingArgs:
+    """Logging, evaluation and experiment tracking."""
+
+    log_freq: int = field(default=10, metadata={"help": "Print/log training metrics every N optimizer steps."})
+    eval_freq: int = field(default=250, metadata={"help": "Evaluate on the validation split (and print a sample) every N steps (0: only at the end)."})
+    eval_steps: int = field(default=20, metadata={"help": "Validation batches per evaluation."})
+    use_tensorboard: bool = field(default=True, metadata={"help": "Write TensorBoard event files under output_dir."})
+    use_wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases (offline mode when no API key is configured)."})
+    wandb_project: str = field(default="yxanul", metadata={"help": "W&B project."})
+    wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
+    sample_tokens: int = field(default=48, metadata={"help": "Tokens generated for the sample printed at each evaluation (0: none)."})
+    sample_prompt: str = field(default="\n", metadata={"help": "Prompt of the generated sample."})
+
+    def __post_init__(self):
+        for key in ("log_freq", "eval_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, "an integer >= 1", getattr(self, key))
+        for key in ("eval_freq", "sample_tokens"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, "an integer >= 0", getattr(self, key))
+
+
+# Dense (no sparsity) BF16 tensor-core peaks, FLOP/s. MFU is always reported against BF16.
+PEAK_BF16_FLOPS = {
+    "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12,
+    "GH200": 989e12, "B200": 2250e12, "B100": 1750e12, "A100": 312e12, "L40S": 362e12,
+    "L4": 121e12, "RTX 4090": 165e12, "A10G": 70e12,
+}
+
+
+def peak_flops(device_name: str | None) -> tuple[str, float] | None:
+    if not device_name:
+        return None
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if key.replace(" ", "").lower() in device_name.replace(" ", "").lower():
+            return key, PEAK_BF16_FLOPS[key]
+    return None
+
+
+def flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus 12·L·H·T for attention (PaLM appendix B)."""
+    return 6 * n_params + 12 * n_layers * hidden * seq_len
+
+
+def format_step_line(step: int, epoch: int, loss: float, lr: float, norm: float, dt_ms: float,
+                     tok_per_sec: float, precision: str) -> str:
+    """The console line users grep; its shape is fixed."""
+    return (f"step {step:4d} | epoch {epoch} | loss: {loss:.6f} | lr: {lr:.2e} | norm: {norm:.4f} | "
+            f"dt: {dt_ms:.2f}ms | tok/sec: {tok_per_sec:.2f} | {precision}")
+
+
+class MetricsLog:
+    """Append-only ``metrics.jsonl`` (one JSON object per line), written by the main process."""
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        self._f = open(self.path, "a", buffering=1) if enabled else None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def tracker_names(args: TrackingArgs) -> list[str]:
+    """accelerate ``log_with`` list. W&B runs offline unless the user configured a key or a mode."""
+    names = []
+    if args.use_tensorboard:
+        names.append("tensorboard")
+    if args.use_wandb:
+        has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
+        if not has_key and not os.environ.get("WANDB_MODE"):
+            os.environ["WANDB_MODE"] = "offline"
+            print("W&B: no API key found, logging offline (sync later with `wandb sync`)", flush=True)
+        names.append("wandb")
+    return names
+
+
+def flat_tracker_config(config: dict[str, Any]) -> dict[str, Any]:
+    """accelerate's init_trackers rejects list/dict values: store them as JSON strings."""
+    return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in config.items()}

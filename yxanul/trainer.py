@@ -1,0 +1,279 @@
+"""The training loop: config → data → model → precision/accelerator → steps → checkpoints/trackers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .checkpoint import read_state, resolve_resume, save_checkpoint
+from .errors import ConfigError, UserError
+from .optim import build_optimizer, lr_at
+from .tracking import (MetricsLog, flat_tracker_config, flops_per_token, format_step_line, peak_flops,
+                       tracker_names)
+
+
+@dataclass
+class TrainArgs:
+    """Length and reproducibility of the run."""
+
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
+    seed: int = field(default=1337, metadata={"help": "Seed for initialisation and data order."})
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile (GPU; slower start, faster steps)."})
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ConfigError("max_steps", "an integer >= 1", self.max_steps)
+
+
+class StopRequest:
+    """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction): finish the step, checkpoint, exit 0."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if sig is not None:
+                try:
+                    signal.signal(sig, self._handle)
+                except ValueError:  # not the main thread (e.g. under a test runner thread)
+                    pass
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def agreed(self, accelerator) -> bool:
+        """True when any rank got a signal (a collective: call it at the same step on every rank)."""
+        flag = torch.tensor([1.0 if self.signum else 0.0], device=accelerator.device)
+        if accelerator.num_processes > 1:
+            flag = accelerator.reduce(flag, "max")
+        return bool(flag.item())
+
+
+def _run_dir(cfg) -> Path:
+    ck = cfg.checkpoint
+    if ck.run_name is None:
+        ck.run_name = f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if ck.output_dir is None:
+        ck.output_dir = str(Path("runs") / ck.run_name)
+    return Path(ck.output_dir)
+
+
+def _evaluate(model, batches, plan, accelerator) -> float:
+    model.eval()
+    total = torch.zeros((), device=accelerator.device)
+    n = 0
+    with torch.no_grad(), plan.forward_context(training=False):
+        for x, y in batches:
+            out = model(x.to(accelerator.device), shift_labels=y.to(accelerator.device))
+            total += out.loss.float()
+            n += 1
+    model.train()
+    return accelerator.reduce(total / max(n, 1), "mean").item()
+
+
+def _sample(model, tokenizer, prompt: str, n_tokens: int, device) -> str:
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
+    if ids.numel() == 0:
+        ids = torch.tensor([[tokenizer.eos_token_id]], device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # keep resume exact
+        torch.manual_seed(0)
+        out = model.generate(ids, max_new_tokens=n_tokens, do_sample=True, top_k=50, temperature=0.8,
+                             pad_token_id=tokenizer.eos_token_id)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def train(cfg) -> dict[str, Any]:
+    """Train according to ``cfg`` (a :class:`yxanul.config.Config`); returns a summary dict."""
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import ProjectConfiguration, set_seed
+    from transformers import AutoTokenizer
+
+    from . import lint
+    from .batch_finder import resolve_batch
+    from .data.loader import WindowLoader, eval_batches
+    from .data.prepare import ensure_prepared
+    from .models.args import build_model, describe
+    from .models.configuration_yxanul import count_parameters
+    from .precision import format_report, precision_report, resolve_precision
+
+    t_start = time.time()
+    state = PartialState()
+    say = print if state.is_main_process else (lambda *a, **k: None)
+    run_dir = _run_dir(cfg)
+    for problem in lint.check_launch_environment():
+        if problem.severity == "error":
+            raise UserError(problem.one_line())
+        say(f"warning: {problem.one_line()}")
+    set_seed(cfg.train.seed)
+
+    # -- data ------------------------------------------------------------------------------------
+    with state.main_process_first():
+        data_dir = ensure_prepared(cfg.data, is_main_process=state.is_main_process)
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(meta["tokenizer"])
+
+    # -- model, precision, batch ------------------------------------------------------------------
+    model = build_model(cfg.model, vocab_size=meta["vocab_size"])
+    mcfg = model.config
+    plan = resolve_precision(cfg.precision, mcfg)
+    batch = resolve_batch(cfg.batch, model=model, plan=plan, seq_length=cfg.model.seq_length,
+                          world_size=state.num_processes, run_dir=run_dir, say=say)
+    accum = batch.grad_accum
+    tokens_per_step = batch.micro_batch * accum * state.num_processes * cfg.model.seq_length
+    accelerator = Accelerator(
+        **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
+        log_with=tracker_names(cfg.tracking) or None,
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
+        step_scheduler_with_optimizer=False,
+    )
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg.save(run_dir / "config.yaml")
+    plan.prepare_model(model)
+    optimizer = build_optimizer(model, cfg.optim)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if cfg.train.torch_compile:
+        model = torch.compile(model)
+    n_params = count_parameters(mcfg)
+    say(describe(mcfg))
+    say(f"batch: micro {batch.micro_batch} x accumulation {accum} x world {accelerator.num_processes} "
+        f"= {batch.micro_batch * accum * accelerator.num_processes} sequences x {cfg.model.seq_length} "
+        f"= {tokens_per_step:,} tokens per optimizer step")
+    report = precision_report(accelerator.unwrap_model(model), plan)
+    say(format_report(report))
+
+    loader = WindowLoader(data_dir, "train", cfg.model.seq_length, batch.micro_batch, seed=cfg.train.seed,
+                          rank=accelerator.process_index, world_size=accelerator.num_processes,
+                          num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda")
+    val = list(eval_batches(data_dir, cfg.model.seq_length, batch.micro_batch, cfg.tracking.eval_steps,
+                            rank=accelerator.process_index, world_size=accelerator.num_processes))
+    step, best_val, val_loss = 0, math.inf, None
+    if cfg.checkpoint.resume:
+        ckpt = resolve_resume(cfg.checkpoint.resume, run_dir)
+        if ckpt is None:
+            say(f"resume: no checkpoint under {run_dir}, starting from scratch")
+        else:
+            accelerator.load_state(str(ckpt))
+            st = read_state(ckpt)
+            step, val_loss = st["step"], st.get("val_loss")
+            loader.load_state_dict(st["data"])
+            changes = [f"{k}: {st[k]} -> {v}" for k, v in (("world_size", accelerator.num_processes),
+                       ("tokens_per_step", tokens_per_step), ("precision", plan.label)) if k in st and st[k] != v]
+            say(f"resumed from {ckpt} at step {step}" + (f" ({'; '.join(changes)})" if changes else ""))
+
+    if accelerator.is_main_process:
+        (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
+    accelerator.init_trackers(cfg.checkpoint.run_name, config=flat_tracker_config(
+        {**cfg.to_flat_dict(), **{f"precision_report/{k}": v for k, v in report.items() if not isinstance(v, (dict, list))}}))
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
+    peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    fpt = flops_per_token(n_params, mcfg.num_hidden_layers, mcfg.hidden_size, cfg.model.seq_length)
+    stop = StopRequest()
+    decay_steps = cfg.optim.lr_decay_steps or cfg.train.max_steps
+    clip = cfg.optim.max_grad_norm or float("inf")
+    tokens_seen = step * tokens_per_step
+    first_loss = last_loss = None
+
+    def checkpoint_state() -> dict[str, Any]:
+        return {"step": step, "tokens_seen": tokens_seen, "epoch": loader.epoch, "data": loader.state_dict(),
+                "val_loss": val_loss, "precision": plan.label, "backend": mcfg.backend,
+                "world_size": accelerator.num_processes, "tokens_per_step": tokens_per_step,
+                **plan.metadata()}
+
+    def save():
+        save_checkpoint(accelerator, run_dir, checkpoint_state(), keep_last=cfg.checkpoint.keep_last,
+                        config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False))
+
+    say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
+    train_iter = iter(loader)
+    model.train()
+    t_log, steps_since_log = time.perf_counter(), 0
+    while step < cfg.train.max_steps:
+        # -- one optimizer step ------------------------------------------------------------------
+        lr = lr_at(step, max_lr=cfg.optim.max_lr, min_lr_ratio=cfg.optim.min_lr_ratio,
+                   warmup_steps=cfg.optim.warmup_steps, decay_steps=decay_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=accelerator.device)
+        for micro in range(accum):
+            x, y = next(train_iter)
+            x = x.to(accelerator.device, non_blocking=True)
+            y = y.to(accelerator.device, non_blocking=True)
+            with accelerator.accumulate(model):
+                with plan.forward_context(training=True):
+                    loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro)).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            loss_sum += loss.detach()
+        step += 1
+        steps_since_log += 1
+        tokens_seen += tokens_per_step
+
+        # -- logging, eval, checkpoints (the only places that sync with the device) ---------------
+        is_last = step == cfg.train.max_steps
+        if step % cfg.tracking.log_freq == 0 or is_last:
+            loss_val = accelerator.reduce(loss_sum / accum, "mean").item()
+            norm_val = float(norm) if norm is not None else float("nan")
+            dt = (time.perf_counter() - t_log) / steps_since_log
+            tps = tokens_per_step / dt
+            first_loss = loss_val if first_loss is None else first_loss
+            last_loss = loss_val
+            row = {"step": step, "epoch": loader.epoch, "loss": loss_val, "lr": lr, "grad_norm": norm_val,
+                   "dt_ms": dt * 1e3, "tokens_per_sec": tps, "precision": plan.label, "tokens_seen": tokens_seen}
+            if peak:
+                row["mfu"] = fpt * tps / (peak[1] * accelerator.num_processes)
+            if plan.fp8_enabled and cfg.precision.fp8_stats:
+                row.update({f"fp8/{k}": v for k, v in plan.fp8_stats(accelerator.unwrap_model(model)).items()})
+            say(format_step_line(step, loader.epoch, loss_val, lr, norm_val, dt * 1e3, tps, plan.label), flush=True)
+            metrics.write(row)
+            accelerator.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+            if not math.isfinite(loss_val):
+                raise RuntimeError(f"loss is {loss_val} at step {step}: stopping (lower max_lr, or check the data)")
+            t_log, steps_since_log = time.perf_counter(), 0
+        if (cfg.tracking.eval_freq and step % cfg.tracking.eval_freq == 0) or is_last:
+            val_loss = _evaluate(model, val, plan, accelerator)
+            row = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)), "tokens_seen": tokens_seen}
+            msg = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
+            if peak and last_loss is not None:
+                msg += f" | mfu: {fpt * tps / (peak[1] * accelerator.num_processes):.1%} of {peak[0]} BF16 dense peak"
+            if accelerator.is_main_process and cfg.tracking.sample_tokens:
+                row["sample"] = _sample(accelerator.unwrap_model(model), tokenizer, cfg.tracking.sample_prompt,
+                                        cfg.tracking.sample_tokens, accelerator.device)
+                with open(run_dir / "samples.txt", "a") as f:
+                    f.write(f"--- step {step}\n{row['sample']}\n")
+                msg += f"\nsample: {row['sample']!r}"
+            say(msg, flush=True)
+            metrics.write(row)
+            accelerator.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"]}, step=step)
+            best_val = min(best_val, val_loss)
+            t_log = time.perf_counter()  # don't count eval time in the next dt
+        stopping = step % cfg.tracking.log_freq == 0 and stop.agreed(accelerator)
+        if stopping or (cfg.checkpoint.checkpoint_freq and step % cfg.checkpoint.checkpoint_freq == 0) \
+                or (is_last and cfg.checkpoint.save_final):
+            save()
+            t_log = time.perf_counter()
+        if stopping:
+            say(f"received signal {stop.signum}: checkpoint saved at step {step}, exiting")
+            break
+
+    metrics.close()
+    accelerator.end_training()
+    summary = {"steps": step, "tokens_seen": tokens_seen, "first_loss": first_loss, "last_loss": last_loss,
+               "val_loss": val_loss, "best_val_loss": best_val if best_val < math.inf else None,
+               "precision": plan.label, "wall_time_s": time.time() - t_start, "run_dir": str(run_dir)}
+    if accelerator.is_main_process:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        say(f"done: {step} steps, {tokens_seen:,} tokens in {summary['wall_time_s']:.1f}s; "
+            f"loss {first_loss} -> {last_loss}; val_loss {val_loss}")
+    return summary
