@@ -66,6 +66,25 @@ def _run_dir(cfg) -> Path:
     return Path(ck.output_dir)
 
 
+def _configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
+    """Under DeepSpeed: drop keys that only cost time (lint policy) and fill what accelerate would
+    take from a prepared DataLoader (yxanul's loader is not prepared) or fill wrongly
+    (``gradient_clipping: auto`` becomes 1.0 in accelerate, not ``max_grad_norm``)."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    from .lint import sanitize_deepspeed_config
+
+    ds, warnings = sanitize_deepspeed_config(plugin.deepspeed_config)
+    for w in warnings:
+        say(f"warning: {w.line()} (removed for this run)")
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
+              train_batch_size=micro * accum * accelerator.num_processes,
+              gradient_clipping=cfg.optim.max_grad_norm)
+    plugin.deepspeed_config.clear()
+    plugin.deepspeed_config.update(ds)
+
+
 def _evaluate(model, batches, plan, accelerator) -> float:
     model.eval()
     total = torch.zeros((), device=accelerator.device)
@@ -108,10 +127,11 @@ def train(cfg) -> dict[str, Any]:
     state = PartialState()
     say = print if state.is_main_process else (lambda *a, **k: None)
     run_dir = _run_dir(cfg)
-    for problem in lint.check_launch_environment():
+    for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
+                                                 cuda_available=torch.cuda.is_available()):
         if problem.severity == "error":
-            raise UserError(problem.one_line())
-        say(f"warning: {problem.one_line()}")
+            raise UserError(problem.line())
+        say(f"warning: {problem.line()}")
     set_seed(cfg.train.seed)
 
     # -- data ------------------------------------------------------------------------------------
@@ -132,8 +152,9 @@ def train(cfg) -> dict[str, Any]:
         **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
         log_with=tracker_names(cfg.tracking) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
-        step_scheduler_with_optimizer=False,
+        step_scheduler_with_optimizer=False, cpu=not torch.cuda.is_available(),
     )
+    _configure_deepspeed(accelerator, cfg, batch.micro_batch, accum, say)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir / "config.yaml")

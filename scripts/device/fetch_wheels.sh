@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run HERE (a machine with PyPI), from the repo root: downloads what the GPU machine lacks into
+# .device/ (git-ignored), ready to be carried by the device tool. Nothing large is committed.
+#
+#   bash scripts/device/fetch_wheels.sh            # ~300 MB download, ~1 min
+#
+# Then follow scripts/device/README.md (one device call per TE core part, then `setup.sh install`).
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+TE_VERSION="${TE_VERSION:-2.20.2}"
+PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+mkdir -p .device/whl .device/parts .device/sdist
+dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${PLAT[@]}" -d "$1" "${@:2}"; }
+# Runtime deps of `import transformer_engine.pytorch` missing on the device image (see the facts
+# note), plus yxanul's own deps the image lacks (datasets and its helpers).
+dl .device/whl "transformer-engine==${TE_VERSION}" pydantic pydantic-core annotated-types typing-inspection \
+   nvdlfw-inspect "nvidia-cudnn-frontend>=1.29" datasets multiprocess dill
+# The torch extension is an sdist only: built on the device (g++, no nvcc) by setup.sh.
+python3 -m pip download -q --no-deps --no-binary=:all: -d .device/sdist "transformer-engine-torch==${TE_VERSION}"
+# The core library wheel is ~277 MB: split into parts that fit the 64 MiB carry limit.
+tmp=$(mktemp -d)
+dl "$tmp" "transformer-engine-cu13==${TE_VERSION}"
+core=$(ls "$tmp"/transformer_engine_cu13-*.whl)
+rm -f .device/parts/*
+(cd "$tmp" && sha256sum "$(basename "$core")") > .device/parts/SHA256
+split -b 55m -d "$core" ".device/parts/$(basename "$core").part"
+rm -rf "$tmp"
+du -sh .device/whl .device/sdist .device/parts
+ls .device/parts

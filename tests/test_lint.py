@@ -1,0 +1,302 @@
+"""`yxanul lint-config`: every rule fires on a bad file, shipped configs lint clean, --fix output
+lints clean, and the rule tables match what accelerate (and DeepSpeed, when installed) really read."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from unittest import mock
+
+import pytest
+import yaml
+
+from yxanul import lint
+from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
+from yxanul import lint_rules as R
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DS_FILES = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
+ACC_FILES = sorted(glob.glob(os.path.join(ROOT, "accelerate_configs", "*.yaml")))
+GOOD_DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+           "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 1}}
+GOOD_ACC = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU",
+            "num_processes": 8, "mixed_precision": "fp8", "fp8_config": {"backend": "TE"}}
+
+
+def _write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return str(path)
+
+
+def _keys(problems, severity=None):
+    return {p.key for p in problems if severity is None or p.severity == severity}
+
+
+# (name, config change, key that must be reported, severity)
+DS_CASES = [
+    ("fp8_block", {"fp8": {"enabled": True}}, "fp8", "warning"),
+    ("comm_fp32", {"communication_data_type": "fp32"}, "communication_data_type", "warning"),
+    ("grad_accum_fp32", {"data_types": {"grad_accum_dtype": "fp32"}}, "data_types.grad_accum_dtype", "warning"),
+    ("fp16_and_bf16", {"fp16": {"enabled": True}}, "fp16.enabled", "error"),
+    ("removed_amp", {"amp": {"enabled": True}}, "amp", "error"),
+    ("removed_sparse_attention", {"sparse_attention": {}}, "sparse_attention", "error"),
+    ("removed_curriculum", {"curriculum_learning": {"enabled": False}}, "curriculum_learning", "error"),
+    ("unknown_bf16_key", {"bf16": {"enabled": "auto", "loss_scale": 0}}, "bf16.loss_scale", "error"),
+    ("unknown_zero_key", {"zero_optimization": {"stage": 1, "stage1_bucket": 5}},
+     "zero_optimization.stage1_bucket", "error"),
+    ("removed_zero_key", {"zero_optimization": {"stage": 3, "mics_shard_size": 8}},
+     "zero_optimization.mics_shard_size", "error"),
+    ("unknown_offload_key", {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "pin": 1}}},
+     "zero_optimization.offload_optimizer.pin", "error"),
+    ("unfillable_auto", {"communication_data_type": "auto"}, "communication_data_type", "error"),
+    ("unfillable_auto_zero", {"zero_optimization": {"stage": 1, "allgather_bucket_size": "auto"}},
+     "zero_optimization.allgather_bucket_size", "error"),
+    ("optimizer_block", {"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}, "optimizer", "error"),
+    ("batch_not_multiple", {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                            "gradient_accumulation_steps": 2}, "train_batch_size", "error"),
+    ("batch_fixed_vs_auto", {"train_batch_size": 64}, "train_batch_size", "warning"),
+    ("no_zero", {"zero_optimization": None}, "zero_optimization", "error"),
+]
+
+
+@pytest.mark.parametrize("name,change,key,severity", DS_CASES, ids=[c[0] for c in DS_CASES])
+def test_deepspeed_rule_fires_and_fix_is_clean(tmp_path, name, change, key, severity):
+    cfg = {**GOOD_DS, **change}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    path = _write(tmp_path, f"{name}.json", cfg)
+    problems = lint_file(path)
+    assert key in _keys(problems, severity), [p.line() for p in problems]
+    out = str(tmp_path / "fixed" / f"{name}.json")
+    fix_config(path, out)
+    assert lint_file(out) == [], [p.line() for p in lint_file(out)]
+
+
+def test_batch_size_checked_against_world_size(tmp_path):
+    cfg = {**GOOD_DS, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+           "gradient_accumulation_steps": 2}
+    path = _write(tmp_path, "ds.json", cfg)
+    assert lint_file(path, world_size=8) == []
+    assert "train_batch_size" in _keys(lint_file(path, world_size=4), "error")
+
+
+ACC_CASES = [
+    ("dead_fp8_keys", {"fp8_config": {"backend": "TE", "amax_history_length": 16,
+                                      "amax_compute_algorithm": "max", "optimization_level": "O1"}},
+     "fp8_config.amax_history_length", "warning"),
+    ("lower_te", {"fp8_config": {"backend": "te"}}, "fp8_config.backend", "error"),
+    ("bad_backend", {"fp8_config": {"backend": "transformer_engine"}}, "fp8_config.backend", "error"),
+    ("fp8_no_backend", {"fp8_config": None}, "fp8_config.backend", "warning"),
+    ("fp8_ao_backend", {"fp8_config": {"backend": "AO"}}, "fp8_config.backend", "warning"),
+    ("te_dropped_interval", {"fp8_config": {"backend": "TE", "interval": 1}}, "fp8_config.interval", "warning"),
+    ("most_recent", {"fp8_config": {"backend": "TE", "amax_compute_algo": "most_recent"}},
+     "fp8_config.amax_compute_algo", "warning"),
+    ("unknown_top_key", {"fp8_backend": "te"}, "fp8_backend", "error"),
+    ("bad_mixed_precision", {"mixed_precision": "float8", "fp8_config": None}, "mixed_precision", "error"),
+    ("fp8_config_unused", {"mixed_precision": "bf16"}, "fp8_config", "warning"),
+    ("multi_cpu_one_process", {"distributed_type": "MULTI_CPU", "use_cpu": True, "num_processes": 2,
+                               "mixed_precision": "no", "fp8_config": None}, "distributed_type", "error"),
+    ("no_distributed_type", {"distributed_type": None}, "distributed_type", "error"),
+    ("ds_mixed_precision", {"distributed_type": "DEEPSPEED", "fp8_config": None,
+                            "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero1.json"}},
+     "mixed_precision", "error"),
+    ("ds_conflicting_key", {"distributed_type": "DEEPSPEED", "mixed_precision": None, "fp8_config": None,
+                            "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero1.json",
+                                                 "gradient_clipping": 1.0}},
+     "deepspeed_config.gradient_clipping", "error"),
+]
+
+
+@pytest.mark.parametrize("name,change,key,severity", ACC_CASES, ids=[c[0] for c in ACC_CASES])
+def test_accelerate_rule_fires_and_fix_is_clean(tmp_path, monkeypatch, name, change, key, severity):
+    monkeypatch.chdir(ROOT)  # deepspeed_config_file is resolved from the launch directory
+    cfg = {k: v for k, v in {**GOOD_ACC, **change}.items() if v is not None}
+    path = _write(tmp_path, f"{name}.yaml", cfg)
+    problems = lint_file(path)
+    assert key in _keys(problems, severity), [p.line() for p in problems]
+    out = str(tmp_path / "fixed" / f"{name}.yaml")
+    fix_config(path, out)
+    left = lint_file(out)
+    if name in ("no_distributed_type", "bad_mixed_precision"):
+        assert _keys(left) == {key}  # cannot be guessed: reported again, nothing else
+    else:
+        assert left == [], [p.line() for p in left]
+
+
+def test_dead_fp8_keys_renamed_by_fix(tmp_path):
+    cfg = {**GOOD_ACC, "fp8_config": {"backend": "te", "amax_history_length": 16, "optimization_level": "O1"}}
+    out = str(tmp_path / "o.yaml")
+    fix_config(_write(tmp_path, "a.yaml", cfg), out)
+    assert yaml.safe_load(open(out))["fp8_config"] == {"backend": "TE", "amax_history_len": 16, "opt_level": "O1"}
+
+
+def test_precision_agreement_with_yxanul_config(tmp_path):
+    path = _write(tmp_path, "a.yaml", {**GOOD_ACC, "mixed_precision": "bf16", "fp8_config": None})
+    assert "mixed_precision" in _keys(lint_file(path, use_fp8=True), "warning")
+    assert lint_file(path, use_fp8=False) == []
+    fp8 = _write(tmp_path, "b.yaml", GOOD_ACC)
+    assert "mixed_precision" in _keys(lint_file(fp8, use_fp8=False), "warning")
+
+
+@pytest.mark.parametrize("path", DS_FILES + ACC_FILES, ids=os.path.basename)
+def test_shipped_configs_lint_clean(path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert lint_file(path) == [], [p.line() for p in lint_file(path)]
+
+
+def test_seed_broken_config_and_cli(tmp_path, capsys):
+    """Seed 003's broken LLaMA-Factory DeepSpeed config: fp8 block + fp32 comm + fp32 accumulation."""
+    bad = _write(tmp_path, "ds_z1_fp8.json", {**GOOD_DS, "fp8": {"enabled": True},
+                 "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"},
+                 "fp16": {"enabled": True}})
+    assert lint.main([bad]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    problem_lines = [line for line in out if ": warning: " in line or ": error: " in line]
+    assert len(problem_lines) == 4 and all(" -> fix: " in line for line in problem_lines)
+    assert lint.main([bad, "--fix", "--out", str(tmp_path / "fixed")]) == 1
+    fixed = str(tmp_path / "fixed" / "ds_z1_fp8.json")
+    assert lint.main([fixed]) == 0
+    assert json.load(open(fixed)) == {**GOOD_DS}
+    warn_only = _write(tmp_path, "w.json", {**GOOD_DS, "fp8": {}})
+    assert lint.main([warn_only]) == 0  # warnings alone exit 0
+    assert lint.main([str(tmp_path / "missing.json")]) == 1
+    with pytest.raises(SystemExit) as e:
+        lint.main([])
+    assert e.value.code == 2
+
+
+def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
+    from yxanul.cli import main as cli_main
+
+    monkeypatch.chdir(ROOT)
+    assert cli_main(["lint-config", *DS_FILES, *ACC_FILES]) == 0
+    train = _write(tmp_path, "t.yaml", {"model": "tiny", "use_fp8": True})
+    assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train-config", train]) == 0
+    assert "use_fp8: true" in capsys.readouterr().out
+
+
+def test_sanitize_deepspeed_config():
+    cfg = {**GOOD_DS, "fp8": {"enabled": True}, "communication_data_type": "fp32",
+           "data_types": {"grad_accum_dtype": "fp32"}}
+    clean, problems = sanitize_deepspeed_config(cfg, "ds.json")
+    assert clean == GOOD_DS and "fp8" in cfg  # input untouched
+    assert {p.key for p in problems} == {"fp8", "communication_data_type", "data_types.grad_accum_dtype"}
+    assert all(p.severity == "warning" for p in problems)
+    assert sanitize_deepspeed_config(GOOD_DS) == (GOOD_DS, [])
+
+
+def _launch_env(config_file):
+    """The environment `accelerate launch --config_file X train.py` gives the training processes,
+    computed by accelerate's own launcher code (nothing is started; FP8 availability is faked)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    import accelerate.utils.launch as L
+
+    args = launch_command_parser().parse_args(["--config_file", config_file, "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    with mock.patch.object(L, "is_fp8_available", return_value=True):
+        if args.use_deepspeed:
+            fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+            args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+            return args, L.prepare_deepspeed_cmd_env(args)[1]
+        if args.multi_gpu:
+            return args, L.prepare_multi_gpu_env(args)
+        return args, L.prepare_simple_launcher_cmd_env(args)[1]
+
+
+@pytest.mark.parametrize("path", ACC_FILES, ids=os.path.basename)
+def test_shipped_yaml_through_accelerates_own_loader_and_launcher(path, monkeypatch):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config_from_file(path)
+    assert isinstance(cfg, ClusterConfig)
+    args, env = _launch_env(path)
+    name = os.path.basename(path)
+    if "fp8" in name and "deepspeed" not in name:
+        assert env["ACCELERATE_MIXED_PRECISION"] == "fp8" and env["ACCELERATE_FP8_BACKEND"] == "TE"
+    if name == "cpu.yaml":
+        assert args.multi_gpu and args.nproc_per_node == "2"  # torchrun with 2 processes
+    assert [p for p in check_launch_environment(env, cuda_available=True) if p.severity == "error"] == []
+    if "deepspeed" in name:
+        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == "ds_configs/zero1.json"
+        assert "mixed_precision" not in env["ACCELERATE_CONFIG_DS_FIELDS"]
+
+
+def test_check_launch_environment_rules(tmp_path):
+    ds = _write(tmp_path, "ds.json", {**GOOD_DS, "fp8": {}, "amp": {}})
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": ds,
+           "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,mixed_precision",
+           "ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "te",
+           "ACCELERATE_FP8_AMAX_HISTORY_LENGTH": "16", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    problems = check_launch_environment(env, use_fp8=False, cuda_available=False)
+    assert {"fp8", "amp", "ACCELERATE_CONFIG_DS_FIELDS"} <= _keys(problems, "error") | _keys(problems)
+    assert "amp" in _keys(problems, "error") and "ACCELERATE_CONFIG_DS_FIELDS" in _keys(problems, "error")
+    assert {"ACCELERATE_FP8_BACKEND", "ACCELERATE_FP8_AMAX_HISTORY_LENGTH", "ACCELERATE_MIXED_PRECISION",
+            "ACCELERATE_USE_CPU"} <= _keys(problems, "warning")
+    missing = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "/nope.json"}
+    assert "ACCELERATE_DEEPSPEED_CONFIG_FILE" in _keys(check_launch_environment(missing), "error")
+    assert check_launch_environment({}) == []
+
+
+# ---- the rule tables against the installed packages ------------------------------------------
+def test_tables_match_accelerate():
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DistributedType
+
+    assert R.ACC_KEYS - {"fp16", "dynamo_backend"} == set(ClusterConfig.__dataclass_fields__)
+    assert R.DISTRIBUTED_TYPES == {d.value for d in DistributedType}
+    dests = {a.dest for a in launch_command_parser()._actions}
+    assert R.DS_YAML_KEYS <= dests
+    fp8_dests = {d[4:] for d in dests if d.startswith("fp8_")}
+    assert fp8_dests <= R.FP8_READ_KEYS, fp8_dests - R.FP8_READ_KEYS
+    assert not set(R.FP8_DEAD_KEYS) & fp8_dests
+
+
+def test_tables_match_deepspeed():
+    pytest.importorskip("deepspeed", reason="deepspeed not installed (pip install deepspeed)")
+    from deepspeed.runtime import config as dsc
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
+                                                       DeepSpeedZeroOffloadParamConfig)
+
+    def names(model):
+        return {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
+
+    assert R.DS_REMOVED_TOP == set(dsc._REMOVED_TOP_LEVEL_CONFIG_KEYS)
+    assert R.DS_REMOVED_ZERO == set(dsc._REMOVED_ZERO_CONFIG_KEYS)
+    assert R.DS_BF16_KEYS == names(DeepSpeedBF16Config)
+    assert R.DS_FP16_KEYS == names(DeepSpeedFP16Config)
+    assert R.DS_ZERO_KEYS == names(DeepSpeedZeroConfig)
+    assert R.DS_OFFLOAD_OPTIMIZER_KEYS == names(DeepSpeedZeroOffloadOptimizerConfig)
+    assert R.DS_OFFLOAD_PARAM_KEYS == names(DeepSpeedZeroOffloadParamConfig)
+
+
+@pytest.mark.parametrize("path", DS_FILES, ids=os.path.basename)
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_shipped_ds_configs_accepted_by_deepspeed(path, precision, monkeypatch):
+    """Fill "auto" exactly as accelerate does (DeepSpeedPlugin from the launch env, then
+    set_mixed_precision and the values Accelerator._prepare_deepspeed passes), then parse with
+    DeepSpeed's real DeepSpeedConfig (pydantic models, removed-key checks, batch-size assert)."""
+    pytest.importorskip("deepspeed", reason="deepspeed not installed (pip install deepspeed)")
+    from accelerate.utils import DeepSpeedPlugin
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    for key, value in {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": path,
+                       "ACCELERATE_CONFIG_DS_FIELDS": "deepspeed_config_file,zero3_init_flag"}.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision(precision)
+    micro, accum, world = 4, 8, 1
+    plugin.deepspeed_config_process(
+        must_match=False, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
+        train_batch_size=micro * accum * world, gradient_clipping=1.0,
+        **{"zero_optimization.reduce_bucket_size": 1920 * 1920})
+    cfg = dict(plugin.deepspeed_config, steps_per_print=10**9)
+    assert "auto" not in json.dumps(cfg)
+    parsed = DeepSpeedConfig(cfg)
+    assert parsed.train_batch_size == micro * accum * world and parsed.bfloat16_config.enabled
+    assert not parsed.float16_config.enabled and parsed.communication_data_type is None
+    assert parsed.zero_optimization_stage == json.load(open(path))["zero_optimization"]["stage"]

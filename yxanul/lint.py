@@ -1,0 +1,234 @@
+"""`yxanul lint-config FILE... [--fix] [--out DIR]`: lint DeepSpeed JSON and accelerate YAML.
+
+API (also used by the trainer at start-up):
+- ``lint_file(path, *, use_fp8=None, world_size=None) -> list[Problem]``
+- ``fix_config(path, out_path) -> list[Problem]`` writes a corrected copy, returns what it fixed
+- ``check_launch_environment(env=os.environ, *, use_fp8=None, cuda_available=None) -> list[Problem]``
+  reads what ``accelerate launch`` exported (ACCELERATE_*) and lints the DeepSpeed file in use
+- ``sanitize_deepspeed_config(cfg) -> (cfg_copy, list[Problem])`` drops keys that DeepSpeed
+  accepts but that only cost time (``fp8`` block, fp32 communication / grad accumulation)
+Policy (docs/distributed.md): severity "error" = the run would fail or silently train wrong ->
+refuse to start; "warning" = wasteful or ignored -> sanitized / reported, the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import yaml
+
+from .lint_rules import (ERROR, WARNING, FP8_DEAD_KEYS, FP8_READ_KEYS, Problem, fix_accelerate,
+                         fix_deepspeed, harmful_ds_keys, lint_accelerate, lint_deepspeed, _delete)
+
+__all__ = ["Problem", "lint_file", "fix_config", "check_launch_environment",
+           "sanitize_deepspeed_config", "main", "ERROR", "WARNING"]
+
+_ACC_MARKERS = {"distributed_type", "compute_environment", "num_processes", "mixed_precision",
+                "fp8_config", "deepspeed_config"}
+_DS_MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "bf16",
+               "fp16", "gradient_accumulation_steps", "optimizer"}
+
+
+def _load(path: str):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json"):
+        return json.loads(text)
+    return yaml.safe_load(text)
+
+
+def detect_kind(path: str, data) -> str:
+    """'deepspeed' | 'accelerate' | 'unknown' (by content, the extension breaks ties)."""
+    keys = set(data) if isinstance(data, dict) else set()
+    if keys & {"distributed_type", "compute_environment"}:
+        return "accelerate"
+    if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
+        return "deepspeed"
+    if keys & _ACC_MARKERS and not path.endswith(".json"):
+        return "accelerate"
+    if keys & _DS_MARKERS or path.endswith(".json"):
+        return "deepspeed"
+    return "unknown"
+
+
+def _ds_file_resolver(config_path: str):
+    base = os.path.dirname(os.path.abspath(config_path))
+
+    def exists(p: str) -> bool:
+        return any(os.path.isfile(os.path.join(d, p)) for d in ("", os.getcwd(), base,
+                                                                  os.path.dirname(base)))
+    return exists
+
+
+def lint_file(path: str, *, use_fp8: bool | None = None,
+              world_size: int | None = None) -> list[Problem]:
+    try:
+        data = _load(path)
+    except FileNotFoundError:
+        return [Problem(path, "<file>", ERROR, "file not found", "check the path")]
+    except (ValueError, yaml.YAMLError) as e:
+        msg = " ".join(str(e).split())[:200]
+        return [Problem(path, "<file>", ERROR, f"does not parse: {msg}", "fix the syntax")]
+    kind = detect_kind(path, data)
+    if kind == "deepspeed":
+        return lint_deepspeed(data, path, world_size=world_size)
+    if kind == "accelerate":
+        return lint_accelerate(data, path, use_fp8=use_fp8,
+                               ds_file_exists=_ds_file_resolver(path))
+    return [Problem(path, "<file>", ERROR, "neither a DeepSpeed config (zero_optimization, "
+                    "train_micro_batch_size_per_gpu) nor an accelerate config (distributed_type)",
+                    "pass a DeepSpeed JSON or an accelerate YAML")]
+
+
+def fix_config(path: str, out_path: str) -> list[Problem]:
+    """Write a corrected copy of ``path`` to ``out_path``; returns the problems found in ``path``."""
+    problems = lint_file(path)
+    data = _load(path)
+    kind = detect_kind(path, data)
+    if kind == "deepspeed":
+        fixed = fix_deepspeed(data)
+    elif kind == "accelerate":
+        fixed = fix_accelerate(data)
+    else:
+        raise ValueError(f"{path}: not a DeepSpeed or accelerate config")
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as f:
+        if out_path.endswith(".json"):
+            json.dump(fixed, f, indent=2)
+            f.write("\n")
+        else:
+            yaml.safe_dump(fixed, f, sort_keys=False)
+    return problems
+
+
+def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
+                              ) -> tuple[dict, list[Problem]]:
+    """Copy of ``cfg`` without the keys DeepSpeed accepts but that only cost time; one warning
+    per removed key. Errors (removed/unknown keys, fp16, optimizer blocks) are left for
+    ``lint_deepspeed``: the trainer refuses to start on those."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    problems = []
+    for key, reason, _ in harmful_ds_keys(cfg):
+        _delete(out, key)
+        problems.append(Problem(source, key, WARNING, reason, "removed for this run (sanitized)"))
+    if out.get("data_types") == {}:
+        del out["data_types"]
+    return out, problems
+
+
+def _truthy(v: str | None) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_launch_environment(env=None, *, use_fp8: bool | None = None,
+                             cuda_available: bool | None = None) -> list[Problem]:
+    """What training checks at start: the ACCELERATE_* variables `accelerate launch` exported.
+
+    ``use_fp8``: the yxanul config's decision (None: not compared). ``cuda_available``: pass
+    ``torch.cuda.is_available()`` (None: not checked). Errors mean: refuse to start."""
+    env = os.environ if env is None else env
+    src = "environment"
+    P = []
+
+    def add(key, sev, msg, fix):
+        P.append(Problem(src, key, sev, msg, fix))
+
+    for key, value in sorted(env.items()):
+        if not key.startswith("ACCELERATE_FP8_"):
+            continue
+        name = key[len("ACCELERATE_FP8_"):].lower()
+        if name in FP8_DEAD_KEYS:
+            add(key, WARNING, "read by nothing (the `accelerate config` questionnaire's name)",
+                f"use fp8_config.{FP8_DEAD_KEYS[name]} (ACCELERATE_FP8_{FP8_DEAD_KEYS[name].upper()})")
+        elif name not in FP8_READ_KEYS and not name.startswith("override_"):
+            add(key, WARNING, "read by nothing", "remove it from fp8_config")
+    backend = env.get("ACCELERATE_FP8_BACKEND")
+    if backend is not None and backend != backend.upper():
+        add("ACCELERATE_FP8_BACKEND", WARNING, f"{backend!r}: FP8BackendType({backend!r}) raises "
+            "in a plain accelerate script; yxanul passes its TE recipe itself, so it goes on",
+            "fp8_config: {backend: TE} (upper case) in the accelerate YAML")
+    mp = env.get("ACCELERATE_MIXED_PRECISION")
+    deepspeed = _truthy(env.get("ACCELERATE_USE_DEEPSPEED"))
+    if use_fp8 is not None and mp and not (deepspeed and mp == "no"):
+        if (mp == "fp8") != use_fp8:
+            add("ACCELERATE_MIXED_PRECISION", WARNING, f"accelerate launch says {mp}, the yxanul "
+                f"config says use_fp8: {str(use_fp8).lower()}; yxanul's setting is used",
+                "make the accelerate YAML and the yxanul config agree")
+    if deepspeed:
+        fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
+        path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if path and path != "none":
+            if "mixed_precision" in fields:
+                add("ACCELERATE_CONFIG_DS_FIELDS", ERROR, "mixed_precision came from the "
+                    "accelerate YAML together with a deepspeed_config_file: accelerate raises "
+                    "ValueError", "remove mixed_precision from the YAML (yxanul sets it)")
+            if not os.path.isfile(path):
+                add("ACCELERATE_DEEPSPEED_CONFIG_FILE", ERROR, f"{path} not found from "
+                    f"{os.getcwd()}", "launch from the repository root or use an absolute path")
+            else:
+                try:
+                    world = int(env.get("WORLD_SIZE", "0")) or None
+                except ValueError:
+                    world = None
+                for p in lint_file(path, world_size=world):
+                    P.append(p)
+    try:
+        world = int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    if cuda_available is False and world > 1 and "LOCAL_RANK" in env \
+            and not _truthy(env.get("ACCELERATE_USE_CPU")):
+        add("ACCELERATE_USE_CPU", WARNING, f"{world} processes, no CUDA and ACCELERATE_USE_CPU "
+            "unset: accelerate makes each process 'rank 0 of 1' unless Accelerator(cpu=True)",
+            "launch with ACCELERATE_USE_CPU=1 (accelerate_configs/cpu.yaml)")
+    return P
+
+
+def _read_use_fp8(path: str) -> bool:
+    data = _load(path) or {}
+    return bool(data.get("use_fp8", False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="yxanul lint-config", description="Lint DeepSpeed JSON and "
+                                 "accelerate YAML configs; exit 1 if any error.")
+    ap.add_argument("files", nargs="+", metavar="FILE")
+    ap.add_argument("--fix", action="store_true", help="write corrected copies (never in place)")
+    ap.add_argument("--out", default=None, help="directory for --fix output (default: next to "
+                    "each file as NAME.fixed.EXT)")
+    ap.add_argument("--train-config", default=None, help="yxanul config YAML: warn when its "
+                    "use_fp8 disagrees with the accelerate config's mixed_precision")
+    ap.add_argument("--world-size", type=int, default=None,
+                    help="check train_batch_size = micro x accumulation x world size")
+    args = ap.parse_args(argv)
+    use_fp8 = _read_use_fp8(args.train_config) if args.train_config else None
+    n_err = n_warn = 0
+    for path in args.files:
+        problems = lint_file(path, use_fp8=use_fp8, world_size=args.world_size)
+        for p in problems:
+            print(p.line())
+        n_err += sum(p.severity == ERROR for p in problems)
+        n_warn += sum(p.severity == WARNING for p in problems)
+        if not problems:
+            print(f"{path}: ok")
+        if args.fix and not (len(problems) == 1 and problems[0].key == "<file>"):
+            stem, ext = os.path.splitext(os.path.basename(path))
+            out = os.path.join(args.out, stem + ext) if args.out else \
+                os.path.join(os.path.dirname(path), f"{stem}.fixed{ext}")
+            if os.path.abspath(out) == os.path.abspath(path):
+                print(f"{path}: not overwriting the input; choose another --out", file=sys.stderr)
+                return 2
+            fix_config(path, out)
+            left = lint_file(out, use_fp8=use_fp8, world_size=args.world_size)
+            print(f"{path}: fixed copy written to {out} ({len(left)} problem(s) left)")
+    print(f"{len(args.files)} file(s): {n_err} error(s), {n_warn} warning(s)")
+    return 1 if n_err else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
