@@ -1,0 +1,1 @@
+"""Data: sources → tokenize + pack (`yxanul prepare`) → token shards → `WindowLoader`."""

@@ -1,0 +1,157 @@
+"""`WindowLoader`: resumable, distributed sampling of (seq_length + 1)-token windows from shards.
+
+Each shard of a split is cut into non-overlapping windows of ``seq_length + 1`` tokens with stride
+``seq_length`` (the last token of a window is the first of the next; a shard's tail shorter than a
+window is skipped). Window order is a permutation that is a pure function of ``(seed, epoch)``.
+A GLOBAL position counts windows consumed in the epoch: one iteration consumes
+``micro_batch_size × world_size`` windows and rank ``r`` takes slice ``r`` of them. So the batch at
+any point is a pure function of (seed, epoch, position): resume is exact, and resuming with another
+world size continues at the same global position. The state reflects batches actually handed to
+the caller, not the ones DataLoader workers prefetched.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+from .shards import open_shard
+
+
+class _Windows:
+    def __init__(self, data_dir, split: str, seq_length: int):
+        meta_path = Path(data_dir) / "meta.json"
+        if not meta_path.is_file():
+            raise DataError(f"data_dir '{data_dir}': no meta.json (run `yxanul prepare`)")
+        meta = json.loads(meta_path.read_text())
+        self.files = [Path(data_dir) / f for f in meta["splits"][split]["shards"]]
+        self.T = seq_length
+        self.shards = None  # opened lazily (per DataLoader worker)
+        counts = []
+        for f in self.files:
+            n = open_shard(f).shape[0]
+            counts.append(max(0, (n - 1) // seq_length))
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.n = int(self.offsets[-1])
+        tokens = meta["splits"][split]["tokens"]
+        if self.n == 0:
+            raise DataError(f"{split} split has {tokens} tokens; need at least seq_length+1 = {seq_length + 1}: "
+                            f"lower seq_length" + (" or raise val_fraction" if split == "val" else ""))
+
+    def gather(self, idx: np.ndarray) -> np.ndarray:
+        if self.shards is None:
+            self.shards = [open_shard(f) for f in self.files]
+        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        out = np.empty((len(idx), self.T + 1), dtype=np.int64)
+        cols = np.arange(self.T + 1)
+        for s in np.unique(shard):
+            rows = np.nonzero(shard == s)[0]
+            starts = (idx[rows] - self.offsets[s]) * self.T
+            out[rows] = self.shards[s][starts[:, None] + cols]
+        return out
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    """Item k = this rank's k-th batch after the loader's start state (pure function of k)."""
+
+    def __init__(self, windows: _Windows, seed, epoch0, pos0, B, rank, world):
+        self.w, self.seed, self.epoch0, self.pos0 = windows, seed, epoch0, pos0
+        self.B, self.rank, self.world = B, rank, world
+        self.per_step = B * world
+        self.steps_per_epoch = windows.n // self.per_step
+        if self.steps_per_epoch == 0:
+            raise DataError(f"train split has {windows.n} windows of seq_length+1 tokens; one step needs "
+                            f"micro_batch_size x world_size = {self.per_step}: lower them or add data")
+        self._perm_epoch, self._perm = None, None
+
+    def __len__(self):
+        return 2**62
+
+    def locate(self, k: int) -> tuple[int, int]:
+        first = max(0, (self.w.n - self.pos0) // self.per_step)
+        if k < first:
+            return self.epoch0, self.pos0 + k * self.per_step
+        k -= first
+        return self.epoch0 + 1 + k // self.steps_per_epoch, (k % self.steps_per_epoch) * self.per_step
+
+    def perm(self, epoch: int) -> np.ndarray:
+        if self._perm_epoch != epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.w.n)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def __getitem__(self, k):
+        epoch, pos = self.locate(k)
+        start = pos + self.rank * self.B
+        win = torch.from_numpy(self.w.gather(self.perm(epoch)[start:start + self.B]))
+        return win[:, :-1], win[:, 1:]  # (B, T) inputs, (B, T) targets
+
+
+class WindowLoader:
+    def __init__(self, data_dir, split: str, seq_length: int, micro_batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False):
+        self.windows = _Windows(data_dir, split, seq_length)
+        self.seq_length, self.B, self.seed = seq_length, micro_batch_size, seed
+        self.rank, self.world, self.num_workers, self.pin_memory = rank, world_size, num_workers, pin_memory
+        self._start = (0, 0)
+        self._yielded = 0
+        self._ds = self._dataset()
+
+    def _dataset(self) -> _BatchDataset:
+        return _BatchDataset(self.windows, self.seed, *self._start, self.B, self.rank, self.world)
+
+    @property
+    def epoch(self) -> int:
+        return self._ds.locate(self._yielded)[0]
+
+    def state_dict(self) -> dict:
+        epoch, pos = self._ds.locate(self._yielded)
+        return {"epoch": epoch, "position": pos, "seq_length": self.seq_length, "seed": self.seed,
+                "micro_batch_size": self.B, "world_size": self.world}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seq_length", self.seq_length) != self.seq_length or state.get("seed", self.seed) != self.seed:
+            # another window grid or order: positions don't carry over; start that epoch afresh
+            self._start = (int(state.get("epoch", 0)) + 1, 0)
+        else:
+            self._start = (int(state["epoch"]), int(state["position"]))
+        self._yielded = 0
+        self._ds = self._dataset()
+
+    def __iter__(self):
+        ds, start = self._ds, self._yielded
+        sampler = _Count(start)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
+                                             pin_memory=self.pin_memory, persistent_workers=False,
+                                             prefetch_factor=4 if self.num_workers else None)
+        for batch in loader:
+            self._yielded += 1
+            yield batch
+
+
+class _Count(torch.utils.data.Sampler):
+    def __init__(self, start: int):
+        self.start = start
+
+    def __iter__(self):
+        k = self.start
+        while True:
+            yield k
+            k += 1
+
+
+def eval_batches(data_dir, seq_length: int, micro_batch_size: int, max_batches: int, rank: int = 0,
+                 world_size: int = 1):
+    """Fixed validation batches (in order, no shuffling): rank r takes batches r, r+W, ..."""
+    w = _Windows(data_dir, "val", seq_length)
+    n_batches = min(max_batches * world_size, w.n // micro_batch_size)
+    if n_batches < world_size:
+        raise DataError(f"validation split has {w.n} windows of {seq_length + 1} tokens; evaluation needs "
+                        f"micro_batch_size x world_size = {micro_batch_size * world_size}: raise val_fraction")
+    for b in range(rank, n_batches - n_batches % world_size, world_size):
+        win = torch.from_numpy(w.gather(np.arange(b * micro_batch_size, (b + 1) * micro_batch_size)))
+        yield win[:, :-1], win[:, 1:]

@@ -1,0 +1,150 @@
+"""Text sources: local files/globs/directories and Hub datasets, read through `datasets`."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DataError
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+BUNDLED_CORPUS = ASSETS / "corpus" / "shakespeare.jsonl.gz"
+BUNDLED_TOKENIZER = ASSETS / "tokenizer"
+_BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
+             ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class Source:
+    path: str                 # what the user wrote
+    files: list[str] | None   # resolved local files (None: a Hub dataset)
+    builder: str | None       # datasets builder for local files
+    weight: float = 1.0
+    split: str = "train"
+    text_column: str = "text"
+    name: str | None = None   # Hub config name
+
+    def fingerprint(self) -> dict:
+        if self.files is None:
+            return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column}
+        return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in self.files],
+                "column": self.text_column, "weight": self.weight}
+
+
+def _suffix(path: str) -> str:
+    p = path[:-3] if path.endswith(".gz") else path
+    return Path(p).suffix.lower()
+
+
+def _check_file(path: str) -> None:
+    """Missing, empty or non-UTF-8 text: one clear line naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"dataset file '{path}': no such file")
+    if p.stat().st_size == 0:
+        raise DataError(f"dataset file '{path}': empty")
+    if _suffix(path) == ".parquet":
+        return
+    opener = gzip.open if path.endswith(".gz") else open
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")()
+    offset, limit, nonblank = 0, 256 << 20, False  # check the first 256 MB fully
+    with opener(path, "rb") as f:
+        while offset < limit:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            try:
+                text = dec.decode(chunk)
+            except UnicodeDecodeError as e:
+                raise DataError(f"dataset file '{path}': not UTF-8 text (invalid byte at offset {offset + e.start})") from None
+            nonblank = nonblank or bool(text.strip())
+            offset += len(chunk)
+    if not nonblank:
+        raise DataError(f"dataset file '{path}': contains no text")
+
+
+def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_column: str = "text",
+                   name: str | None = None) -> Source:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS)
+        if not files:
+            raise DataError(f"dataset '{path}': a directory with no .txt/.md/.jsonl/.json/.parquet/.csv files")
+    elif any(c in path for c in "*?["):
+        files = sorted(glob.glob(os.path.expanduser(path), recursive=True))
+        if not files:
+            raise DataError(f"dataset '{path}': the pattern matches no file")
+    elif p.exists() or path.startswith((".", "/", "~")) or _suffix(path) in _BUILDERS:
+        files = [str(p)]
+    else:  # a Hub dataset name
+        return Source(path, None, None, weight, split, text_column, name)
+    builders = {_BUILDERS.get(_suffix(f)) for f in files}
+    if None in builders or len(builders) != 1:
+        raise DataError(f"dataset '{path}': expected files of one kind among {sorted(set(_BUILDERS))}, "
+                        f"got {sorted({_suffix(f) for f in files})}")
+    for f in files:
+        _check_file(f)
+    return Source(path, files, builders.pop(), weight, split, text_column, name)
+
+
+def resolve_sources(args) -> list[Source]:
+    if args.datasets:
+        return [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
+                               d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
+    if args.dataset:
+        return [resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)]
+    return [resolve_source(str(BUNDLED_CORPUS))]
+
+
+def load_source(src: Source, streaming: bool):
+    """A datasets (Iterable)Dataset with a single 'text' column."""
+    import datasets
+
+    try:
+        if src.files is None:
+            ds = datasets.load_dataset(src.path, src.name, split=src.split, streaming=streaming)
+        elif src.builder == "text":
+            ds = datasets.load_dataset("text", data_files=src.files, split="train", streaming=streaming,
+                                       sample_by="document")
+        else:
+            ds = datasets.load_dataset(src.builder, data_files=src.files, split="train", streaming=streaming)
+    except DataError:
+        raise
+    except Exception as e:  # Hub unreachable, bad parquet, ... -> one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
+    cols = list(ds.column_names or [])
+    if cols and src.text_column not in cols:
+        raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {', '.join(cols)}); "
+                        "set text_column")
+    if src.text_column != "text":
+        ds = ds.rename_column(src.text_column, "text")
+    return ds.select_columns(["text"])
+
+
+def mixed_dataset(sources: list[Source], streaming: bool, seed: int):
+    """One source, or several interleaved by weight (documents, not lines, are mixed)."""
+    loaded = [load_source(s, streaming) for s in sources]
+    if len(loaded) == 1:
+        return loaded[0]
+    import datasets
+
+    total = sum(s.weight for s in sources)
+    return datasets.interleave_datasets(loaded, probabilities=[s.weight / total for s in sources], seed=seed,
+                                        stopping_strategy="all_exhausted")
+
+
+def fingerprint(sources: list[Source], tokenizer: str, extra: dict) -> str:
+    tok = Path(tokenizer)
+    tok_id = tokenizer
+    if tok.is_dir() and (tok / "tokenizer.json").is_file():
+        tok_id = hashlib.sha256((tok / "tokenizer.json").read_bytes()).hexdigest()
+    blob = json.dumps({"sources": [s.fingerprint() for s in sources], "tokenizer": tok_id, **extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
