@@ -41,7 +41,7 @@ def build_model(args: ModelArgs, vocab_size: int):
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend, **overrides)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if args.init_from:
         load_weights(model, args.init_from)
     return model

@@ -46,7 +46,7 @@ class _TEShaped(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self._register_load_state_dict_pre_hook(_drop_extra_state)
+        self._register_load_state_dict_pre_hook(_drop_extra_state, with_module=True)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -156,17 +156,24 @@ class DecoderLayer(GradientCheckpointingLayer):
 
 
 class RotaryEmbedding(nn.Module):
-    """Produces TE's rotary tensor ``[T, 1, 1, head_dim] = cat(f, f)`` for both backends."""
+    """Produces TE's rotary tensor ``[T, 1, 1, head_dim] = cat(f, f)`` for both backends.
+
+    Computed from the config, not stored: no buffer to save, and nothing for from_pretrained's
+    meta-device initialisation to leave uninitialised. Cached per (length, device)."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self._cache: dict = {}
 
-    def forward(self, seq_len: int) -> torch.Tensor:
-        t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
-        f = torch.outer(t, self.inv_freq.float())                        # (T, hd/2)
-        return torch.cat((f, f), dim=-1).view(seq_len, 1, 1, -1)          # [T, 1, 1, hd]
+    def forward(self, seq_len: int, device=None) -> torch.Tensor:
+        key = (seq_len, device)
+        if key not in self._cache:
+            inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+                                             / self.head_dim))
+            f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
+            self._cache = {key: torch.cat((f, f), dim=-1).view(seq_len, 1, 1, -1)}               # [T, 1, 1, hd]
+        return self._cache[key]
 
 
 class YxanulPreTrainedModel(PreTrainedModel):
@@ -212,7 +219,7 @@ class YxanulModel(YxanulPreTrainedModel):
 
     def forward(self, input_ids, is_first_microbatch=None):
         x = self.embed_tokens(input_ids)                     # (B, T, C)
-        freqs = self.rotary_emb(input_ids.shape[1])          # [T, 1, 1, hd]
+        freqs = self.rotary_emb(input_ids.shape[1], x.device)  # [T, 1, 1, hd]
         for layer in self.layers:
             x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
         return self.norm(x)
