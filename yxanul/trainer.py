@@ -161,6 +161,7 @@ def train(cfg) -> dict[str, Any]:
     plan.prepare_model(model)
     optimizer = build_optimizer(model, cfg.optim)
     model, optimizer = accelerator.prepare(model, optimizer)
+    plan.after_prepare(model)
     if cfg.train.torch_compile:
         model = torch.compile(model)
     n_params = count_parameters(mcfg)

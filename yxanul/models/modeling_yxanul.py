@@ -225,13 +225,27 @@ class YxanulModel(YxanulPreTrainedModel):
         return self.norm(x)
 
 
+class LMHead(nn.Module):
+    """The output projection. Deliberately not an ``nn.Linear``: accelerate's FP8 ``convert_model``
+    swaps every ``nn.Linear`` for ``te.Linear``, which breaks the tie with the embedding and drops
+    the new weight from the optimizer (see docs/fp8.md). The LM head stays BF16 and trainable."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
 class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
         self.model = YxanulModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         self.post_init()
 
     def get_input_embeddings(self):

@@ -1,0 +1,73 @@
+"""The ONLY module of yxanul that imports Transformer Engine.
+
+`import transformer_engine` raises RuntimeError (not ImportError) when CUDA libraries are missing,
+so any exception means "not available" and is kept as the reason.
+"""
+
+from __future__ import annotations
+
+TE_AVAILABLE = False
+TE_IMPORT_ERROR: str | None = None
+te = None          # transformer_engine.pytorch
+te_recipe = None   # transformer_engine.common.recipe
+te_version: str | None = None
+
+try:  # pragma: no cover - exercised on GPU machines with TE
+    import transformer_engine
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe as te_recipe
+
+    te_version = getattr(transformer_engine, "__version__", "unknown")
+    TE_AVAILABLE = True
+except Exception as e:  # noqa: BLE001 - RuntimeError when cuDNN/CUDA libs are missing
+    TE_IMPORT_ERROR = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
+def autocast(enabled: bool = True, recipe=None):
+    """`te.autocast` (TE >= 2.9) or the deprecated `te.fp8_autocast` on older TE."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=enabled, recipe=recipe)
+    return te.fp8_autocast(enabled=enabled, fp8_recipe=recipe)
+
+
+def _state_manager():
+    for mod in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+        try:
+            return __import__(mod, fromlist=["FP8GlobalStateManager"]).FP8GlobalStateManager
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def fp8_state() -> tuple[bool, object]:
+    """(FP8 enabled right now, the recipe in effect) as TE itself sees it: call inside a forward."""
+    mgr = _state_manager()
+    if mgr is None:
+        return False, None
+    enabled = bool(mgr.is_fp8_enabled())
+    return enabled, (mgr.get_fp8_recipe() if enabled else None)
+
+
+def availability() -> dict[str, tuple[bool, str]]:
+    """Per recipe: (available, TE's reason)."""
+    out: dict[str, tuple[bool, str]] = {}
+    if not TE_AVAILABLE:
+        return {r: (False, f"Transformer Engine not importable ({TE_IMPORT_ERROR})")
+                for r in ("delayed", "current", "block", "mxfp8")}
+
+    def call(name):
+        fn = getattr(te, name, None)
+        if fn is None:
+            return False, f"this TE has no {name}()"
+        try:
+            res = fn(return_reason=True)
+        except TypeError:
+            res = (fn(), "")
+        except Exception as e:  # noqa: BLE001
+            return False, f"{type(e).__name__}: {e}"
+        return (bool(res[0]), str(res[1] or "")) if isinstance(res, tuple) else (bool(res), "")
+
+    out["delayed"] = out["current"] = call("is_fp8_available")
+    out["block"] = call("is_fp8_block_scaling_available")
+    out["mxfp8"] = call("is_mxfp8_available")
+    return out
