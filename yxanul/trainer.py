@@ -124,7 +124,7 @@ def train(cfg) -> dict[str, Any]:
     from .precision import format_report, precision_report, resolve_precision
 
     t_start = time.time()
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())
     say = print if state.is_main_process else (lambda *a, **k: None)
     run_dir = _run_dir(cfg)
     for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
