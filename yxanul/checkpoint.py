@@ -126,11 +126,13 @@ def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
 
 def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, Any], *,
                     keep_last: int, config_yaml: str | None = None,
+                    extra: Callable[[Path], None] | None = None,
                     _fault: Callable[[str], None] | None = None) -> Path:
     """Save ``accelerator`` state + ``state`` as ``checkpoints/step_{state['step']}`` atomically.
 
     Must be called on every process (DeepSpeed saves are collective). ``_fault`` is a test hook
-    called with a stage name ("after_state") to simulate a crash mid-save.
+    called with a stage name ("after_state") to simulate a crash mid-save. ``extra(tmp_dir)`` writes
+    more files (main process) before the folder is committed.
     """
     root = checkpoints_dir(run_dir)
     step = int(state["step"])
@@ -147,6 +149,8 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
     if accelerator.is_main_process:
         if config_yaml is not None:
             (tmp / "config.yaml").write_text(config_yaml)
+        if extra is not None:
+            extra(tmp)
         state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
         _write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
         if final.exists():  # re-saving the same step (e.g. final == periodic): replace it

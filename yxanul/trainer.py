@@ -187,8 +187,10 @@ def train(cfg) -> dict[str, Any]:
             st = read_state(ckpt)
             step, val_loss = st["step"], st.get("val_loss")
             loader.load_state_dict(st["data"])
+            plan.restore_fp8_state(accelerator.unwrap_model(model), ckpt, cfg.model.seq_length)
             changes = [f"{k}: {st[k]} -> {v}" for k, v in (("world_size", accelerator.num_processes),
-                       ("tokens_per_step", tokens_per_step), ("precision", plan.label)) if k in st and st[k] != v]
+                       ("tokens_per_step", tokens_per_step),
+                       ("precision", "FP8" if plan.fp8_enabled else plan.label)) if k in st and st[k] != v]
             say(f"resumed from {ckpt} at step {step}" + (f" ({'; '.join(changes)})" if changes else ""))
 
     if accelerator.is_main_process:
@@ -212,7 +214,8 @@ def train(cfg) -> dict[str, Any]:
 
     def save():
         save_checkpoint(accelerator, run_dir, checkpoint_state(), keep_last=cfg.checkpoint.keep_last,
-                        config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False))
+                        config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False),
+                        extra=lambda d: plan.save_fp8_state(accelerator.unwrap_model(model), d))
 
     say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
     train_iter = iter(loader)

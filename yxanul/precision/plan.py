@@ -169,6 +169,10 @@ class PrecisionPlan:
     def prepare_model(self, model) -> None:
         """Before accelerate.prepare: layers the policy keeps BF16 run with FP8 disabled; a hook on
         the first FP8 layer reads TE's own state back while a forward runs."""
+        if getattr(model.config, "backend", "torch") == "te":
+            from .state import strip_extra_state
+
+            strip_extra_state(model)  # checkpoints carry FP8 state as safetensors, never pickle
         if not self.fp8_enabled:
             return
         from .. import _te
@@ -219,6 +223,35 @@ class PrecisionPlan:
     def is_first_microbatch(self, micro_step: int):
         """TE caches FP8 weights on the first micro-batch of a step and reuses them after."""
         return (micro_step == 0) if self.fp8_enabled else None
+
+    def save_fp8_state(self, model, directory) -> None:
+        """Write the delayed-scaling state next to accelerate's files (main process)."""
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        from .state import FILE, fp8_state_dict
+
+        sd = fp8_state_dict(model) if self.fp8_enabled else {}
+        if sd:
+            save_file(sd, str(Path(directory) / FILE))
+
+    def restore_fp8_state(self, model, directory, seq_length: int) -> int:
+        """After load_state: initialise TE's FP8 metadata with one no-grad forward, then copy the
+        saved scaling state in, so the resumed step uses exactly the saved scales."""
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+
+        from .state import FILE, load_fp8_state_dict
+
+        path = Path(directory) / FILE
+        if not (self.fp8_enabled and path.is_file()):
+            return 0
+        device = next(model.parameters()).device
+        with torch.no_grad(), self.forward_context(training=True):
+            model(torch.zeros(1, min(seq_length, 16), dtype=torch.long, device=device))
+        return load_fp8_state_dict(model, load_file(str(path)))
 
     def fp8_stats(self, model) -> dict[str, float]:
         from .report import fp8_stats

@@ -1,0 +1,22 @@
+"""Shared test setup: offline Hub, and GPU/TE tests skipped with a reason where they can't run."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+def pytest_collection_modifyitems(config, items):
+    from yxanul import _te
+
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine: scripts/device/README.md)")
+    no_te = pytest.mark.skip(reason=f"needs Transformer Engine ({_te.TE_IMPORT_ERROR})")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+        elif "te" in item.keywords and not _te.TE_AVAILABLE:
+            item.add_marker(no_te)
