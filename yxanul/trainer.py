@@ -124,7 +124,10 @@ def train(cfg) -> dict[str, Any]:
     from .precision import format_report, precision_report, resolve_precision
 
     t_start = time.time()
-    state = PartialState(cpu=not torch.cuda.is_available())
+    # On a CPU-only machine tell accelerate so (else torchrun'd ranks each become 'rank 0 of 1'),
+    # except under DeepSpeed, which accelerate disables when cpu=True.
+    cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
+    state = PartialState(cpu=cpu)
     say = print if state.is_main_process else (lambda *a, **k: None)
     run_dir = _run_dir(cfg)
     for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
@@ -152,7 +155,7 @@ def train(cfg) -> dict[str, Any]:
         **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
         log_with=tracker_names(cfg.tracking) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
-        step_scheduler_with_optimizer=False, cpu=not torch.cuda.is_available(),
+        step_scheduler_with_optimizer=False, cpu=cpu,
     )
     _configure_deepspeed(accelerator, cfg, batch.micro_batch, accum, say)
     if accelerator.is_main_process:
