@@ -83,3 +83,16 @@ def test_sigusr1_saves_and_exits_zero(tmp_path):
     state = json.loads((out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
                         / "trainer_state.json").read_text())
     assert 0 < state["step"] < 100000
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is None, reason="wandb not installed")
+def test_wandb_offline_without_key(tmp_path):
+    out = tmp_path / "wb"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path))  # no ~/.netrc, no API key
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "3", "--output_dir", str(out),
+                        "--use_wandb", "--checkpoint_freq", "0", "--save_final", "false"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "W&B: no API key found, logging offline" in r.stdout
+    assert list((out / "wandb").glob("offline-run-*"))

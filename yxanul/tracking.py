@@ -85,8 +85,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def tracker_names(args: TrackingArgs) -> list[str]:
-    """accelerate ``log_with`` list. W&B runs offline unless the user configured a key or a mode."""
+def tracker_names(args: TrackingArgs, run_dir: str | os.PathLike | None = None) -> list[str]:
+    """accelerate ``log_with`` list. W&B runs offline unless the user configured a key or a mode,
+    and writes under the run directory unless WANDB_DIR says otherwise."""
     names = []
     if args.use_tensorboard:
         names.append("tensorboard")
@@ -95,6 +96,11 @@ def tracker_names(args: TrackingArgs) -> list[str]:
         if not has_key and not os.environ.get("WANDB_MODE"):
             os.environ["WANDB_MODE"] = "offline"
             print("W&B: no API key found, logging offline (sync later with `wandb sync`)", flush=True)
+        if run_dir is not None:
+            os.environ.setdefault("WANDB_DIR", str(run_dir))
+            os.environ.setdefault("WANDB_PROJECT", args.wandb_project)
+            if args.wandb_entity:
+                os.environ.setdefault("WANDB_ENTITY", args.wandb_entity)
         names.append("wandb")
     return names
 

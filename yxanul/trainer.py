@@ -153,7 +153,7 @@ def train(cfg) -> dict[str, Any]:
     tokens_per_step = batch.micro_batch * accum * state.num_processes * cfg.model.seq_length
     accelerator = Accelerator(
         **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
-        log_with=tracker_names(cfg.tracking) or None,
+        log_with=tracker_names(cfg.tracking, run_dir) or None,
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "tensorboard")),
         step_scheduler_with_optimizer=False, cpu=cpu,
     )
@@ -198,7 +198,9 @@ def train(cfg) -> dict[str, Any]:
 
     if accelerator.is_main_process:
         (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
-    accelerator.init_trackers(cfg.checkpoint.run_name, config=flat_tracker_config(
+    accelerator.init_trackers(cfg.tracking.wandb_project if cfg.tracking.use_wandb else cfg.checkpoint.run_name,
+                              init_kwargs={"wandb": {"name": cfg.checkpoint.run_name, "dir": str(run_dir)}},
+                              config=flat_tracker_config(
         {**cfg.to_flat_dict(), **{f"precision_report/{k}": v for k, v in report.items() if not isinstance(v, (dict, list))}}))
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
