@@ -18,7 +18,20 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
 dl .device/whl "transformer-engine==${TE_VERSION}" pydantic pydantic-core annotated-types typing-inspection \
    nvdlfw-inspect "nvidia-cudnn-frontend>=1.29" datasets multiprocess dill
 # The torch extension is an sdist only: built on the device (g++, no nvcc) by setup.sh.
-python3 -m pip download -q --no-deps --no-binary=:all: -d .device/sdist "transformer-engine-torch==${TE_VERSION}"
+# `pip download` of that sdist fails here (preparing its metadata needs a CUDA torch), so take the
+# file straight from PyPI's simple index (JSON form) and check its sha256.
+python3 - "$TE_VERSION" <<'PY'
+import hashlib, json, sys, urllib.request
+ver = sys.argv[1]
+req = urllib.request.Request("https://pypi.org/simple/transformer-engine-torch/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(req, timeout=60))["files"]
+f = next(f for f in files if f["filename"] == f"transformer_engine_torch-{ver}.tar.gz")
+data = urllib.request.urlopen(f["url"], timeout=300).read()
+assert hashlib.sha256(data).hexdigest() == f["hashes"]["sha256"], "sha256 mismatch"
+open(f".device/sdist/{f['filename']}", "wb").write(data)
+print("sdist", f["filename"], len(data), "bytes, sha256 ok")
+PY
 # The core library wheel is ~277 MB: split into parts that fit the 64 MiB carry limit.
 tmp=$(mktemp -d)
 dl "$tmp" "transformer-engine-cu13==${TE_VERSION}"
