@@ -265,6 +265,11 @@ def train(cfg) -> dict[str, Any]:
                 row["mfu"] = fpt * tps / (peak[1] * accelerator.num_processes)
             if plan.fp8_enabled and cfg.precision.fp8_stats:
                 row.update({f"fp8/{k}": v for k, v in plan.fp8_stats(accelerator.unwrap_model(model)).items()})
+            if plan.fp8_enabled and report.get("te_readback") is None and plan.readback is not None:
+                report = precision_report(accelerator.unwrap_model(model), plan)  # now with TE's read-back
+                say(format_report(report))
+                if accelerator.is_main_process:
+                    (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
             say(format_step_line(step, loader.epoch, loss_val, lr, norm_val, dt * 1e3, tps, plan.label), flush=True)
             metrics.write(row)
             accelerator.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
