@@ -15,7 +15,7 @@ te_version: str | None = None
 try:  # pragma: no cover - exercised on GPU machines with TE
     import transformer_engine
     import transformer_engine.pytorch as te
-    from transformer_engine.common import recipe as te_recipe
+    from transformer_engine.common import recipe as te_recipe  # noqa: F401 (module attribute)
 
     te_version = getattr(transformer_engine, "__version__", "unknown")
     TE_AVAILABLE = True

@@ -138,7 +138,7 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None,
     def add(key, sev, msg, fix):
         P.append(Problem(src, key, sev, msg, fix))
 
-    for key, value in sorted(env.items()):
+    for key in sorted(env):
         if not key.startswith("ACCELERATE_FP8_"):
             continue
         name = key[len("ACCELERATE_FP8_"):].lower()

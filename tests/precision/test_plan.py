@@ -1,7 +1,6 @@
 """Precision decisions on injected machine facts, recipe mapping, small-GEMM policy, report."""
 
 import pytest
-import torch
 
 from yxanul.errors import UserError
 from yxanul.models import YxanulForCausalLM, config_from_preset
