@@ -66,6 +66,28 @@ def _run_dir(cfg) -> Path:
     return Path(ck.output_dir)
 
 
+def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say):
+    """Stages and a batch plan per stage keeping tokens per optimizer step constant."""
+    if not cfg.batch.curriculum:
+        return None, None
+    from .batch_finder import plan_batch
+    from .curriculum import Curriculum
+
+    cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step)
+    plans = []
+    for i, st in enumerate(cur.stages):
+        # same tokens per micro-batch as the base plan, then accumulation for the constant tokens/step
+        micro = max(1, batch.micro_batch * cfg.model.seq_length // st.seq_length)
+        bp = plan_batch(micro, world_size, st.seq_length, target_tokens_per_step=tokens_per_step)
+        if bp.warning:
+            say(f"warning: curriculum stage {i}: {bp.warning}")
+        plans.append(bp)
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and len({p.grad_accum for p in plans}) > 1:
+        raise UserError("curriculum: stages need different gradient accumulation, which DeepSpeed fixes at start; "
+                        "choose micro_batch_size/target_tokens_per_step so accumulation is the same in every stage")
+    return cur, plans
+
+
 def _configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
     """Under DeepSpeed: drop keys that only cost time (lint policy) and fill what accelerate would
     take from a prepared DataLoader (yxanul's loader is not prepared) or fill wrongly
@@ -151,6 +173,7 @@ def train(cfg) -> dict[str, Any]:
                           world_size=state.num_processes, run_dir=run_dir, say=say)
     accum = batch.grad_accum
     tokens_per_step = batch.micro_batch * accum * state.num_processes * cfg.model.seq_length
+    curriculum, stage_plans = _curriculum(cfg, batch, tokens_per_step, state.num_processes, say)
     accelerator = Accelerator(
         **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
         log_with=tracker_names(cfg.tracking, run_dir) or None,
@@ -175,9 +198,12 @@ def train(cfg) -> dict[str, Any]:
     report = precision_report(accelerator.unwrap_model(model), plan)
     say(format_report(report))
 
-    loader = WindowLoader(data_dir, "train", cfg.model.seq_length, batch.micro_batch, seed=cfg.train.seed,
-                          rank=accelerator.process_index, world_size=accelerator.num_processes,
-                          num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda")
+    def make_loader(seq_length: int, micro: int) -> WindowLoader:
+        return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed,
+                            rank=accelerator.process_index, world_size=accelerator.num_processes,
+                            num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda")
+
+    loader, stage_idx, resumed_data = make_loader(cfg.model.seq_length, batch.micro_batch), None, None
     val = list(eval_batches(data_dir, cfg.model.seq_length, batch.micro_batch, cfg.tracking.eval_steps,
                             rank=accelerator.process_index, world_size=accelerator.num_processes))
     step, best_val, val_loss = 0, math.inf, None
@@ -190,6 +216,7 @@ def train(cfg) -> dict[str, Any]:
             st = read_state(ckpt)
             step, val_loss = st["step"], st.get("val_loss")
             loader.load_state_dict(st["data"])
+            resumed_data = st["data"]
             plan.restore_fp8_state(accelerator.unwrap_model(model), ckpt, cfg.model.seq_length)
             changes = [f"{k}: {st[k]} -> {v}" for k, v in (("world_size", accelerator.num_processes),
                        ("tokens_per_step", tokens_per_step),
@@ -228,6 +255,18 @@ def train(cfg) -> dict[str, Any]:
     t_log, steps_since_log = time.perf_counter(), 0
     while step < cfg.train.max_steps:
         # -- one optimizer step ------------------------------------------------------------------
+        if curriculum is not None and curriculum.stage_at(step)[0] != stage_idx:
+            stage_idx, stage = curriculum.stage_at(step)
+            bp = stage_plans[stage_idx]
+            accum = accelerator.gradient_accumulation_steps = bp.grad_accum
+            loader = make_loader(stage.seq_length, bp.micro_batch)
+            if resumed_data and resumed_data.get("seq_length") == stage.seq_length:
+                loader.load_state_dict(resumed_data)  # resumed inside this stage: continue exactly
+            resumed_data, tokens_per_step = None, bp.tokens_per_step
+            train_iter = iter(loader)
+            say(f"curriculum stage {stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x accumulation "
+                f"{bp.grad_accum} x world {bp.world_size} = {bp.tokens_per_step:,} tokens per step, "
+                f"until step {stage.end_step or cfg.train.max_steps}")
         lr = lr_at(step, max_lr=cfg.optim.max_lr, min_lr_ratio=cfg.optim.min_lr_ratio,
                    warmup_steps=cfg.optim.warmup_steps, decay_steps=decay_steps)
         for group in optimizer.param_groups:
@@ -260,7 +299,10 @@ def train(cfg) -> dict[str, Any]:
             first_loss = loss_val if first_loss is None else first_loss
             last_loss = loss_val
             row = {"step": step, "epoch": loader.epoch, "loss": loss_val, "lr": lr, "grad_norm": norm_val,
-                   "dt_ms": dt * 1e3, "tokens_per_sec": tps, "precision": plan.label, "tokens_seen": tokens_seen}
+                   "dt_ms": dt * 1e3, "tokens_per_sec": tps, "precision": plan.label, "tokens_seen": tokens_seen,
+                   "seq_length": loader.seq_length}
+            if curriculum is not None:
+                row["stage"] = stage_idx
             if peak:
                 row["mfu"] = fpt * tps / (peak[1] * accelerator.num_processes)
             if plan.fp8_enabled and cfg.precision.fp8_stats:
