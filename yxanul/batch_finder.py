@@ -163,7 +163,8 @@ def find_micro_batch(probe: Callable[[int], None], *, max_size: int, start: int 
             lo = mid
         else:
             hi = mid
-    chosen = snap(int(lo * safety_margin)) if lo > multiple else lo
+    # the margin guards against fragmentation near an OOM boundary; none was hit when lo == max_size
+    chosen = snap(int(lo * safety_margin)) if hi is not None and lo > multiple else lo
     return SearchResult(min(chosen, lo), lo, hi, probes)
 
 
@@ -177,28 +178,40 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
                 "keeping gradient_accumulation_steps as given")
         micro = args.micro_batch_size
         if args.auto_batch_size and model is not None:
-            micro = _search_for(args, model, plan, seq_length, say)
+            micro = _search_for(args, model, plan, seq_length, say, world_size, run_dir)
         return BatchPlan(micro, args.gradient_accumulation_steps, world_size, seq_length)
     micro = args.micro_batch_size
     if args.auto_batch_size and model is not None:
-        micro = _search_for(args, model, plan, seq_length, say)
+        micro = _search_for(args, model, plan, seq_length, say, world_size, run_dir)
     bp = plan_batch(micro, world_size, seq_length, args.target_effective_batch_size, args.target_tokens_per_step)
     if bp.warning:
         say(f"warning: {bp.warning}")
     return bp
 
 
-def _search_for(args: BatchArgs, model, plan, seq_length: int, say) -> int:
+def _search_for(args: BatchArgs, model, plan, seq_length: int, say, world_size: int = 1, run_dir=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
         say(f"auto_batch_size: no CUDA device, nothing can run out of memory; using micro_batch_size={args.micro_batch_size}")
         return args.micro_batch_size
     probe = make_training_probe(model, seq_length, plan)
-    res = find_micro_batch(probe, max_size=args.max_micro_batch_size, safety_margin=args.batch_safety_margin)
-    say(f"auto_batch_size: largest micro-batch that fit {res.largest_ok}, using {res.micro_batch} "
-        f"({len(res.probes)} probes, {sum(p[2] for p in res.probes):.1f}s)")
-    return res.micro_batch
+    found = []
+
+    def search() -> SearchResult:
+        res = find_micro_batch(probe, max_size=args.max_micro_batch_size, safety_margin=args.batch_safety_margin)
+        found.append(res)
+        return res
+
+    key = cache_key(model, seq_length, plan.label if plan is not None else "?", world_size)
+    micro, hit = cached_search(key, run_dir, search)
+    if hit:
+        say(f"auto_batch_size: micro-batch {micro} from the cache (key {key}); delete batch_cache.json to re-probe")
+    else:
+        res = found[0]
+        say(f"auto_batch_size: largest micro-batch that fit {res.largest_ok}, using {micro} "
+            f"({len(res.probes)} probes, {sum(p[2] for p in res.probes):.1f}s)")
+    return micro
 
 
 def make_training_probe(model, seq_length: int, plan=None, steps: int = 2) -> Callable[[int], None]:
@@ -232,3 +245,107 @@ def make_training_probe(model, seq_length: int, plan=None, steps: int = 2) -> Ca
             model.load_state_dict(saved)
 
     return probe
+
+
+# ---------------------------------------------------------------------------- cache
+def cache_key(model, seq_length: int, precision: str, world_size: int) -> str:
+    import hashlib
+    import json
+
+    import torch
+
+    c = model.config
+    shape = {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                        "num_key_value_heads", "intermediate_size", "backend")}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    blob = json.dumps({"shape": shape, "seq": seq_length, "precision": precision, "gpu": gpu, "world": world_size,
+                       "ckpt": bool(getattr(model, "is_gradient_checkpointing", False)), "optim": "adamw"},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cache_files(run_dir) -> list:
+    import os
+    from pathlib import Path
+
+    files = [Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul")) / "batch_cache.json"]
+    if run_dir is not None:
+        files.insert(0, Path(run_dir) / "batch_cache.json")
+    return files
+
+
+def cached_search(key: str, run_dir, search: Callable[[], SearchResult]) -> tuple[int, bool]:
+    """Micro-batch for ``key`` from the run's or the user's cache, else ``search()`` and store it."""
+    import json
+
+    for f in _cache_files(run_dir):
+        try:
+            hit = json.loads(f.read_text()).get(key)
+        except (OSError, ValueError):
+            continue
+        if hit:
+            return int(hit["micro_batch"]), True
+    res = search()
+    for f in _cache_files(run_dir):
+        try:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            data = json.loads(f.read_text()) if f.is_file() else {}
+            data[key] = {"micro_batch": res.micro_batch, "largest_ok": res.largest_ok, "probes": len(res.probes)}
+            f.write_text(json.dumps(data, indent=2))
+        except (OSError, ValueError):
+            pass
+    return res.micro_batch, False
+
+
+# ---------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul find-batch [--config FILE] [training flags] [--world_size N]`."""
+    import argparse
+    import os
+
+    import torch
+
+    from .config import parse_args
+    from .models.args import build_model
+    from .precision import resolve_precision
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    pre.add_argument("--vocab_size", type=int, default=50257, help="tokenizer size (default: GPT-2's)")
+    ours, rest = pre.parse_known_args(argv)
+    cfg = parse_args(rest, prog="yxanul find-batch")
+    t0 = time.perf_counter()
+    model = build_model(cfg.model, vocab_size=ours.vocab_size)
+    plan = resolve_precision(cfg.precision, model.config)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        print(f"CPU: nothing runs out of memory here, so the search stops at max_micro_batch_size="
+              f"{cfg.batch.max_micro_batch_size}; run it on the GPU you will train on.")
+    probe = make_training_probe(model, cfg.model.seq_length, plan)
+    peaks: dict[int, float] = {}
+
+    def measured(b: int) -> None:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            probe(b)
+        finally:
+            if device == "cuda":
+                peaks[b] = torch.cuda.max_memory_allocated() / 2**30
+
+    res = find_micro_batch(measured, max_size=cfg.batch.max_micro_batch_size, safety_margin=cfg.batch.batch_safety_margin)
+    print(f"{'micro':>6}  {'result':<6}  {'seconds':>8}  {'peak GiB':>8}")
+    for b, ok, sec in res.probes:
+        print(f"{b:>6}  {'ok' if ok else 'OOM':<6}  {sec:>8.2f}  {peaks.get(b, float('nan')):>8.2f}")
+    bp = plan_batch(res.micro_batch, ours.world_size, cfg.model.seq_length, cfg.batch.target_effective_batch_size,
+                    cfg.batch.target_tokens_per_step)
+    if bp.warning:
+        print(f"warning: {bp.warning}")
+    if not (cfg.batch.target_effective_batch_size or cfg.batch.target_tokens_per_step):
+        bp = BatchPlan(res.micro_batch, cfg.batch.gradient_accumulation_steps, ours.world_size, cfg.model.seq_length)
+    print(f"largest micro-batch that fit: {res.largest_ok}; with safety margin {cfg.batch.batch_safety_margin}: "
+          f"{res.micro_batch} ({len(res.probes)} probes)")
+    print(f"plan: micro {bp.micro_batch} x accumulation {bp.grad_accum} x world {bp.world_size} = "
+          f"{bp.effective_batch} sequences = {bp.tokens_per_step:,} tokens per optimizer step "
+          f"[{plan.label}, {device}] in {time.perf_counter() - t0:.1f}s")
+    return 0
