@@ -252,7 +252,7 @@ def train(cfg) -> dict[str, Any]:
     say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
     train_iter = iter(loader)
     model.train()
-    t_log, steps_since_log = time.perf_counter(), 0
+    t_log, steps_since_log, norm = time.perf_counter(), 0, None
     while step < cfg.train.max_steps:
         # -- one optimizer step ------------------------------------------------------------------
         if curriculum is not None and curriculum.stage_at(step)[0] != stage_idx:
