@@ -77,3 +77,14 @@ def test_help_lists_seed_flags():
                  "--max_lr", "--min_lr_ratio", "--warmup_steps", "--weight_decay", "--max_grad_norm",
                  "--use_fp8", "--fp8_format", "--fp8_margin", "--fp8_interval"]:
         assert flag in r.stdout, flag
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "examples" / "configs").glob("*.yaml")) + [root / "yxanul" / "assets" / "default.yaml"]
+    assert len(files) >= 4
+    for f in files:
+        cfg = parse_args(["--config", str(f)])
+        assert cfg.train.max_steps >= 1, f
