@@ -249,33 +249,85 @@ def train(cfg) -> dict[str, Any]:
                         config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False),
                         extra=lambda d: plan.save_fp8_state(accelerator.unwrap_model(model), d))
 
+    def enter_stage():
+        """Curriculum: at a stage boundary, switch seq length, micro-batch, accumulation and loader."""
+        nonlocal stage_idx, accum, loader, train_iter, resumed_data, tokens_per_step
+        stage_idx, stage = curriculum.stage_at(step)
+        bp = stage_plans[stage_idx]
+        accum = accelerator.gradient_accumulation_steps = bp.grad_accum
+        loader = make_loader(stage.seq_length, bp.micro_batch)
+        if resumed_data and resumed_data.get("seq_length") == stage.seq_length:
+            loader.load_state_dict(resumed_data)  # resumed inside this stage: continue exactly
+        resumed_data, tokens_per_step = None, bp.tokens_per_step
+        train_iter = iter(loader)
+        say(f"curriculum stage {stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x accumulation "
+            f"{bp.grad_accum} x world {bp.world_size} = {bp.tokens_per_step:,} tokens per step, "
+            f"until step {stage.end_step or cfg.train.max_steps}")
+
+    def log_step(loss_sum, norm, lr) -> None:
+        """Console line + metrics.jsonl + trackers (the only device sync of a training step)."""
+        nonlocal first_loss, last_loss, tps, report, t_log, steps_since_log
+        loss_val = accelerator.reduce(loss_sum / accum, "mean").item()
+        norm_val = float(norm) if norm is not None else float("nan")
+        dt = (time.perf_counter() - t_log) / steps_since_log
+        tps = tokens_per_step / dt
+        first_loss = loss_val if first_loss is None else first_loss
+        last_loss = loss_val
+        row = {"step": step, "epoch": loader.epoch, "loss": loss_val, "lr": lr, "grad_norm": norm_val,
+               "dt_ms": dt * 1e3, "tokens_per_sec": tps, "precision": plan.label, "tokens_seen": tokens_seen,
+               "seq_length": loader.seq_length}
+        if curriculum is not None:
+            row["stage"] = stage_idx
+        if peak:
+            row["mfu"] = fpt * tps / (peak[1] * accelerator.num_processes)
+        if plan.fp8_enabled and cfg.precision.fp8_stats:
+            row.update({f"fp8/{k}": v for k, v in plan.fp8_stats(accelerator.unwrap_model(model)).items()})
+        if plan.fp8_enabled and report.get("te_readback") is None and plan.readback is not None:
+            report = precision_report(accelerator.unwrap_model(model), plan)  # now with TE's read-back
+            say(format_report(report))
+            if accelerator.is_main_process:
+                (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
+        say(format_step_line(step, loader.epoch, loss_val, lr, norm_val, dt * 1e3, tps, plan.label), flush=True)
+        metrics.write(row)
+        accelerator.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        if not math.isfinite(loss_val):
+            raise RuntimeError(f"loss is {loss_val} at step {step}: stopping (lower max_lr, or check the data)")
+        t_log, steps_since_log = time.perf_counter(), 0
+
+    def evaluate() -> None:
+        """Validation loss/perplexity on fixed batches and a generated sample."""
+        nonlocal val_loss, best_val, t_log
+        val_loss = _evaluate(model, val, plan, accelerator)
+        row = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)), "tokens_seen": tokens_seen}
+        msg = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
+        if peak and tps:
+            msg += f" | mfu: {fpt * tps / (peak[1] * accelerator.num_processes):.1%} of {peak[0]} BF16 dense peak"
+        if accelerator.is_main_process and cfg.tracking.sample_tokens:
+            row["sample"] = _sample(accelerator.unwrap_model(model), tokenizer, cfg.tracking.sample_prompt,
+                                    cfg.tracking.sample_tokens, accelerator.device)
+            with open(run_dir / "samples.txt", "a") as f:
+                f.write(f"--- step {step}\n{row['sample']}\n")
+            msg += f"\nsample: {row['sample']!r}"
+        say(msg, flush=True)
+        metrics.write(row)
+        accelerator.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"]}, step=step)
+        best_val = min(best_val, val_loss)
+        t_log = time.perf_counter()  # don't count eval time in the next dt
+
     say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
     train_iter = iter(loader)
     model.train()
-    t_log, steps_since_log, norm = time.perf_counter(), 0, None
+    t_log, steps_since_log, norm, tps = time.perf_counter(), 0, None, None
     while step < cfg.train.max_steps:
-        # -- one optimizer step ------------------------------------------------------------------
         if curriculum is not None and curriculum.stage_at(step)[0] != stage_idx:
-            stage_idx, stage = curriculum.stage_at(step)
-            bp = stage_plans[stage_idx]
-            accum = accelerator.gradient_accumulation_steps = bp.grad_accum
-            loader = make_loader(stage.seq_length, bp.micro_batch)
-            if resumed_data and resumed_data.get("seq_length") == stage.seq_length:
-                loader.load_state_dict(resumed_data)  # resumed inside this stage: continue exactly
-            resumed_data, tokens_per_step = None, bp.tokens_per_step
-            train_iter = iter(loader)
-            say(f"curriculum stage {stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x accumulation "
-                f"{bp.grad_accum} x world {bp.world_size} = {bp.tokens_per_step:,} tokens per step, "
-                f"until step {stage.end_step or cfg.train.max_steps}")
+            enter_stage()
         lr = lr_at(step, max_lr=cfg.optim.max_lr, min_lr_ratio=cfg.optim.min_lr_ratio,
                    warmup_steps=cfg.optim.warmup_steps, decay_steps=decay_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=accelerator.device)
-        for micro in range(accum):
-            x, y = next(train_iter)
-            x = x.to(accelerator.device, non_blocking=True)
-            y = y.to(accelerator.device, non_blocking=True)
+        for micro in range(accum):  # one optimizer step
+            x, y = (t.to(accelerator.device, non_blocking=True) for t in next(train_iter))  # (B, T) each
             with accelerator.accumulate(model):
                 with plan.forward_context(training=True):
                     loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro)).loss
@@ -285,56 +337,13 @@ def train(cfg) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.detach()
-        step += 1
-        steps_since_log += 1
-        tokens_seen += tokens_per_step
+        step, steps_since_log, tokens_seen = step + 1, steps_since_log + 1, tokens_seen + tokens_per_step
 
-        # -- logging, eval, checkpoints (the only places that sync with the device) ---------------
         is_last = step == cfg.train.max_steps
         if step % cfg.tracking.log_freq == 0 or is_last:
-            loss_val = accelerator.reduce(loss_sum / accum, "mean").item()
-            norm_val = float(norm) if norm is not None else float("nan")
-            dt = (time.perf_counter() - t_log) / steps_since_log
-            tps = tokens_per_step / dt
-            first_loss = loss_val if first_loss is None else first_loss
-            last_loss = loss_val
-            row = {"step": step, "epoch": loader.epoch, "loss": loss_val, "lr": lr, "grad_norm": norm_val,
-                   "dt_ms": dt * 1e3, "tokens_per_sec": tps, "precision": plan.label, "tokens_seen": tokens_seen,
-                   "seq_length": loader.seq_length}
-            if curriculum is not None:
-                row["stage"] = stage_idx
-            if peak:
-                row["mfu"] = fpt * tps / (peak[1] * accelerator.num_processes)
-            if plan.fp8_enabled and cfg.precision.fp8_stats:
-                row.update({f"fp8/{k}": v for k, v in plan.fp8_stats(accelerator.unwrap_model(model)).items()})
-            if plan.fp8_enabled and report.get("te_readback") is None and plan.readback is not None:
-                report = precision_report(accelerator.unwrap_model(model), plan)  # now with TE's read-back
-                say(format_report(report))
-                if accelerator.is_main_process:
-                    (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
-            say(format_step_line(step, loader.epoch, loss_val, lr, norm_val, dt * 1e3, tps, plan.label), flush=True)
-            metrics.write(row)
-            accelerator.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-            if not math.isfinite(loss_val):
-                raise RuntimeError(f"loss is {loss_val} at step {step}: stopping (lower max_lr, or check the data)")
-            t_log, steps_since_log = time.perf_counter(), 0
+            log_step(loss_sum, norm, lr)
         if (cfg.tracking.eval_freq and step % cfg.tracking.eval_freq == 0) or is_last:
-            val_loss = _evaluate(model, val, plan, accelerator)
-            row = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)), "tokens_seen": tokens_seen}
-            msg = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
-            if peak and last_loss is not None:
-                msg += f" | mfu: {fpt * tps / (peak[1] * accelerator.num_processes):.1%} of {peak[0]} BF16 dense peak"
-            if accelerator.is_main_process and cfg.tracking.sample_tokens:
-                row["sample"] = _sample(accelerator.unwrap_model(model), tokenizer, cfg.tracking.sample_prompt,
-                                        cfg.tracking.sample_tokens, accelerator.device)
-                with open(run_dir / "samples.txt", "a") as f:
-                    f.write(f"--- step {step}\n{row['sample']}\n")
-                msg += f"\nsample: {row['sample']!r}"
-            say(msg, flush=True)
-            metrics.write(row)
-            accelerator.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"]}, step=step)
-            best_val = min(best_val, val_loss)
-            t_log = time.perf_counter()  # don't count eval time in the next dt
+            evaluate()
         stopping = step % cfg.tracking.log_freq == 0 and stop.agreed(accelerator)
         if stopping or (cfg.checkpoint.checkpoint_freq and step % cfg.checkpoint.checkpoint_freq == 0) \
                 or (is_last and cfg.checkpoint.save_final):
