@@ -100,17 +100,60 @@ def _gemm_check(_te, args) -> dict:  # pragma: no cover - GPU only
             "detail": f"1024x1024 te.Linear under FP8 (delayed, HYBRID) vs FP32 reference: relative error {rel:.4f}"}
 
 
+def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
+    """The training precision report for ``preset`` with ``--use_fp8``: on a GPU with TE, one real
+    forward/backward under the plan so the recipe and format are read back from TE."""
+    from .models import YxanulForCausalLM, config_from_preset
+    from .precision import PrecisionArgs, precision_report, resolve_precision
+
+    args = PrecisionArgs(use_fp8=True, fp8_recipe=recipe)
+    cfg = config_from_preset(preset, 50257, seq_length, backend="auto")
+    from .models.modeling_yxanul import resolve_backend
+
+    cfg.backend = resolve_backend("auto")
+    plan = resolve_precision(args, cfg, say=lambda *a: None)
+    if plan.fp8_enabled:  # pragma: no cover - GPU only
+        model = YxanulForCausalLM(cfg).cuda().train()
+        plan.prepare_model(model)
+        x = torch.randint(0, cfg.vocab_size, (2, seq_length), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16), plan.forward_context(training=True):
+            loss = model(x, labels=x).loss
+        loss.backward()
+    else:
+        with torch.device("meta"):
+            model = YxanulForCausalLM(cfg)
+    return precision_report(model, plan)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="yxanul verify", description=__doc__.split("\n\n")[0])
     p.add_argument("--require_fp8", action="store_true", help="fail (exit 1) unless FP8 works here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--model", default="medium", help="preset whose FP8 precision report to show (default: medium)")
+    p.add_argument("--fp8_recipe", default="delayed", choices=["delayed", "current", "block", "mxfp8"])
     a = p.parse_args(argv)
+    from .models import PRESETS
+    from .precision import format_report
+
+    if a.model not in PRESETS:
+        from .errors import ConfigError
+
+        raise ConfigError("model", "one of " + ", ".join(PRESETS), a.model)
     rows = collect(require_fp8=a.require_fp8)
+    report = model_report(a.model, a.fp8_recipe)
+    rb = report.get("te_readback") or {}
+    if report["fp8"]:
+        ok = bool(rb.get("fp8_enabled"))
+        rows.append({"status": "PASS" if ok else "FAIL", "check": f"fp8 in a {a.model} forward",
+                     "detail": f"TE read back: fp8={rb.get('fp8_enabled')} recipe={rb.get('recipe')} "
+                               f"format={rb.get('fp8_format')}"})
     if a.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"checks": rows, "precision_report": report}, indent=2, default=str))
     else:
         for r in rows:
             print(f"[{r['status']:<4}] {r['check']:<26} {r['detail']}")
+        print(f"precision report for --model {a.model} --use_fp8 --fp8_recipe {a.fp8_recipe}:")
+        print(format_report(report))
     failed = [r for r in rows if r["status"] == "FAIL"]
     if not a.json:
         print(f"{len(failed)} failed" if failed else "all requirements met")

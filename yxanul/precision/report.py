@@ -31,7 +31,7 @@ def format_report(rep: dict) -> str:
     if rep["fp8_requested"] and not rep["fp8"]:
         lines.append(f"  FP8 requested but off: {rep['fallback_reason']}")
     for kind, d in rep["layers"].items():
-        lines.append(f"  {kind:<8} FP8 {d['fp8']:>3} | BF16 {d['bf16']:>3}   {d['why']}")
+        lines.append(f"  {kind:<8} FP8 {d['fp8']:>3} | {rep['base'].upper()} {d['bf16']:>3}   {d['why']}")
     if rep["fp8"]:
         rb = rep.get("te_readback")
         lines.append("  TE read-back: " + (f"fp8={rb['fp8_enabled']} recipe={rb['recipe']} format={rb['fp8_format']}"
