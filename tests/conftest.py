@@ -20,3 +20,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         elif "te" in item.keywords and not _te.TE_AVAILABLE:
             item.add_marker(no_te)
+
+
+@pytest.fixture
+def tiny_config():
+    """A small torch-backend YxanulConfig factory: `tiny_config(**overrides)` (vocab 1000 -> 1024, seq 64)."""
+    from yxanul.models import config_from_preset
+
+    def make(**overrides):
+        overrides.setdefault("backend", "torch")
+        return config_from_preset("tiny", 1000, 64, **overrides)
+
+    return make

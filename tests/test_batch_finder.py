@@ -1,128 +1,271 @@
-"""Micro-batch search with an injected OOM probe, accumulation math, cache, real CPU probe, CLI."""
+"""Micro-batch search with injected OOM probes, accumulation math, cache, the real CPU probe, CLI."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from yxanul.batch_finder import (BatchArgs, cached_search, find_micro_batch, make_training_probe, plan_batch,
-                                 resolve_batch)
+import yxanul.batch_finder as bf
+from yxanul.batch_finder import (BatchArgs, NoFitError, cache_fields, find_micro_batch, get_or_find,
+                                 make_training_probe, plan_batch, resolve_batch)
 from yxanul.errors import ConfigError
 
 
-def oom_above(limit, calls=None):
+@pytest.fixture(autouse=True)
+def _user_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "user_cache"))
+
+
+def oom_above(limit, calls=None, exc=None):
     def probe(b):
         if calls is not None:
             calls.append(b)
         if b > limit:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise (exc or torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     return probe
 
 
-@pytest.mark.parametrize("limit", [1, 2, 3, 5, 7, 8, 13, 31, 64, 100, 255, 256])
-def test_search_finds_exact_boundary_with_few_probes(limit):
-    res = find_micro_batch(oom_above(limit), max_size=256, safety_margin=1.0)
-    assert res.largest_ok == limit and res.micro_batch == limit
-    assert len(res.probes) <= 2 * math.ceil(math.log2(256)) + 2
+def bound(max_size, multiple=1):
+    return 2 * math.ceil(math.log2(max_size // multiple)) + 1
 
 
-def test_safety_margin_and_multiple():
-    res = find_micro_batch(oom_above(100), max_size=256, safety_margin=0.9)
-    assert res.largest_ok == 100 and res.micro_batch == 90
-    res = find_micro_batch(oom_above(100), max_size=256, multiple=8, safety_margin=1.0)
-    assert res.largest_ok == 96 and all(b % 8 == 0 for b, _, _ in res.probes)
-    res = find_micro_batch(oom_above(10_000), max_size=64, safety_margin=0.9)
-    assert res.micro_batch == 64 and res.smallest_fail is None  # no OOM seen: no margin needed
+def test_search_finds_every_boundary_with_few_probes():
+    for max_size in (1, 7, 64, 256, 1000):
+        for limit in range(1, max_size + 3):
+            res = find_micro_batch(oom_above(limit), max_size=max_size, safety_margin=1.0, free=None)
+            assert res.largest_ok == min(limit, max_size) == res.micro_batch, (max_size, limit)
+            assert res.smallest_fail == (limit + 1 if limit < max_size else None)
+            assert len(res.probes) <= max(1, bound(max_size)), (max_size, limit, res.probes)
 
 
-def test_non_oom_errors_propagate_and_total_failure_is_clear():
+@pytest.mark.parametrize("multiple", [2, 3, 8, 16])
+def test_search_respects_multiples(multiple):
+    for limit in range(multiple, 300):
+        res = find_micro_batch(oom_above(limit), max_size=256, multiple=multiple, safety_margin=1.0, free=None)
+        assert res.largest_ok == min(limit, 256) // multiple * multiple
+        assert all(b % multiple == 0 and b <= 256 for b, _, _ in res.probes)
+        assert len(res.probes) <= bound(256, multiple)
+    res = find_micro_batch(oom_above(100), max_size=256, multiple=8, safety_margin=0.9, free=None)
+    assert (res.largest_ok, res.micro_batch) == (96, 80)  # int(96 * 0.9) = 86 -> down to a multiple of 8
+
+
+def test_oom_kinds_margin_and_start():
+    for exc in (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"),
+                RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"),
+                torch.cuda.OutOfMemoryError("CUDA out of memory.")):
+        assert find_micro_batch(oom_above(37, exc=exc), max_size=256, safety_margin=1.0, free=None).largest_ok == 37
+    res = find_micro_batch(oom_above(100), max_size=256, free=None)  # default margin 0.9, applied after an OOM
+    assert (res.largest_ok, res.micro_batch, res.smallest_fail) == (100, 90, 101)
+    res = find_micro_batch(oom_above(10_000), max_size=64, free=None)  # cap reached: no margin
+    assert (res.micro_batch, res.smallest_fail) == (64, None)
+    res = find_micro_batch(oom_above(5), max_size=256, start=64, safety_margin=1.0, free=None)  # start too big
+    assert res.largest_ok == 5
+    seen = []
+    res = find_micro_batch(oom_above(20), max_size=64, on_probe=lambda *p: seen.append(p))  # default free()
+    assert seen == res.probes and [b for b, _, _ in seen][:5] == [1, 2, 4, 8, 16]
+
+
+def test_non_oom_errors_propagate_and_nothing_fits():
     def broken(b):
         raise ValueError("shape mismatch")
     with pytest.raises(ValueError, match="shape mismatch"):
-        find_micro_batch(broken, max_size=8)
-    with pytest.raises(RuntimeError, match="does not fit"):
-        find_micro_batch(oom_above(0), max_size=8)
+        find_micro_batch(broken, max_size=8, free=None)
+    with pytest.raises(RuntimeError, match="device-side assert"):
+        find_micro_batch(oom_above(0, exc=RuntimeError("CUDA error: device-side assert triggered")), max_size=8)
+    with pytest.raises(NoFitError, match="even a micro-batch of 1"):
+        find_micro_batch(oom_above(0), max_size=8, free=None)
 
 
 def test_ranks_agree_on_the_minimum():
-    # this rank fits 40, another only 20: reduce_min makes a probe fail if it failed anywhere
-    other_limit = 20
-    assert find_micro_batch(oom_above(40), max_size=128, safety_margin=1.0).largest_ok == 40
-    seen = []
+    # this rank fits 40, the other only 20: with reduce_min a size fits only if it fit everywhere
+    other = oom_above(20)
+    seen, reduced = [], []
 
     def probe(b):
         seen.append(b)
         oom_above(40)(b)
 
-    res = find_micro_batch(probe, max_size=128, safety_margin=1.0,
-                           reduce_min=lambda ok: min(ok, int(seen[-1] <= other_limit)))
-    assert res.largest_ok == other_limit
+    def reduce_min(ok):
+        try:
+            other(seen[-1])
+            theirs = 1
+        except torch.cuda.OutOfMemoryError:
+            theirs = 0
+        reduced.append(ok)
+        return min(ok, theirs)
+
+    res = find_micro_batch(probe, max_size=128, safety_margin=1.0, reduce_min=reduce_min, free=None)
+    assert res.largest_ok == 20 and len(reduced) == len(res.probes)
 
 
-def test_plan_batch_exact_or_closest_with_warning():
-    for target in range(1, 70):
-        for world in (1, 2, 3, 4, 8):
-            for max_micro in (1, 3, 8, 16):
-                bp = plan_batch(max_micro, world, 128, target_effective_batch_size=target)
-                assert 1 <= bp.micro_batch <= max_micro
-                if bp.effective_batch == target:
-                    assert bp.warning is None
+def _best_error(target, world, max_micro, multiple, per_seq=1):
+    best = None
+    for m in range(multiple, max_micro + 1, multiple):
+        for a in range(1, target // (m * world * per_seq) + 2):
+            err = abs(m * a * world * per_seq - target)
+            best = err if best is None else min(best, err)
+    return best
+
+
+def test_plan_batch_exact_or_closest_exhaustive():
+    for multiple in (1, 2, 3):
+        for max_micro in range(multiple, 11):
+            for world in range(1, 7):
+                for target in range(1, 65):
+                    bp = plan_batch(max_micro, world, 128, target_effective_batch_size=target, multiple=multiple)
+                    assert 1 <= bp.micro_batch <= max_micro and bp.micro_batch % multiple == 0
+                    assert bp.effective_batch == bp.micro_batch * bp.grad_accum * world
+                    assert bp.tokens_per_step == bp.effective_batch * 128
+                    exact = [m for m in range(multiple, max_micro + 1, multiple) if target % (m * world) == 0]
+                    if exact:
+                        assert bp.effective_batch == target and bp.warning is None and bp.deviation == 0
+                        assert bp.micro_batch == max(exact)  # lowered only as far as needed
+                    else:
+                        err = abs(bp.effective_batch - target)
+                        assert err == _best_error(target, world, max_micro, multiple) > 0
+                        assert f"{bp.deviation:+.2%}" in bp.warning and f"{target:,} sequences" in bp.warning
+                        assert math.isclose(bp.deviation, (bp.effective_batch - target) / target)
+
+
+def test_plan_batch_tokens_and_examples():
+    for T in (16, 24, 32):
+        for world in (1, 2, 4):
+            for tokens in range(16, 1025, 8):
+                bp = plan_batch(8, world, T, target_tokens_per_step=tokens)
+                if tokens % (T * world) == 0:
+                    assert bp.tokens_per_step == tokens and bp.warning is None
                 else:
-                    # no exact combination exists with micro <= max_micro
-                    assert not any(target % (m * world) == 0 for m in range(1, max_micro + 1))
-                    assert "%" in bp.warning and str(target) in bp.warning
+                    assert abs(bp.tokens_per_step - tokens) == _best_error(tokens, world, 8, 1, T)
+                    assert "tokens" in bp.warning and "%" in bp.warning
     bp = plan_batch(64, 8, 1024, target_effective_batch_size=512)
     assert (bp.micro_batch, bp.grad_accum, bp.effective_batch) == (64, 1, 512)
     bp = plan_batch(24, 8, 1024, target_effective_batch_size=512)
-    assert bp.micro_batch * bp.grad_accum * 8 == 512 and bp.micro_batch <= 24
+    assert (bp.micro_batch, bp.grad_accum) == (16, 4) and bp.note is None
     bp = plan_batch(16, 4, 2048, target_tokens_per_step=131072)
-    assert bp.tokens_per_step == 131072
+    assert (bp.micro_batch, bp.grad_accum, bp.tokens_per_step) == (16, 1, 131072)
+    bp = plan_batch(64, 1, 128, target_effective_batch_size=1009)  # a prime: exact only with micro 1
+    assert (bp.micro_batch, bp.grad_accum) == (1, 1009) and bp.warning is None and "lowered" in bp.note
+    bp = plan_batch(8, 4, 128, grad_accum=3)  # no target
+    assert (bp.micro_batch, bp.grad_accum, bp.effective_batch, bp.target) == (8, 3, 96, None)
 
 
 def test_batch_args_validation():
     with pytest.raises(ConfigError, match="target_tokens_per_step"):
         BatchArgs(target_effective_batch_size=8, target_tokens_per_step=1024)
-    with pytest.raises(ConfigError, match="micro_batch_size"):
-        BatchArgs(micro_batch_size=0)
+    for kw, key in (({"micro_batch_size": 0}, "micro_batch_size"), ({"batch_safety_margin": 1.5}, "batch_safety_margin"),
+                    ({"micro_batch_multiple": 0}, "micro_batch_multiple"), ({"target_tokens_per_step": 0}, "target_tok"),
+                    ({"max_micro_batch_size": 4, "micro_batch_multiple": 8}, "max_micro_batch_size"),
+                    ({"curriculum": []}, "curriculum")):
+        with pytest.raises(ConfigError, match=key):
+            BatchArgs(**kw)
+    assert BatchArgs().max_micro_batch_size == 1024 and bf.fp8_micro_multiple(2048) == 1
+    assert bf.fp8_micro_multiple(100) == 4 and bf.micro_multiple(BatchArgs(micro_batch_multiple=6), 100, fp8=True) == 12
 
 
-def test_cache_hit_skips_probing(tmp_path, monkeypatch):
-    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "user"))
+def test_cache_hit_skips_probing_and_reuses_the_boundary(tmp_path):
     calls = []
+    fields = {"model_shape": "x", "seq_length": 64}
+    kw = dict(max_size=64, safety_margin=1.0, run_dir=tmp_path / "run")
 
     def search():
-        return find_micro_batch(oom_above(12, calls), max_size=64, safety_margin=1.0)
+        return find_micro_batch(oom_above(12, calls), max_size=64, safety_margin=1.0, free=None)
 
-    assert cached_search("k1", tmp_path / "run", search) == (12, False)
+    res, hit = get_or_find(fields, search, **kw)
+    assert (res.micro_batch, hit) == (12, False) and calls
     n = len(calls)
-    assert cached_search("k1", tmp_path / "run", search) == (12, True) and len(calls) == n
-    assert cached_search("k1", tmp_path / "other_run", search) == (12, True)  # the user-level cache
+    res, hit = get_or_find(fields, search, **kw)
+    assert (res.micro_batch, hit, len(calls)) == (12, True, n)
+    res, hit = get_or_find(fields, search, max_size=64, safety_margin=1.0, run_dir=tmp_path / "other_run")
+    assert (res.micro_batch, hit) == (12, True)  # from the user cache; copied into the new run dir
+    assert (tmp_path / "other_run" / "batch_cache.json").is_file()
+    res, hit = get_or_find(fields, search, max_size=8, safety_margin=0.5, run_dir=tmp_path / "run")
+    assert (res.micro_batch, res.largest_ok, hit) == (8, 8, True)  # our smaller cap binds: no margin
+    res, hit = get_or_find(fields, search, max_size=64, safety_margin=0.5, run_dir=tmp_path / "run")
+    assert (res.micro_batch, hit, len(calls)) == (6, True, n)
+    # a search that stopped at a smaller cap doesn't answer a larger one
+    f2 = {"model_shape": "y"}
+    get_or_find(f2, lambda: find_micro_batch(oom_above(100), max_size=16, free=None), max_size=16, safety_margin=1.0)
+    res, hit = get_or_find(f2, search, max_size=64, safety_margin=1.0)
+    assert not hit and res.largest_ok == 12
+    # distributed: a rank without the entry makes everyone probe
+    res, hit = get_or_find(fields, search, max_size=64, safety_margin=1.0, reduce_min=lambda x: 0, write=False)
+    assert not hit and len(calls) > n
 
 
-def test_real_probe_on_cpu_restores_weights():
+def _tiny():
     from yxanul.models import YxanulForCausalLM, config_from_preset
 
-    model = YxanulForCausalLM(config_from_preset("tiny", 512, 32))
+    torch.manual_seed(0)
+    return YxanulForCausalLM(config_from_preset("tiny", 512, 32, backend="torch"))
+
+
+def test_real_probe_on_cpu_trains_and_restores():
+    model = _tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    probe = make_training_probe(model, 32)
+    entered, made = [], []
+
+    class Ctx:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *a):
+            return False
+
+    def sgd(m):
+        made.append(torch.optim.SGD(m.parameters(), lr=1.0, momentum=0.9))
+        return made[-1]
+
+    probe = make_training_probe(model, seq_length=32, forward_context=Ctx, optimizer_factory=sgd,
+                                gradient_checkpointing=True, steps=2)
     probe(1)
     probe(2)
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert len(entered) == 4 and len(made) == 2 and made[0].state  # optimizer state was allocated
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr forced to 0 + restore
+    assert not model.is_activation_checkpointing and all(p.grad is None for p in model.parameters())
+    fresh = make_training_probe(model_factory=_tiny, seq_length=16)
+    res = find_micro_batch(fresh, max_size=2, free=None)
+    assert res.micro_batch == 2 and [b for b, _, _ in res.probes] == [1, 2]
 
 
-def test_resolve_batch_targets():
+def test_resolve_batch(monkeypatch, tmp_path):
     bp = resolve_batch(BatchArgs(micro_batch_size=8, target_effective_batch_size=64), seq_length=128, world_size=2)
     assert (bp.micro_batch, bp.grad_accum) == (8, 4)
     bp = resolve_batch(BatchArgs(micro_batch_size=8, gradient_accumulation_steps=3), seq_length=128, world_size=2)
     assert (bp.micro_batch, bp.grad_accum) == (8, 3)
+    lines = []
+    bp = resolve_batch(BatchArgs(micro_batch_size=3, target_effective_batch_size=7), seq_length=128, world_size=2,
+                       say=lines.append)
+    assert bp.effective_batch in (6, 8) and lines and lines[0].startswith("warning:")
+
+    class FP8Plan:
+        fp8_enabled, base = True, "bf16"
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        resolve_batch(BatchArgs(micro_batch_size=3), plan=FP8Plan(), seq_length=101, world_size=1)
+    # auto_batch_size on CPU: no OOM signal, so micro_batch_size is used without probing
+    lines = []
+    bp = resolve_batch(BatchArgs(micro_batch_size=2, auto_batch_size=True, target_effective_batch_size=8),
+                       model=_tiny(), seq_length=32, world_size=1, say=lines.append)
+    assert (bp.micro_batch, bp.grad_accum) == (2, 4) and "nothing signals out-of-memory" in " ".join(lines)
+    # the search + cache glue, as on a GPU (the real probe runs on the CPU, capped at 2)
+    monkeypatch.setattr(bf, "_oom_signal", lambda device: True)
+    args = BatchArgs(micro_batch_size=1, auto_batch_size=True, max_micro_batch_size=2, target_effective_batch_size=8)
+    for expect_hit in (False, True):
+        lines = []
+        bp = resolve_batch(args, model=_tiny(), seq_length=32, world_size=1, run_dir=tmp_path, say=lines.append)
+        assert (bp.micro_batch, bp.grad_accum) == (2, 4)
+        assert ("from the cache" in lines[-1]) == expect_hit, lines
+    assert (tmp_path / "batch_cache.json").is_file()
+    assert cache_fields(_tiny().config, seq_length=32, precision="fp32", world_size=1,
+                        gradient_checkpointing=False)["device"] == "cpu"
 
 
-def test_find_batch_cli_on_cpu():
-    r = subprocess.run([sys.executable, "-m", "yxanul", "find-batch", "--model", "tiny", "--seq_length", "32",
-                        "--max_micro_batch_size", "4", "--vocab_size", "512", "--target_effective_batch_size", "16"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "nothing runs out of memory" in r.stdout
-    assert "plan: micro 4 x accumulation 4 x world 1 = 16 sequences" in r.stdout
+def test_find_batch_cli_on_cpu(capsys):
+    rc = bf.main(["--model", "tiny", "--seq_length", "32", "--max_micro_batch_size", "4", "--vocab_size", "512",
+                  "--target_effective_batch_size", "16", "--backend", "torch"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "no out-of-memory signal" in out and "micro  result" in out
+    assert [line.split()[:2] for line in out.splitlines() if line.strip()[:1].isdigit()] == \
+        [["1", "ok"], ["2", "ok"], ["4", "ok"]]
+    assert "plan: micro 4 x accumulation 4 x world 1 = 16 sequences x 32 = 512 tokens" in out
+    assert "total" in out.splitlines()[-1]

@@ -1,24 +1,60 @@
+"""`yxanul plot-lr`: printed values equal lr_at, the PNG is real, YAML + flag precedence, curriculum."""
+
 import re
-import subprocess
-import sys
 
+import pytest
+
+from yxanul.errors import ConfigError, UserError
 from yxanul.optim import lr_at
+from yxanul.plot_lr import main
 
 
-def test_plot_lr_values_and_png(tmp_path):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("max_lr: 0.003\nmin_lr_ratio: 0.1\nwarmup_steps: 200\nmax_steps: 1760\n"
-                   "target_tokens_per_step: 1000\ncurriculum:\n  - {seq_length: 128, until_steps: 500}\n"
-                   "  - {seq_length: 256}\n")
+def _values(out):
+    return {m[0].strip(): (int(m[1]), float(m[2]))
+            for m in re.findall(r"^\s*(.+?): step\s+(\d+)\s+lr (\S+)$", out, re.M)}
+
+
+def _png(path):
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_flags_values_and_png(tmp_path, capsys):
     out = tmp_path / "lr.png"
-    r = subprocess.run([sys.executable, "-m", "yxanul", "plot-lr", "--config", str(cfg), "--out", str(out)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    values = {m[0].strip(): (int(m[1]), float(m[2])) for m in re.findall(r"^\s*(.+?): step\s+(\d+)\s+lr (\S+)$", r.stdout, re.M)}
-    kw = dict(max_lr=0.003, min_lr_ratio=0.1, warmup_steps=200, decay_steps=1760)
+    assert main(["--max_lr", "3e-3", "--min_lr_ratio", "0.1", "--warmup_steps", "200", "--max_steps", "1760",
+                 "--out", str(out)]) == 0
+    values = _values(capsys.readouterr().out)
+    assert list(values) == ["start", "warmup end", "25%", "50%", "75%", "last"]
+    kw = dict(max_lr=3e-3, min_lr_ratio=0.1, warmup_steps=200, decay_steps=1760)
     for name, (step, lr) in values.items():
-        assert abs(lr - lr_at(step, **kw)) < 1e-9, name
-    assert values["warmup end"] == (200, 0.003) and abs(values["last"][1] - 0.0003) < 1e-12
-    assert "stage 1: from step 500" in r.stdout
-    data = out.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert lr == pytest.approx(lr_at(step, **kw), rel=1e-6), name
+    assert values["warmup end"] == (200, 0.003) and values["50%"][0] == 880 and values["last"][0] == 1759
+    assert _png(out)
+
+
+def test_config_file_flags_override_and_curriculum(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_lr: 3e-3\nmin_lr_ratio: 0.2\nwarmup_steps: 20\nmax_steps: 100\nlr_decay_steps: 80\n"
+                   "seq_length: 128\ntarget_tokens_per_step: 4096\nsome_other_key: ignored\ncurriculum:\n"
+                   "  - {seq_length: 64, until_tokens: 200000}\n  - {seq_length: 128}\n")
+    out = tmp_path / "lr.png"
+    assert main(["--config", str(cfg), "--max_steps", "300", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    kw = dict(max_lr=3e-3, min_lr_ratio=0.2, warmup_steps=20, decay_steps=80)
+    values = _values(text)
+    assert values["last"][0] == 299 and values["last"][1] == pytest.approx(6e-4)  # flag won over the file
+    for name, (step, lr) in values.items():
+        assert lr == pytest.approx(lr_at(step, **kw), rel=1e-6), name
+    assert "stage 1: from step 49 seq_length 128 (200,704 tokens)" in text  # ceil(200000 / 4096) = 49
+    assert _png(out)
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ConfigError, match="max_lr"):
+        main(["--max_lr", "-1", "--out", str(tmp_path / "x.png")])
+    with pytest.raises(UserError, match="unrecognized"):
+        main(["--nope", "1"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
+    with pytest.raises(UserError, match="tokens per optimizer step"):
+        main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])

@@ -12,6 +12,21 @@ te = None          # transformer_engine.pytorch
 te_recipe = None   # transformer_engine.common.recipe
 te_version: str | None = None
 
+
+def _installed_version() -> str | None:
+    """The installed distribution's version, even when the import fails (no import happens)."""
+    from importlib import metadata
+
+    for dist in ("transformer-engine", "transformer_engine", "transformer-engine-torch"):
+        try:
+            return metadata.version(dist)
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+te_installed_version = _installed_version()
+
 try:  # pragma: no cover - exercised on GPU machines with TE
     import transformer_engine
     import transformer_engine.pytorch as te
@@ -24,7 +39,9 @@ except Exception as e:  # noqa: BLE001 - RuntimeError when cuDNN/CUDA libs are m
 
 
 def autocast(enabled: bool = True, recipe=None):
-    """`te.autocast` (TE >= 2.9) or the deprecated `te.fp8_autocast` on older TE."""
+    """`te.autocast` (TE >= 2.9) or the deprecated `te.fp8_autocast` on older TE. A new instance per
+    call: TE's class-based context refuses concurrent re-entry of one instance. Nested contexts:
+    the innermost wins (autocast_enter overwrites the global state, __exit__ restores it)."""
     if hasattr(te, "autocast"):
         return te.autocast(enabled=enabled, recipe=recipe)
     return te.fp8_autocast(enabled=enabled, fp8_recipe=recipe)

@@ -1,305 +1,119 @@
-"""Batch plan: micro-batch × gradient accumulation × world size toward a target effective batch,
-and an adaptive finder for the largest micro-batch that fits (`yxanul find-batch`).
+"""`yxanul find-batch` and the trainer's batch plan: the largest micro-batch that fits (searched with
+real training steps, cached), then accumulation so that micro x accumulation x world is exactly the
+target effective batch (or the closest, with a one-line warning).
 
 Why not accelerate's ``find_executable_batch_size`` / HF ``auto_find_batch_size``: they shrink the
-batch by 10 % on OOM and leave gradient accumulation alone, so the effective batch silently changes.
-Here the micro-batch is searched (exponential, then binary), and accumulation is derived so that
-micro × accumulation × world is exactly the target (or the closest, with a one-line warning).
+batch by 10 % per OOM and leave accumulation alone, so the effective batch silently changes.
+The pieces live in :mod:`yxanul.batching`; docs/batching.md has the details.
 """
 
 from __future__ import annotations
 
-import gc
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
+from .batching import (FP8_TOKEN_ALIGN, BatchArgs, BatchPlan, NoFitError, SearchResult, TrainingProbe, apply_margin,
+                       cache_fields, cache_files, cache_key, default_is_oom, find_micro_batch, fp8_micro_multiple,
+                       free_memory, get_or_find, make_training_probe, micro_multiple, plan_batch, probe_context,
+                       torch_reduce_min, user_cache_file)
+from .batching.cache import store
+from .batching.probe import _checkpointing_on
 from .errors import ConfigError
 
-
-@dataclass
-class BatchArgs:
-    """Micro-batch, accumulation and the effective batch."""
-
-    micro_batch_size: int = field(default=8, metadata={"help": "Sequences per forward/backward on each process."})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step (ignored when a target is set)."})
-    auto_batch_size: bool = field(default=False, metadata={"help": "Probe the largest micro-batch that fits (GPU), then derive accumulation."})
-    target_effective_batch_size: int | None = field(
-        default=None, metadata={"help": "Sequences per optimizer step across all processes (sets accumulation)."})
-    target_tokens_per_step: int | None = field(
-        default=None, metadata={"help": "Tokens per optimizer step across all processes (sets accumulation)."})
-    max_micro_batch_size: int = field(default=256, metadata={"help": "Upper bound of the micro-batch search."})
-    batch_safety_margin: float = field(default=0.9, metadata={"help": "Use this fraction of the largest micro-batch that fit."})
-    curriculum: list[dict] | None = field(
-        default=None, metadata={"help": "YAML only: sequence-length stages [{seq_length, until_tokens | until_steps}]."})
-
-    def __post_init__(self):
-        for key in ("micro_batch_size", "gradient_accumulation_steps", "max_micro_batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(key, "an integer >= 1", getattr(self, key))
-        if self.target_effective_batch_size is not None and self.target_tokens_per_step is not None:
-            raise ConfigError("target_tokens_per_step", "unset when target_effective_batch_size is set", self.target_tokens_per_step)
-        for key in ("target_effective_batch_size", "target_tokens_per_step"):
-            v = getattr(self, key)
-            if v is not None and v < 1:
-                raise ConfigError(key, "a positive integer or null", v)
-        if not 0.1 <= self.batch_safety_margin <= 1.0:
-            raise ConfigError("batch_safety_margin", "a number in [0.1, 1]", self.batch_safety_margin)
+__all__ = ["FP8_TOKEN_ALIGN", "BatchArgs", "BatchPlan", "NoFitError", "SearchResult", "TrainingProbe", "apply_margin",
+           "cache_fields", "cache_files", "cache_key", "default_is_oom", "find_micro", "find_micro_batch",
+           "fp8_micro_multiple", "free_memory", "get_or_find", "main", "make_training_probe", "micro_multiple",
+           "plan_batch", "precision_label", "probe_context", "resolve_batch", "torch_reduce_min", "user_cache_file"]
 
 
-@dataclass
-class BatchPlan:
-    micro_batch: int
-    grad_accum: int
-    world_size: int
-    seq_length: int
-    target: int | None = None      # sequences per step asked for
-    warning: str | None = None
-
-    @property
-    def effective_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.effective_batch * self.seq_length
+def precision_label(plan) -> str:
+    """Stable precision name for the cache key (a plan's ``label`` changes once TE reports back)."""
+    if plan is None:
+        return "fp32"
+    if plan.fp8_enabled:
+        return f"fp8-{plan.args.fp8_recipe}-{plan.args.fp8_format}"
+    return plan.base
 
 
-def plan_batch(max_micro: int, world_size: int, seq_length: int, target_effective_batch_size: int | None = None,
-               target_tokens_per_step: int | None = None, multiple: int = 1) -> BatchPlan:
-    """Largest micro ≤ ``max_micro`` (a multiple of ``multiple``) with micro × accum × world == target;
-    if none divides the target, the closest product, with a warning stating the deviation."""
-    target = target_effective_batch_size
-    if target_tokens_per_step is not None:
-        target = max(1, round(target_tokens_per_step / seq_length))
-    if target is None:
-        return BatchPlan(max_micro, 1, world_size, seq_length)
-    per_rank = max(1, target // world_size) if target >= world_size else 1
-    best = None
-    for micro in range(min(max_micro, max(per_rank, 1)), 0, -1):
-        if micro % multiple and micro != 1:
-            continue
-        accum = max(1, round(target / (micro * world_size)))
-        err = abs(micro * accum * world_size - target)
-        key = (err, -micro)
-        if best is None or key < best[0]:
-            best = (key, micro, accum)
-        if err == 0:
-            break
-    _, micro, accum = best
-    plan = BatchPlan(micro, accum, world_size, seq_length, target)
-    if plan.effective_batch != target:
-        dev = (plan.effective_batch - target) / target
-        plan.warning = (f"effective batch {plan.effective_batch} sequences instead of {target} ({dev:+.1%}): "
-                        f"no micro-batch <= {max_micro} x {world_size} processes divides it")
-    return plan
+def _oom_signal(device) -> bool:
+    """Whether running out of memory raises on ``device`` (CUDA); a CPU just swaps."""
+    return device.type == "cuda"
 
 
-def default_is_oom(e: BaseException) -> bool:
-    from accelerate.utils.memory import should_reduce_batch_size
+def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size: int = 1, run_dir=None, say=print,
+               device=None, reduce_min=None, write_cache: bool = True, on_probe=None) -> tuple[int, SearchResult | None]:
+    """``(micro, result)``: with ``auto_batch_size`` on CUDA, the largest micro-batch that fits (safety
+    margin applied), from the cache or a search with real training steps on ``model``; otherwise (or
+    on CPU, where nothing signals OOM) ``args.micro_batch_size`` and None."""
+    import torch
 
-    return should_reduce_batch_size(e)
+    if not args.auto_batch_size:
+        return args.micro_batch_size, None
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not _oom_signal(device):
+        say(f"auto_batch_size: no CUDA device, nothing signals out-of-memory here; using micro_batch_size="
+            f"{args.micro_batch_size}")
+        return args.micro_batch_size, None
+    fp8 = bool(plan is not None and plan.fp8_enabled)
+    multiple = micro_multiple(args, seq_length, fp8)
+    ckpt = _checkpointing_on(model)
+    fields = cache_fields(model.config, seq_length=seq_length, precision=precision_label(plan), world_size=world_size,
+                          gradient_checkpointing=ckpt, multiple=multiple, device=device)
+    probe = make_training_probe(model, seq_length=seq_length, forward_context=probe_context(plan, device),
+                                device=device, forward_kwargs={"is_first_microbatch": True} if fp8 else None)
 
+    def live(b, ok, sec):
+        peak = probe.peak_bytes.get(b)
+        say(f"auto_batch_size: micro-batch {b:>5} {'ok ' if ok else 'OOM'} {sec:6.1f}s"
+            + (f"  peak {peak / 2**30:.1f} GiB" if peak is not None else ""))
+        if on_probe is not None:
+            on_probe(b, ok, sec)
 
-@dataclass
-class SearchResult:
-    micro_batch: int
-    largest_ok: int
-    smallest_fail: int | None
-    probes: list[tuple[int, bool, float]] = field(default_factory=list)
+    def search() -> SearchResult:
+        say(f"auto_batch_size: probing micro-batches up to {args.max_micro_batch_size} (multiples of {multiple}) "
+            f"at seq_length {seq_length} with real training steps")
+        return find_micro_batch(probe, max_size=args.max_micro_batch_size, multiple=multiple,
+                                safety_margin=args.batch_safety_margin, on_probe=live, reduce_min=reduce_min)
 
-
-def find_micro_batch(probe: Callable[[int], None], *, max_size: int, start: int = 1, multiple: int = 1,
-                     safety_margin: float = 0.9, is_oom: Callable[[BaseException], bool] = default_is_oom,
-                     reduce_min: Callable[[int], int] | None = None) -> SearchResult:
-    """Exponential growth from ``start`` until a probe OOMs (or ``max_size``), then binary search:
-    about 2·log2(max_size) probes. Non-OOM errors propagate. ``reduce_min`` makes ranks agree."""
-    probes: list[tuple[int, bool, float]] = []
-
-    def ok(b: int) -> bool:
-        t = time.perf_counter()
-        try:
-            probe(b)
-            good = True
-        except Exception as e:  # noqa: BLE001 - filtered right below
-            if not is_oom(e):
-                raise
-            good = False
-        finally:
-            gc.collect()
-            try:
-                import torch
-
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            except Exception:
-                pass
-        if reduce_min is not None:
-            good = bool(reduce_min(int(good)))
-        probes.append((b, good, time.perf_counter() - t))
-        return good
-
-    def snap(b: int) -> int:
-        return max(multiple, (b // multiple) * multiple)
-
-    lo, hi = 0, None
-    b = snap(max(start, 1))
-    while b <= max_size:
-        if ok(b):
-            lo = b
-            if b == max_size:
-                break
-            b = min(max_size, snap(b * 2))
-        else:
-            hi = b
-            break
-    if lo == 0:
-        raise RuntimeError(f"even a micro-batch of {b} does not fit (out of memory)")
-    while hi is not None and hi - lo > multiple:
-        mid = snap((lo + hi) // 2)
-        if mid <= lo:
-            break
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    # the margin guards against fragmentation near an OOM boundary; none was hit when lo == max_size
-    chosen = snap(int(lo * safety_margin)) if hi is not None and lo > multiple else lo
-    return SearchResult(min(chosen, lo), lo, hi, probes)
+    res, hit = get_or_find(fields, search, max_size=args.max_micro_batch_size, safety_margin=args.batch_safety_margin,
+                           multiple=multiple, run_dir=run_dir, write=write_cache, reduce_min=reduce_min,
+                           extra=lambda r: {"peak_bytes": {str(k): v for k, v in probe.peak_bytes.items()}})
+    where = f"from the cache (key {cache_key(fields)}; delete it in batch_cache.json to re-probe)" if hit else \
+        f"after {len(res.probes)} probes in {res.seconds:.1f}s"
+    say(f"auto_batch_size: largest micro-batch that fit {res.largest_ok}"
+        + (" (cap, no OOM)" if res.smallest_fail is None else f", OOM at {res.smallest_fail}")
+        + f"; using {res.micro_batch} {where}")
+    return res.micro_batch, res
 
 
 def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, world_size: int, run_dir=None,
-                  say=print) -> BatchPlan:
-    """The trainer's batch plan: fixed micro/accum, or derived from a target (after a search when
-    ``auto_batch_size``). Prints the warning when the target can't be met exactly."""
-    if not (args.target_effective_batch_size or args.target_tokens_per_step):
-        if args.auto_batch_size:
-            say("auto_batch_size: no target_effective_batch_size/target_tokens_per_step set; "
-                "keeping gradient_accumulation_steps as given")
-        micro = args.micro_batch_size
-        if args.auto_batch_size and model is not None:
-            micro = _search_for(args, model, plan, seq_length, say, world_size, run_dir)
-        return BatchPlan(micro, args.gradient_accumulation_steps, world_size, seq_length)
+                  say=print, device=None, reduce_min=None, write_cache: bool = True) -> BatchPlan:
+    """The trainer's batch plan: the micro-batch (given, or found with ``auto_batch_size``), then
+    accumulation from ``target_effective_batch_size`` / ``target_tokens_per_step`` (else
+    ``gradient_accumulation_steps``). Prints the warning/note lines. In a distributed run pass
+    ``reduce_min=torch_reduce_min()`` and ``write_cache=accelerator.is_main_process`` on every rank."""
+    fp8 = bool(plan is not None and plan.fp8_enabled)
+    multiple = micro_multiple(args, seq_length, fp8)
+    if args.auto_batch_size and not args.target:
+        say("auto_batch_size: no target_effective_batch_size/target_tokens_per_step set; the effective batch "
+            "will follow the micro-batch found (gradient_accumulation_steps as given)")
     micro = args.micro_batch_size
     if args.auto_batch_size and model is not None:
-        micro = _search_for(args, model, plan, seq_length, say, world_size, run_dir)
-    bp = plan_batch(micro, world_size, seq_length, args.target_effective_batch_size, args.target_tokens_per_step)
-    if bp.warning:
-        say(f"warning: {bp.warning}")
+        micro, _ = find_micro(args, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
+                              run_dir=run_dir, say=say, device=device, reduce_min=reduce_min, write_cache=write_cache)
+    if micro % multiple:
+        why = " (FP8: micro-batch x seq_length must be a multiple of 16)" if fp8 and multiple > 1 else ""
+        raise ConfigError("micro_batch_size", f"a multiple of {multiple}{why}", micro)
+    bp = plan_batch(micro, world_size, seq_length, args.target_effective_batch_size, args.target_tokens_per_step,
+                    multiple=multiple, grad_accum=args.gradient_accumulation_steps)
+    for line in (bp.warning, bp.note):
+        if line:
+            say(f"warning: {line}")
     return bp
-
-
-def _search_for(args: BatchArgs, model, plan, seq_length: int, say, world_size: int = 1, run_dir=None) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        say(f"auto_batch_size: no CUDA device, nothing can run out of memory; using micro_batch_size={args.micro_batch_size}")
-        return args.micro_batch_size
-    probe = make_training_probe(model, seq_length, plan)
-    found = []
-
-    def search() -> SearchResult:
-        res = find_micro_batch(probe, max_size=args.max_micro_batch_size, safety_margin=args.batch_safety_margin)
-        found.append(res)
-        return res
-
-    key = cache_key(model, seq_length, plan.label if plan is not None else "?", world_size)
-    micro, hit = cached_search(key, run_dir, search)
-    if hit:
-        say(f"auto_batch_size: micro-batch {micro} from the cache (key {key}); delete batch_cache.json to re-probe")
-    else:
-        res = found[0]
-        say(f"auto_batch_size: largest micro-batch that fit {res.largest_ok}, using {micro} "
-            f"({len(res.probes)} probes, {sum(p[2] for p in res.probes):.1f}s)")
-    return micro
-
-
-def make_training_probe(model, seq_length: int, plan=None, steps: int = 2) -> Callable[[int], None]:
-    """A probe running REAL training steps (forward, backward, AdamW step) at micro-batch b on the
-    model's device with random tokens, under the run's precision context. The model's weights are
-    restored afterwards; optimizer state is allocated so its memory counts."""
-    import contextlib
-
-    import torch
-
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-    def probe(b: int) -> None:
-        saved = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
-        model.to(device)
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
-        ctx = (lambda: plan.forward_context(training=True)) if plan is not None else contextlib.nullcontext
-        try:
-            for _ in range(steps):
-                x = torch.randint(0, model.config.vocab_size, (b, seq_length), device=device)
-                with ctx():
-                    loss = model(x, shift_labels=x).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        finally:
-            del opt
-            model.zero_grad(set_to_none=True)
-            model.load_state_dict(saved)
-
-    return probe
-
-
-# ---------------------------------------------------------------------------- cache
-def cache_key(model, seq_length: int, precision: str, world_size: int) -> str:
-    import hashlib
-    import json
-
-    import torch
-
-    c = model.config
-    shape = {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                        "num_key_value_heads", "intermediate_size", "backend")}
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    blob = json.dumps({"shape": shape, "seq": seq_length, "precision": precision, "gpu": gpu, "world": world_size,
-                       "ckpt": bool(getattr(model, "is_gradient_checkpointing", False)), "optim": "adamw"},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _cache_files(run_dir) -> list:
-    import os
-    from pathlib import Path
-
-    files = [Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul")) / "batch_cache.json"]
-    if run_dir is not None:
-        files.insert(0, Path(run_dir) / "batch_cache.json")
-    return files
-
-
-def cached_search(key: str, run_dir, search: Callable[[], SearchResult]) -> tuple[int, bool]:
-    """Micro-batch for ``key`` from the run's or the user's cache, else ``search()`` and store it."""
-    import json
-
-    for f in _cache_files(run_dir):
-        try:
-            hit = json.loads(f.read_text()).get(key)
-        except (OSError, ValueError):
-            continue
-        if hit:
-            return int(hit["micro_batch"]), True
-    res = search()
-    for f in _cache_files(run_dir):
-        try:
-            f.parent.mkdir(parents=True, exist_ok=True)
-            data = json.loads(f.read_text()) if f.is_file() else {}
-            data[key] = {"micro_batch": res.micro_batch, "largest_ok": res.largest_ok, "probes": len(res.probes)}
-            f.write_text(json.dumps(data, indent=2))
-        except (OSError, ValueError):
-            pass
-    return res.micro_batch, False
 
 
 # ---------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    """`yxanul find-batch [--config FILE] [training flags] [--world_size N]`."""
+    """`yxanul find-batch --model PRESET --seq_length N [any training flag] [--config FILE] [--world_size N]`."""
     import argparse
     import os
 
@@ -310,42 +124,56 @@ def main(argv: list[str] | None = None) -> int:
     from .precision import resolve_precision
 
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
-    pre.add_argument("--vocab_size", type=int, default=50257, help="tokenizer size (default: GPT-2's)")
+    pre.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                     help="processes the plan is for (the probe runs on this one GPU)")
+    pre.add_argument("--vocab_size", type=int, default=50257, help="tokenizer size (default: GPT-2's 50257)")
+    pre.add_argument("--no_cache", action="store_true", help="don't record the result in the user cache")
     ours, rest = pre.parse_known_args(argv)
+    if {"-h", "--help"} & set(rest):
+        print(main.__doc__ + "\n\nfind-batch's own flags:")
+        pre.print_help()
+        print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
+        return 0
     cfg = parse_args(rest, prog="yxanul find-batch")
+    if ours.world_size < 1:
+        raise ConfigError("world_size", "an integer >= 1", ours.world_size)
     t0 = time.perf_counter()
     model = build_model(cfg.model, vocab_size=ours.vocab_size)
     plan = resolve_precision(cfg.precision, model.config)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        print(f"CPU: nothing runs out of memory here, so the search stops at max_micro_batch_size="
-              f"{cfg.batch.max_micro_batch_size}; run it on the GPU you will train on.")
-    probe = make_training_probe(model, cfg.model.seq_length, plan)
-    peaks: dict[int, float] = {}
-
-    def measured(b: int) -> None:
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        try:
-            probe(b)
-        finally:
-            if device == "cuda":
-                peaks[b] = torch.cuda.max_memory_allocated() / 2**30
-
-    res = find_micro_batch(measured, max_size=cfg.batch.max_micro_batch_size, safety_margin=cfg.batch.batch_safety_margin)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    b = cfg.batch
+    T = cfg.model.seq_length
+    multiple = micro_multiple(b, T, plan.fp8_enabled)
+    if device.type == "cpu":
+        print(f"CPU: no out-of-memory signal here, so the search grows to max_micro_batch_size={b.max_micro_batch_size} "
+              "and uses that cap; run find-batch on the GPU you will train on.")
+    probe = make_training_probe(model, seq_length=T, forward_context=probe_context(plan, device), device=device,
+                                forward_kwargs={"is_first_microbatch": True} if plan.fp8_enabled else None)
+    print(f"probing {cfg.model.model} ({model.config.backend}, {precision_label(plan)}, seq_length {T}, "
+          f"checkpointing {cfg.model.gradient_checkpointing}) up to {b.max_micro_batch_size} on {device}")
     print(f"{'micro':>6}  {'result':<6}  {'seconds':>8}  {'peak GiB':>8}")
-    for b, ok, sec in res.probes:
-        print(f"{b:>6}  {'ok' if ok else 'OOM':<6}  {sec:>8.2f}  {peaks.get(b, float('nan')):>8.2f}")
-    bp = plan_batch(res.micro_batch, ours.world_size, cfg.model.seq_length, cfg.batch.target_effective_batch_size,
-                    cfg.batch.target_tokens_per_step)
-    if bp.warning:
-        print(f"warning: {bp.warning}")
-    if not (cfg.batch.target_effective_batch_size or cfg.batch.target_tokens_per_step):
-        bp = BatchPlan(res.micro_batch, cfg.batch.gradient_accumulation_steps, ours.world_size, cfg.model.seq_length)
-    print(f"largest micro-batch that fit: {res.largest_ok}; with safety margin {cfg.batch.batch_safety_margin}: "
-          f"{res.micro_batch} ({len(res.probes)} probes)")
-    print(f"plan: micro {bp.micro_batch} x accumulation {bp.grad_accum} x world {bp.world_size} = "
-          f"{bp.effective_batch} sequences = {bp.tokens_per_step:,} tokens per optimizer step "
-          f"[{plan.label}, {device}] in {time.perf_counter() - t0:.1f}s")
+
+    def row(size, ok, sec):
+        peak = probe.peak_bytes.get(size)
+        print(f"{size:>6}  {'ok' if ok else 'OOM':<6}  {sec:>8.2f}  "
+              f"{'-' if peak is None else f'{peak / 2**30:.2f}':>8}", flush=True)
+
+    res = find_micro_batch(probe, max_size=b.max_micro_batch_size, multiple=multiple,
+                           safety_margin=b.batch_safety_margin, on_probe=row)
+    if device.type == "cuda" and not ours.no_cache:
+        fields = cache_fields(model.config, seq_length=T, precision=precision_label(plan), world_size=ours.world_size,
+                              gradient_checkpointing=cfg.model.gradient_checkpointing, multiple=multiple, device=device)
+        store(cache_key(fields), fields, res, cache_files(None), {"peak_bytes": {str(k): v for k, v in probe.peak_bytes.items()}})
+        print(f"recorded in {user_cache_file()}")
+    bound = f"OOM at {res.smallest_fail}, safety margin {b.batch_safety_margin}" if res.smallest_fail else \
+        "the cap, no OOM: no margin"
+    print(f"largest micro-batch that fit: {res.largest_ok} ({bound}) -> micro-batch {res.micro_batch}; "
+          f"{len(res.probes)} probes, {res.seconds:.1f}s")
+    bp = plan_batch(res.micro_batch, ours.world_size, T, b.target_effective_batch_size, b.target_tokens_per_step,
+                    multiple=multiple, grad_accum=b.gradient_accumulation_steps)
+    for line in (bp.warning, bp.note):
+        if line:
+            print(f"warning: {line}")
+    print(f"plan: {bp.line()} [{precision_label(plan)}, {device}]")
+    print(f"total {time.perf_counter() - t0:.1f}s")
     return 0

@@ -1,4 +1,4 @@
-"""Sequence-length curriculum (seed 000's "ultra-curriculum"): stages of increasing seq_length.
+"""Sequence-length curriculum: stages of (usually increasing) seq_length at constant tokens per step.
 
 ```yaml
 target_tokens_per_step: 65536
@@ -9,23 +9,50 @@ curriculum:
 ```
 
 Tokens per optimizer step are the same in every stage (each stage gets its own micro-batch and
-accumulation from the batch plan), so optimizer steps and tokens are proportional and the LR
-schedule — a function of the step — runs continuously over tokens across stages. The stage is a
-pure function of the step, so a resumed run lands in the right stage at the right place.
+accumulation from :func:`yxanul.batching.plan_batch` with ``target_tokens_per_step``, i.e.
+``tokens_per_step / seq_length`` sequences per step). Hence ``tokens_seen = step x tokens_per_step``
+exactly: the LR schedule, a function of the optimizer step (:func:`yxanul.optim.lr_at`), runs
+continuously over tokens across stages (:func:`lr_at_tokens`). Boundaries are stored as optimizer
+steps (``until_tokens`` rounds up to the first whole step at or past it), and the stage is a pure
+function of the step (or of the tokens seen), so a resumed run lands in the right stage.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from .errors import ConfigError
+from .optim import lr_at
+
+_KEYS = {"seq_length", "until_tokens", "until_steps"}
 
 
 @dataclass(frozen=True)
 class Stage:
     seq_length: int
-    end_step: int | None  # exclusive; None = open-ended
+    end_step: int | None     # exclusive: the first optimizer step of the next stage; None = open-ended
+    start_step: int = 0
+    tokens_per_step: int = 0
+
+    @property
+    def end_tokens(self) -> int | None:
+        return None if self.end_step is None else self.end_step * self.tokens_per_step
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.tokens_per_step // self.seq_length
+
+
+def _whole(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
 
 
 class Curriculum:
@@ -33,36 +60,56 @@ class Curriculum:
         self.stages, self.tokens_per_step = stages, tokens_per_step
 
     @classmethod
-    def from_config(cls, stages: list[dict], tokens_per_step: int) -> "Curriculum":
+    def from_config(cls, stages: list[dict], tokens_per_step: int, max_seq_length: int | None = None) -> "Curriculum":
+        """Validate ``[{seq_length, until_tokens | until_steps}, ...]`` for ``tokens_per_step`` tokens per
+        optimizer step (every stage's seq_length must divide it so the step holds whole sequences)."""
+        if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int) or tokens_per_step < 1:
+            raise ConfigError("target_tokens_per_step", "a positive integer (tokens per optimizer step)", tokens_per_step)
         if not isinstance(stages, list) or not stages:
             raise ConfigError("curriculum", "a non-empty list of {seq_length, until_tokens | until_steps}", stages)
-        out, last_end = [], 0
+        out: list[Stage] = []
+        start = 0
         for i, s in enumerate(stages):
-            if not isinstance(s, dict) or set(s) - {"seq_length", "until_tokens", "until_steps"}:
-                raise ConfigError("curriculum", f"stage {i}: keys seq_length, until_tokens or until_steps", s)
-            T = s.get("seq_length")
-            if not isinstance(T, int) or isinstance(T, bool) or T < 2:
-                raise ConfigError("curriculum", f"stage {i}: seq_length an integer >= 2", T)
+            if not isinstance(s, dict) or not s.keys() <= _KEYS:
+                raise ConfigError("curriculum", f"stage {i}: a mapping with keys seq_length and until_tokens or "
+                                  "until_steps", s)
+            T = _whole(s.get("seq_length"))
+            if T is None or T < 2:
+                raise ConfigError("curriculum", f"stage {i}: seq_length an integer >= 2", s.get("seq_length"))
+            if max_seq_length is not None and T > max_seq_length:
+                raise ConfigError("curriculum", f"stage {i}: seq_length <= the model's {max_seq_length} "
+                                  "(set seq_length to the longest stage)", T)
+            if tokens_per_step % T:
+                lcm = math.lcm(*(_whole(x.get("seq_length")) or 1 for x in stages if isinstance(x, dict)))
+                raise ConfigError("curriculum", f"stage {i}: seq_length dividing the {tokens_per_step:,} tokens per "
+                                  f"optimizer step (make target_tokens_per_step a multiple of {lcm})", T)
             if "until_tokens" in s and "until_steps" in s:
                 raise ConfigError("curriculum", f"stage {i}: until_tokens or until_steps, not both", s)
-            if "until_tokens" in s:
-                end = math.ceil(float(s["until_tokens"]) / tokens_per_step)
-            elif "until_steps" in s:
-                end = int(s["until_steps"])
+            if "until_tokens" in s or "until_steps" in s:
+                key = "until_tokens" if "until_tokens" in s else "until_steps"
+                v = _whole(s[key])
+                if v is None or v < 1:
+                    raise ConfigError("curriculum", f"stage {i}: {key} a positive integer", s[key])
+                end = -(-v // tokens_per_step) if key == "until_tokens" else v
             elif i == len(stages) - 1:
                 end = None
             else:
-                raise ConfigError("curriculum", f"stage {i}: until_tokens or until_steps (only the last stage "
-                                  "may be open-ended)", s)
-            if end is not None and end <= last_end:
-                raise ConfigError("curriculum", f"stage {i}: boundaries strictly increasing (ends at step {end}, "
-                                  f"previous stage ends at step {last_end})", s)
-            out.append(Stage(T, end))
-            last_end = end if end is not None else last_end
+                raise ConfigError("curriculum", f"stage {i}: until_tokens or until_steps (only the last stage may be "
+                                  "open-ended)", s)
+            if end is not None and end <= start:
+                raise ConfigError("curriculum", f"stage {i}: boundaries strictly increasing (ends at step {end}, the "
+                                  f"previous stage at step {start})", s)
+            out.append(Stage(T, end, start, tokens_per_step))
+            start = end if end is not None else start
         return cls(out, tokens_per_step)
 
-    def stage_at(self, step: int) -> tuple[int, Stage]:
-        """Stage used for optimizer step ``step`` (0-based); past the last boundary: the last stage."""
+    def stage_at(self, step: int | None = None, *, tokens_seen: int | None = None) -> tuple[int, Stage]:
+        """``(index, stage)`` for optimizer step ``step`` (0-based) or, equivalently, after
+        ``tokens_seen`` tokens (= step x tokens_per_step). Past the last boundary: the last stage."""
+        if (step is None) == (tokens_seen is None):
+            raise TypeError("stage_at: pass step or tokens_seen")
+        if step is None:
+            step = tokens_seen // self.tokens_per_step
         for i, s in enumerate(self.stages):
             if s.end_step is None or step < s.end_step:
                 return i, s
@@ -73,4 +120,40 @@ class Curriculum:
         return max(s.seq_length for s in self.stages)
 
     def boundaries(self) -> list[int]:
-        return [s.end_step for s in self.stages if s.end_step is not None]
+        """Steps at which a new stage starts."""
+        return [s.end_step for s in self.stages[:-1] if s.end_step is not None]
+
+    def plan_stages(self, micro_for: Callable[[int], int], world_size: int,
+                    multiple: Callable[[int], int] | int = 1) -> list:
+        """One :class:`~yxanul.batching.BatchPlan` per stage with the same tokens per optimizer step:
+        ``micro_for(seq_length)`` is the largest micro-batch that fits at that length (the finder's
+        result, or :func:`same_tokens_micro`), ``multiple`` the micro-batch multiple (or a function of
+        the seq_length, e.g. for FP8)."""
+        from .batching import plan_batch
+
+        plans = []
+        for s in self.stages:
+            m = multiple(s.seq_length) if callable(multiple) else multiple
+            plans.append(plan_batch(max(m, micro_for(s.seq_length)), world_size, s.seq_length,
+                                    target_tokens_per_step=self.tokens_per_step, multiple=m))
+        return plans
+
+    def describe(self, max_steps: int | None = None) -> list[str]:
+        return [f"stage {i}: seq_length {s.seq_length}, steps {s.start_step}..{(s.end_step or max_steps or 'end')}"
+                f" ({s.sequences_per_step} sequences x {s.seq_length} = {self.tokens_per_step:,} tokens per step)"
+                for i, s in enumerate(self.stages)]
+
+
+def same_tokens_micro(base_micro: int, base_seq_length: int) -> Callable[[int], int]:
+    """``micro_for`` keeping the tokens per micro-batch of a base plan (what fits at the base length
+    roughly fits at a shorter one; attention memory grows faster, so probe longer stages instead)."""
+    return lambda seq_length: max(1, base_micro * base_seq_length // seq_length)
+
+
+def lr_at_tokens(tokens_seen: int, *, tokens_per_step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int,
+                 decay_steps: int) -> float:
+    """:func:`yxanul.optim.lr_at` over tokens: the LR of the optimizer step that starts after
+    ``tokens_seen`` tokens. Exact because tokens per step are constant across stages:
+    ``lr_at_tokens(step * tokens_per_step) == lr_at(step)``."""
+    return lr_at(tokens_seen // tokens_per_step, max_lr=max_lr, min_lr_ratio=min_lr_ratio,
+                 warmup_steps=warmup_steps, decay_steps=decay_steps)

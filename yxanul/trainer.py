@@ -135,12 +135,11 @@ def train(cfg) -> dict[str, Any]:
     """Train according to ``cfg`` (a :class:`yxanul.config.Config`); returns a summary dict."""
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration, set_seed
-    from transformers import AutoTokenizer
 
     from . import lint
-    from .batch_finder import resolve_batch
+    from .batch_finder import resolve_batch, torch_reduce_min
     from .data.loader import WindowLoader, eval_batches
-    from .data.prepare import ensure_prepared
+    from .data.prepare import ensure_prepared, load_prepared_tokenizer
     from .models.args import build_model, describe
     from .models.configuration_yxanul import count_parameters
     from .precision import format_report, precision_report, resolve_precision
@@ -160,17 +159,19 @@ def train(cfg) -> dict[str, Any]:
     set_seed(cfg.train.seed)
 
     # -- data ------------------------------------------------------------------------------------
-    with state.main_process_first():
-        data_dir = ensure_prepared(cfg.data, is_main_process=state.is_main_process)
+    data_dir = ensure_prepared(cfg.data, is_main_process=state.is_main_process, wait=state.wait_for_everyone, say=say)
     meta = json.loads((Path(data_dir) / "meta.json").read_text())
-    tokenizer = AutoTokenizer.from_pretrained(meta["tokenizer"])
+    tokenizer = load_prepared_tokenizer(data_dir)
 
     # -- model, precision, batch ------------------------------------------------------------------
     model = build_model(cfg.model, vocab_size=meta["vocab_size"])
     mcfg = model.config
-    plan = resolve_precision(cfg.precision, mcfg)
+    plan = resolve_precision(cfg.precision, mcfg, say=say)
+    plan.prepare_model(model, say=say)  # small-GEMM policy, read-back hooks: the batch probe sees them too
     batch = resolve_batch(cfg.batch, model=model, plan=plan, seq_length=cfg.model.seq_length,
-                          world_size=state.num_processes, run_dir=run_dir, say=say)
+                          world_size=state.num_processes, run_dir=run_dir, say=say,
+                          reduce_min=torch_reduce_min() if state.num_processes > 1 else None,
+                          write_cache=state.is_main_process)
     accum = batch.grad_accum
     tokens_per_step = batch.micro_batch * accum * state.num_processes * cfg.model.seq_length
     curriculum, stage_plans = _curriculum(cfg, batch, tokens_per_step, state.num_processes, say)
@@ -184,7 +185,6 @@ def train(cfg) -> dict[str, Any]:
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg.save(run_dir / "config.yaml")
-    plan.prepare_model(model)
     optimizer = build_optimizer(model, cfg.optim)
     model, optimizer = accelerator.prepare(model, optimizer)
     plan.after_prepare(model)

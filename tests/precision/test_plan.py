@@ -1,16 +1,15 @@
-"""Precision decisions on injected machine facts, recipe mapping, small-GEMM policy, report."""
+"""Precision decisions on injected machine facts, recipe mapping, config validation, plan protocol."""
 
 import pytest
 
-from yxanul.errors import UserError
-from yxanul.models import YxanulForCausalLM, config_from_preset
-from yxanul.precision import (CapabilityFacts, PrecisionArgs, decide, format_report, layer_policy,
-                              precision_report, recipe_spec, resolve_precision)
+from yxanul.errors import ConfigError, UserError
+from yxanul.models import config_from_preset
+from yxanul.precision import CapabilityFacts, PrecisionArgs, decide, recipe_spec, resolve_precision
 
 H100 = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True, device_name="NVIDIA H100 80GB HBM3",
                        compute_capability=(9, 0), bf16_supported=True,
                        recipes={"delayed": (True, ""), "current": (True, ""), "block": (True, ""),
-                                "mxfp8": (False, "MXFP8 needs compute capability 10.0+")})
+                                "mxfp8": (False, "Device compute capability 10.0 or higher required for MXFP8 execution.")})
 
 
 def facts(**kw):
@@ -26,76 +25,91 @@ def te_cfg(preset="medium", **kw):
 @pytest.mark.parametrize("f,reason", [
     (facts(te_available=False, te_import_error="RuntimeError: cudnn shared object not found"), "cudnn shared object"),
     (facts(cuda_available=False, compute_capability=None), "no CUDA device"),
-    (facts(compute_capability=(8, 0), device_name="A100"), "compute capability 8.0 < 8.9"),
+    (facts(compute_capability=(8, 0), device_name="A100"), "compute capability 8.0 < 8.9 (A100)"),
+    (facts(compute_capability=(8, 6), device_name="RTX 3090"), "compute capability 8.6 < 8.9"),
+    (facts(recipes={**H100.recipes, "delayed": (False, "CublasLt version 12.1.3.x or higher required")}),
+     "recipe 'delayed' not available: CublasLt"),
+    (facts(recipes={}), "recipe 'delayed' not available"),
 ])
-def test_fallback_reasons(f, reason):
+def test_each_fallback_reason(f, reason):
     ok, why = decide(PrecisionArgs(use_fp8=True), te_cfg(), f)
     assert not ok and reason in why
 
 
-def test_fp8_on_when_possible_and_reasons_for_recipe_and_backend():
+def test_fp8_on_when_possible_and_reasons_for_recipe_backend_and_dims():
     assert decide(PrecisionArgs(use_fp8=True), te_cfg(), H100) == (True, None)
+    assert decide(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 9), device_name="L4")) == (True, None)
     ok, why = decide(PrecisionArgs(use_fp8=True, fp8_recipe="mxfp8"), te_cfg(), H100)
     assert not ok and "mxfp8" in why and "10.0" in why
-    torch_cfg = config_from_preset("medium", 50257, 1024)
-    ok, why = decide(PrecisionArgs(use_fp8=True), torch_cfg, H100)
+    ok, why = decide(PrecisionArgs(use_fp8=True), config_from_preset("medium", 50257, 1024), H100)
     assert not ok and "backend is 'torch'" in why
+    ok, why = decide(PrecisionArgs(use_fp8=True, fp8_min_gemm_dim=0), te_cfg("tiny", intermediate_size=700,
+                                                                            hidden_size=264, num_attention_heads=4), H100)
+    assert not ok and "not a multiple of 16" in why
     assert decide(PrecisionArgs(use_fp8=False), te_cfg(), H100) == (False, None)
 
 
-def test_fallback_prints_one_line_and_require_fp8_raises():
+def test_fallback_prints_one_line_and_require_fp8_raises_one_line():
     lines = []
-    plan = resolve_precision(PrecisionArgs(use_fp8=True), te_cfg(), facts(cuda_available=False), say=lines.append)
-    assert plan.label == "BF16" and not plan.fp8_enabled
-    assert len(lines) == 1 and lines[0].startswith("FP8 off: no CUDA device")
-    with pytest.raises(UserError, match="require_fp8.*no CUDA device"):
+    plan = resolve_precision(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 0)), say=lines.append)
+    assert plan.label == "BF16" and not plan.fp8_enabled and plan.recipe is None
+    assert lines == ["FP8 off: compute capability 8.0 < 8.9 (NVIDIA H100 80GB HBM3): FP8 needs Ada, Hopper or "
+                     "Blackwell; training in BF16"]
+    with pytest.raises(UserError, match="require_fp8: FP8 is impossible here: no CUDA device") as e:
         resolve_precision(PrecisionArgs(require_fp8=True), te_cfg(), facts(cuda_available=False), say=lines.append)
+    assert "\n" not in str(e.value)
 
 
-def test_auto_base_precision():
-    cpu = facts(cuda_available=False, bf16_supported=False, te_available=False)
+def test_base_precision_and_accelerator_kwargs():
+    cpu = facts(cuda_available=False, bf16_supported=False, te_available=False, compute_capability=None)
     assert resolve_precision(PrecisionArgs(), te_cfg(), cpu).label == "FP32"
-    assert resolve_precision(PrecisionArgs(), te_cfg(), H100).label == "BF16"
     assert resolve_precision(PrecisionArgs(), te_cfg(), cpu).accelerator_kwargs() == {"mixed_precision": "no"}
+    assert resolve_precision(PrecisionArgs(), te_cfg(), H100).label == "BF16"
+    assert resolve_precision(PrecisionArgs(mixed_precision="bf16"), te_cfg(), cpu).label == "BF16"
+    assert resolve_precision(PrecisionArgs(mixed_precision="fp32"), te_cfg(), H100).label == "FP32"
 
 
 def test_recipe_mapping_carries_every_value():
     name, kw = recipe_spec(PrecisionArgs(fp8_format="e4m3", fp8_margin=2, fp8_amax_history_len=16,
                                          fp8_amax_compute_algo="most_recent"))
-    assert name == "DelayedScaling"
-    assert kw == {"margin": 2, "fp8_format": "E4M3", "amax_history_len": 16, "amax_compute_algo": "most_recent"}
-    assert recipe_spec(PrecisionArgs(fp8_recipe="current"))[0] == "Float8CurrentScaling"
-    assert recipe_spec(PrecisionArgs(fp8_recipe="block"))[0] == "Float8BlockScaling"
-    assert recipe_spec(PrecisionArgs(fp8_recipe="mxfp8")) == ("MXFP8BlockScaling", {"fp8_format": "HYBRID"})
+    assert (name, kw) == ("DelayedScaling", {"margin": 2, "fp8_format": "E4M3", "amax_history_len": 16,
+                                             "amax_compute_algo": "most_recent"})
+    assert recipe_spec(PrecisionArgs(fp8_recipe="current")) == ("Float8CurrentScaling", {"fp8_format": "HYBRID"})
+    assert recipe_spec(PrecisionArgs(fp8_recipe="block", fp8_format="e4m3")) == ("Float8BlockScaling",
+                                                                                 {"fp8_format": "E4M3"})
+    assert recipe_spec(PrecisionArgs(fp8_recipe="mxfp8", fp8_margin=1)) == ("MXFP8BlockScaling",
+                                                                           {"margin": 1, "fp8_format": "HYBRID"})
 
 
-def test_small_gemm_policy_on_real_presets():
-    small = layer_policy(te_cfg("gpt2-124m"), PrecisionArgs())          # 768 wide: everything BF16
-    assert not any(ok for ok, _ in small.values())
-    ok, why = decide(PrecisionArgs(use_fp8=True), te_cfg("gpt2-124m"), H100)
-    assert not ok and "small-GEMM policy" in why
-    big = layer_policy(te_cfg("xlarge"), PrecisionArgs())               # 1920 wide: all FP8 but the head
-    assert big["qkv"][0] and big["proj"][0] and big["mlp"][0] and not big["lm_head"][0]
-    forced = layer_policy(te_cfg("gpt2-124m"), PrecisionArgs(fp8_min_gemm_dim=0))
-    assert forced["mlp"][0] and not forced["lm_head"][0]
-    odd = layer_policy(te_cfg("tiny", intermediate_size=700), PrecisionArgs(fp8_min_gemm_dim=0))
-    assert not odd["mlp"][0] and "multiple of 16" in odd["mlp"][1]
+@pytest.mark.parametrize("kw,key", [({"fp8_margin": -1}, "fp8_margin"), ({"fp8_interval": 0}, "fp8_interval"),
+                                    ({"fp8_amax_history_len": 0}, "fp8_amax_history_len"),
+                                    ({"fp8_min_gemm_dim": -16}, "fp8_min_gemm_dim"),
+                                    ({"use_fp8": True, "fp8_format": "e5m2"}, "fp8_format"),
+                                    ({"fp8_keep_bf16": "model.layers.0.*"}, "fp8_keep_bf16"),
+                                    ({"fp8_keep_bf16": [""]}, "fp8_keep_bf16")])
+def test_args_validation(kw, key):
+    with pytest.raises(ConfigError, match=key):
+        PrecisionArgs(**kw)
 
 
-def test_fp8_interval_warns():
+def test_args_have_help_and_require_implies_use():
+    import dataclasses
+
+    assert all(f.metadata.get("help") for f in dataclasses.fields(PrecisionArgs))
+    assert PrecisionArgs(require_fp8=True).use_fp8
+
+
+def test_fp8_interval_is_recorded_and_warned():
     lines = []
-    resolve_precision(PrecisionArgs(fp8_interval=4), te_cfg(), H100, say=lines.append)
+    plan = resolve_precision(PrecisionArgs(use_fp8=True, fp8_interval=4), te_cfg(), facts(cuda_available=False),
+                             say=lines.append)
     assert any("fp8_interval=4 has no effect" in line for line in lines)
+    assert plan.metadata()["fp8"] is False and plan.metadata()["fp8_fallback_reason"] == "no CUDA device"
 
 
-def test_report_from_a_torch_model():
-    model = YxanulForCausalLM(config_from_preset("tiny", 1000, 32))
-    plan = resolve_precision(PrecisionArgs(use_fp8=True), model.config,
-                             facts(cuda_available=False, bf16_supported=False), say=lambda *a: None)
-    rep = precision_report(model, plan)
-    assert rep["precision"] == "FP32" and rep["fp8_requested"] and not rep["fp8"]
-    assert rep["layers"]["qkv"] == {"fp8": 0, "bf16": 4, "why": "no CUDA device"}
-    text = format_report(rep)
-    assert "FP8 requested but off: no CUDA device" in text and "lm_head" in text
+def test_plan_protocol_without_fp8():
+    plan = resolve_precision(PrecisionArgs(), te_cfg(), facts(cuda_available=False, bf16_supported=False))
     assert plan.forward_context(training=True).__class__.__name__ == "nullcontext"
-    assert plan.is_first_microbatch(0) is None and plan.fp8_stats(model) == {}
+    assert plan.is_first_microbatch(0) is None and plan.is_first_microbatch(3) is None
+    assert plan.metadata() == {"fp8": False, "mixed_precision": "fp32", "fp8_recipe": None,
+                               "fp8_recipe_kwargs": None, "fp8_fallback_reason": None}

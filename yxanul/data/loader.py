@@ -28,8 +28,10 @@ class _Windows:
         if not meta_path.is_file():
             raise DataError(f"data_dir '{data_dir}': no meta.json (run `yxanul prepare`)")
         meta = json.loads(meta_path.read_text())
+        if split not in meta["splits"]:
+            raise DataError(f"data_dir '{data_dir}': no '{split}' split (splits: {', '.join(meta['splits'])})")
         self.files = [Path(data_dir) / f for f in meta["splits"][split]["shards"]]
-        self.T = seq_length
+        self.T, self.split = seq_length, split
         self.shards = None  # opened lazily (per DataLoader worker)
         counts = []
         for f in self.files:
@@ -39,8 +41,9 @@ class _Windows:
         self.n = int(self.offsets[-1])
         tokens = meta["splits"][split]["tokens"]
         if self.n == 0:
-            raise DataError(f"{split} split has {tokens} tokens; need at least seq_length+1 = {seq_length + 1}: "
-                            f"lower seq_length" + (" or raise val_fraction" if split == "val" else ""))
+            name = "validation" if split == "val" else split
+            raise DataError(f"{name} split has {tokens:,} tokens; need at least seq_length+1 = {seq_length + 1}: "
+                            "lower seq_length" + (" or raise val_fraction" if split == "val" else " or add data"))
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
         if self.shards is None:
@@ -64,7 +67,7 @@ class _BatchDataset(torch.utils.data.Dataset):
         self.per_step = B * world
         self.steps_per_epoch = windows.n // self.per_step
         if self.steps_per_epoch == 0:
-            raise DataError(f"train split has {windows.n} windows of seq_length+1 tokens; one step needs "
+            raise DataError(f"{windows.split} split has {windows.n} windows of seq_length+1 tokens; one step needs "
                             f"micro_batch_size x world_size = {self.per_step}: lower them or add data")
         self._perm_epoch, self._perm = None, None
 
@@ -80,7 +83,10 @@ class _BatchDataset(torch.utils.data.Dataset):
 
     def perm(self, epoch: int) -> np.ndarray:
         if self._perm_epoch != epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.w.n)
+            # = default_rng(...).permutation(n) (same shuffle), in int32 when it fits: half the memory
+            idx = np.arange(self.w.n, dtype=np.int32 if self.w.n < 2**31 else np.int64)
+            np.random.default_rng([self.seed, epoch]).shuffle(idx)
+            self._perm = idx
             self._perm_epoch = epoch
         return self._perm
 
@@ -94,6 +100,9 @@ class _BatchDataset(torch.utils.data.Dataset):
 class WindowLoader:
     def __init__(self, data_dir, split: str, seq_length: int, micro_batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False):
+        if seq_length < 1 or micro_batch_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"WindowLoader: need seq_length >= 1, micro_batch_size >= 1, 0 <= rank < world_size; "
+                             f"got {seq_length}, {micro_batch_size}, {rank}, {world_size}")
         self.windows = _Windows(data_dir, split, seq_length)
         self.seq_length, self.B, self.seed = seq_length, micro_batch_size, seed
         self.rank, self.world, self.num_workers, self.pin_memory = rank, world_size, num_workers, pin_memory

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import hashlib
@@ -31,56 +32,67 @@ class Source:
 
     def fingerprint(self) -> dict:
         if self.files is None:
-            return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column}
-        return {"files": [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in self.files],
+            return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column,
+                    "weight": self.weight}
+        # absolute path, size and mtime in ns: a file rewritten within the same second is seen as changed
+        return {"files": [(os.path.abspath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self.files],
                 "column": self.text_column, "weight": self.weight}
 
 
 def _suffix(path: str) -> str:
-    p = path[:-3] if path.endswith(".gz") else path
-    return Path(p).suffix.lower()
+    return Path(path.removesuffix(".gz")).suffix.lower()
+
+
+def _check_exists(path: str) -> None:
+    """Missing or empty file: one clear line naming the file (cheap: done on every resolve)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"dataset '{path}': no such file")
+    if p.stat().st_size == 0:
+        raise DataError(f"dataset '{path}': empty file")
 
 
 def _check_file(path: str) -> None:
     """Missing, empty or non-UTF-8 text: one clear line naming the file."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"dataset file '{path}': no such file")
-    if p.stat().st_size == 0:
-        raise DataError(f"dataset file '{path}': empty")
+    _check_exists(path)
     if _suffix(path) == ".parquet":
         return
-    opener = gzip.open if path.endswith(".gz") else open
-    import codecs
-
+    gz = path.endswith(".gz")
     dec = codecs.getincrementaldecoder("utf-8")()
     offset, limit, nonblank = 0, 256 << 20, False  # check the first 256 MB fully
-    with opener(path, "rb") as f:
-        while offset < limit:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                break
-            try:
-                text = dec.decode(chunk)
-            except UnicodeDecodeError as e:
-                raise DataError(f"dataset file '{path}': not UTF-8 text (invalid byte at offset {offset + e.start})") from None
-            nonblank = nonblank or bool(text.strip())
-            offset += len(chunk)
+    try:
+        with (gzip.open if gz else open)(path, "rb") as f:
+            while offset < limit:
+                chunk = f.read(1 << 20)
+                pending = len(dec.getstate()[0])  # bytes of a split character kept from the last chunk
+                try:
+                    text = dec.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as e:
+                    where = f"offset {offset - pending + e.start}" + (" of the decompressed text" if gz else "")
+                    raise DataError(f"dataset '{path}': not UTF-8 text (byte 0x{e.object[e.start]:02x} at {where}); "
+                                    "convert it, e.g. iconv -f latin1 -t utf-8") from None
+                if not chunk:
+                    break
+                nonblank = nonblank or bool(text.strip())
+                offset += len(chunk)
+    except (OSError, EOFError) as e:  # a corrupt .gz
+        raise DataError(f"dataset '{path}': unreadable ({e})") from None
     if not nonblank:
-        raise DataError(f"dataset file '{path}': contains no text")
+        raise DataError(f"dataset '{path}': contains no text")
 
 
 def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_column: str = "text",
                    name: str | None = None) -> Source:
     p = Path(path).expanduser()
     if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS)
+        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS
+                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise DataError(f"dataset '{path}': a directory with no .txt/.md/.jsonl/.json/.parquet/.csv files")
     elif any(c in path for c in "*?["):
-        files = sorted(glob.glob(os.path.expanduser(path), recursive=True))
+        files = sorted(f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f))
         if not files:
-            raise DataError(f"dataset '{path}': the pattern matches no file")
+            raise DataError(f"dataset '{path}': no such file (the pattern matches nothing)")
     elif p.exists() or path.startswith((".", "/", "~")) or _suffix(path) in _BUILDERS:
         files = [str(p)]
     else:  # a Hub dataset name
@@ -90,8 +102,17 @@ def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_co
         raise DataError(f"dataset '{path}': expected files of one kind among {sorted(set(_BUILDERS))}, "
                         f"got {sorted({_suffix(f) for f in files})}")
     for f in files:
-        _check_file(f)
+        _check_exists(f)  # contents are checked by check_source, only when the source is actually read
     return Source(path, files, builders.pop(), weight, split, text_column, name)
+
+
+def check_source(src: Source) -> None:
+    """Read a local source's files (the first 256 MB of each) for UTF-8 and some text, before preparing.
+
+    Not part of `resolve_source`: reusing a prepared folder (every rank, every run) must not re-read
+    the whole corpus."""
+    for f in src.files or ():
+        _check_file(f)
 
 
 def resolve_sources(args) -> list[Source]:
@@ -103,42 +124,51 @@ def resolve_sources(args) -> list[Source]:
     return [resolve_source(str(BUNDLED_CORPUS))]
 
 
-def load_source(src: Source, streaming: bool):
-    """A datasets (Iterable)Dataset with a single 'text' column."""
+def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | None = None):
+    """A datasets (Iterable)Dataset with a single 'text' column.
+
+    ``cache_dir``: where `datasets` writes the Arrow copy of local files (prepare passes a folder
+    inside its temporary output, deleted when done: the token shards are the cache that matters,
+    and a second Arrow copy of a large corpus in ~/.cache/huggingface would only take disk).
+    Hub datasets keep the default datasets cache (their downloads are worth keeping)."""
     import datasets
 
+    local = {} if cache_dir is None else {"cache_dir": str(cache_dir)}
     try:
         if src.files is None:
             ds = datasets.load_dataset(src.path, src.name, split=src.split, streaming=streaming)
         elif src.builder == "text":
             ds = datasets.load_dataset("text", data_files=src.files, split="train", streaming=streaming,
-                                       sample_by="document")
+                                       sample_by="document", **local)
         else:
-            ds = datasets.load_dataset(src.builder, data_files=src.files, split="train", streaming=streaming)
+            ds = datasets.load_dataset(src.builder, data_files=src.files, split="train", streaming=streaming,
+                                       **local)
     except DataError:
         raise
-    except Exception as e:  # Hub unreachable, bad parquet, ... -> one line
+    except Exception as e:  # noqa: BLE001 -- Hub unreachable, bad parquet, ...: any failure becomes one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
     cols = list(ds.column_names or [])
     if cols and src.text_column not in cols:
         raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {', '.join(cols)}); "
                         "set text_column")
-    if src.text_column != "text":
-        ds = ds.rename_column(src.text_column, "text")
-    return ds.select_columns(["text"])
+    ds = ds.select_columns([src.text_column])
+    return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
 
 
-def mixed_dataset(sources: list[Source], streaming: bool, seed: int):
-    """One source, or several interleaved by weight (documents, not lines, are mixed)."""
-    loaded = [load_source(s, streaming) for s in sources]
+def mixed_dataset(sources: list[Source], streaming: bool, seed: int, cache_dir=None):
+    """One source, or several interleaved by weight (documents, not lines, are mixed).
+
+    The mixture stops when its first source runs out ('first_exhausted'): the weights hold exactly
+    and no document is repeated (a repeat could land in both train and validation)."""
+    loaded = [load_source(s, streaming, cache_dir) for s in sources]
     if len(loaded) == 1:
         return loaded[0]
     import datasets
 
     total = sum(s.weight for s in sources)
     return datasets.interleave_datasets(loaded, probabilities=[s.weight / total for s in sources], seed=seed,
-                                        stopping_strategy="all_exhausted")
+                                        stopping_strategy="first_exhausted")
 
 
 def fingerprint(sources: list[Source], tokenizer: str, extra: dict) -> str:

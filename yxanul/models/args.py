@@ -1,44 +1,57 @@
-"""`ModelArgs`: which model the trainer builds."""
+"""`ModelArgs`: which model the trainer builds; `build_model()` and the one-line `describe()`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError
-from .configuration_yxanul import PRESETS, YxanulConfig, config_from_preset, count_parameters
+from ..errors import ConfigError, UserError
+from .configuration_yxanul import (
+    BACKENDS,
+    PRESETS,
+    YxanulConfig,
+    config_from_preset,
+    count_parameters,
+)
 
 
 @dataclass
 class ModelArgs:
     """Model architecture and backend."""
 
-    model: str = field(default="tiny", metadata={"help": "Preset: " + ", ".join(PRESETS) + " (see docs/models.md)."})
+    model: str = field(default="tiny", metadata={"help": "Preset: " + ", ".join(PRESETS) + " (docs/models.md)."})
     backend: Literal["auto", "te", "torch"] = field(
         default="auto", metadata={"help": "Layer implementation: te (Transformer Engine), torch, or auto "
-                                          "(te when it imports and a CUDA GPU is present)."})
-    seq_length: int = field(default=1024, metadata={"help": "Tokens per training sequence."})
-    tie_word_embeddings: bool | None = field(default=None, metadata={"help": "Share the LM head with the input embedding (default: true)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward to save memory."})
+                                          "(te when it imports and a CUDA GPU is present, else torch)."})
+    seq_length: int = field(default=256, metadata={"help": "Tokens per training sequence."})
+    tie_word_embeddings: bool | None = field(
+        default=None, metadata={"help": "Share the LM head with the input embedding (unset: the preset's "
+                                        "default, tied)."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in backward to save memory (slower)."})
     init_from: str | None = field(
-        default=None, metadata={"help": "Initialise weights from a save_pretrained folder or a checkpoint "
-                                        "folder (model.safetensors); optimizer and data start fresh."})
+        default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
+                                        "folder (model*.safetensors) of the same preset; optimizer, step and data "
+                                        "start fresh (use --resume to continue a run)."})
 
     def __post_init__(self):
         if self.model not in PRESETS:
             raise ConfigError("model", "one of " + ", ".join(PRESETS), self.model)
-        if self.seq_length < 2:
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
+        if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 2:
             raise ConfigError("seq_length", "an integer >= 2", self.seq_length)
+        if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
+            raise ConfigError("init_from", "a folder path", self.init_from)  # existence: checked at build
 
 
 def build_model(args: ModelArgs, vocab_size: int):
-    """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded to a multiple of 64)."""
+    """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
     from .modeling_yxanul import YxanulForCausalLM
 
-    overrides = {}
-    if args.tie_word_embeddings is not None:
-        overrides["tie_word_embeddings"] = args.tie_word_embeddings
-    config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend, **overrides)
+    config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
+                                tie_word_embeddings=args.tie_word_embeddings)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -48,11 +61,9 @@ def build_model(args: ModelArgs, vocab_size: int):
 
 
 def load_weights(model, path: str) -> None:
-    from pathlib import Path
-
+    """Load ``path/model*.safetensors`` into ``model`` (strict apart from TE's ``*_extra_state`` and a
+    tied LM head that a save dropped as a duplicate). Mismatches raise a one-line UserError."""
     from safetensors.torch import load_file
-
-    from ..errors import UserError
 
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files:
@@ -60,15 +71,26 @@ def load_weights(model, path: str) -> None:
     state = {}
     for f in files:
         state.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state") and k != "lm_head.weight"]
+    if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor
+        emb, head = "model.embed_tokens.weight", "lm_head.weight"
+        if emb not in state and head in state:
+            state[emb] = state[head]
+        state.pop(head, None)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # size mismatch
+        first = str(e).strip().splitlines()[-1].strip()
+        raise UserError(f"init_from '{path}': weights do not fit this model's shapes ({first}): "
+                        f"same --model preset and tokenizer?") from None
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or unexpected:
-        raise UserError(f"init_from '{path}': weights do not match the model "
-                        f"(missing {missing[:3]}, unexpected {unexpected[:3]}): same --model preset?")
+        raise UserError(f"init_from '{path}': weights do not match the model (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}): same --model preset?")
     model.tie_weights()
 
 
 def describe(config: YxanulConfig) -> str:
+    """One line for the start of a run: size, shape, vocabulary, tie and backend."""
     n = count_parameters(config)
     return (f"model: {n / 1e6:.2f}M parameters | {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
             f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), ffn {config.intermediate_size}, "

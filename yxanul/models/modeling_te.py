@@ -1,39 +1,90 @@
 """Transformer Engine backend of the decoder block. TE comes only through `yxanul._te`.
 
-`te.TransformerLayer` with RMSNorm, SwiGLU, GQA, no bias, dropout 0 (TE defaults to 0.1!),
-causal mask, batch-first ("bshd"); its children are `self_attention.{layernorm_qkv,core_attention,
-proj}` and `layernorm_mlp`, i.e. exactly the state-dict names of the torch twin. Weights are
-initialised by `YxanulPreTrainedModel._init_weights` (by name), the same as the torch backend.
+`TEDecoderLayer` IS a `te.TransformerLayer` (a subclass, no wrapper level), so its state-dict names
+are TE's own, and equal the torch twin's (read in TE 2.20's sources):
+
+- `transformer.py` `TransformerLayer.__init__`: children `self_attention` (MultiheadAttention) and
+  `layernorm_mlp` (LayerNormMLP); `inter_attention` only for layer_type="decoder", `layernorm`
+  only for output_layernorm=True (neither used here).
+- `attention/multi_head_attention.py`: `layernorm_qkv = LayerNormLinear(...,
+  parameters_split={"query", "key", "value"})` when fuse_qkv_params=False, whose parameters are
+  `layer_norm_weight`, `query_weight`, `key_weight`, `value_weight` (`layernorm_linear.py`:
+  f"{name.rstrip('_')}_weight"); `proj = Linear(...)` -> `proj.weight`; `core_attention`
+  (DotProductAttention) has no parameters, only `_extra_state`.
+- `module/layernorm_mlp.py`: `layer_norm_weight`, `fc1_weight` (2*ffn x hidden for SwiGLU, gate
+  first), `fc2_weight`.
+
+Settings that differ from TE's defaults and matter: dropout 0 (TE: 0.1), bias=False, RMSNorm,
+SwiGLU, causal, batch-first ("bshd"; TE: "sbhd"), fp32 master weights, and the init: TE's default
+is N(0, 0.023) for every GEMM weight; we pass N(0, initializer_range) and, for the two layers that
+write into the residual stream (proj, fc2), N(0, initializer_range / sqrt(2 * num_layers)) — the
+same rule `YxanulPreTrainedModel._init_weights` applies by parameter name, so both backends
+initialize identically whichever runs last. `layer_number` only matters with
+NVTE_APPLY_QK_LAYER_SCALING=1 (unfused attention), which yxanul never sets.
+
+Every TE module here saves an EMPTY `_extra_state`: TE would pickle delayed-scaling state there,
+and loading a pickle needs NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1. The FP8 scaling state travels in
+`fp8_state.safetensors` instead (`yxanul.precision.state`, docs/fp8.md).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._te import TE_AVAILABLE, TE_IMPORT_ERROR, te
+from ..precision.state import no_pickled_extra_state
 
-if not TE_AVAILABLE:  # pragma: no cover
+if not TE_AVAILABLE:  # pragma: no cover - the caller turns this into a one-line ConfigError
     raise ImportError(f"backend 'te' needs Transformer Engine: {TE_IMPORT_ERROR}")
 
 
-def _device():
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _device() -> str:
+    """Where TE allocates parameters: "meta" under `with torch.device("meta")`, else CUDA
+    (TE's base module raises "TransformerEngine needs CUDA" without a GPU anyway)."""
+    default = torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
+    return "meta" if default.type == "meta" else "cuda"
+
+
+def init_methods(config):
+    """(init_method, output_layer_init_method) matching `_init_weights` of the torch backend."""
+    std = config.initializer_range
+    out_std = std / math.sqrt(2 * config.num_hidden_layers)
+
+    def normal(tensor, _std=std):
+        return torch.nn.init.normal_(tensor, mean=0.0, std=_std)
+
+    def normal_out(tensor, _std=out_std):
+        return torch.nn.init.normal_(tensor, mean=0.0, std=_std)
+
+    return normal, normal_out
 
 
 class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
     def __init__(self, config, layer_idx: int):
+        init_method, output_layer_init_method = init_methods(config)
         super().__init__(
             hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
             num_attention_heads=config.num_attention_heads, num_gqa_groups=config.num_key_value_heads,
-            layernorm_epsilon=config.rms_norm_eps, hidden_dropout=0.0, attention_dropout=0.0,
+            kv_channels=config.head_dim, layernorm_epsilon=config.rms_norm_eps,
+            hidden_dropout=0.0, attention_dropout=0.0,
+            init_method=init_method, output_layer_init_method=output_layer_init_method,
             layer_number=layer_idx + 1, self_attn_mask_type="causal", normalization="RMSNorm",
             activation="swiglu", bias=False, attn_input_format="bshd", fuse_qkv_params=False,
             params_dtype=torch.float32, device=_device(),
         )
+        self.layer_idx = layer_idx
+        no_pickled_extra_state(self)
 
     def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):
-        return super().forward(hidden_states, rotary_pos_emb=rotary_pos_emb, is_first_microbatch=is_first_microbatch)
+        """(B, T, C) -> (B, T, C); ``rotary_pos_emb`` [T, 1, 1, head_dim] (non-interleaved)."""
+        return super().forward(hidden_states, rotary_pos_emb=rotary_pos_emb,
+                               is_first_microbatch=is_first_microbatch)
 
 
 def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
-    return te.RMSNorm(hidden_size, eps=eps, device=_device())
+    """The final norm (`te.RMSNorm`, parameter `weight`, fp32)."""
+    norm = te.RMSNorm(hidden_size, eps=eps, dtype=torch.float32, device=_device())
+    no_pickled_extra_state(norm)
+    return norm

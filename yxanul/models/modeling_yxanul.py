@@ -4,7 +4,7 @@ The torch backend below produces the same module tree and state-dict names as TE
 ``TransformerLayer`` (``self_attention.layernorm_qkv.{layer_norm_weight,query_weight,key_weight,
 value_weight}``, ``self_attention.proj.weight``, ``layernorm_mlp.{layer_norm_weight,fc1_weight,
 fc2_weight}``), so a checkpoint moves between backends with no renaming. The TE backend lives in
-``modeling_te.py``; this file never imports TE.
+``modeling_te.py`` and is imported only when chosen; this file never imports TE.
 """
 
 from __future__ import annotations
@@ -15,46 +15,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutput
 
-from .configuration_yxanul import YxanulConfig
+from ..errors import ConfigError
+from .configuration_yxanul import BACKENDS, YxanulConfig
+
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
 def resolve_backend(requested: str) -> str:
     """'auto' -> 'te' when Transformer Engine imports and a CUDA device is present, else 'torch'."""
+    if requested not in BACKENDS:
+        raise ConfigError("backend", "one of " + ", ".join(BACKENDS), requested)
     if requested != "auto":
         return requested
     try:
         from .. import _te
 
         te_ok = bool(_te.TE_AVAILABLE)
-    except Exception:
+    except Exception:  # noqa: BLE001 - TE raises RuntimeError (not ImportError) without CUDA libs
         te_ok = False
     return "te" if te_ok and torch.cuda.is_available() else "torch"
 
 
-def _drop_extra_state(module, state_dict, prefix, *args):
-    """Load hook: TE checkpoints carry ``*_extra_state`` (FP8 scaling state); torch modules ignore it."""
-    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("_extra_state")
-                and "." not in k[len(prefix):]]:
-        state_dict.pop(key)
-
-
-class _TEShaped(nn.Module):
-    """Base of the torch twins of TE modules: tolerant of TE's ``_extra_state`` keys."""
-
-    def __init__(self):
-        super().__init__()
-        self._register_load_state_dict_pre_hook(_drop_extra_state, with_module=True)
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32, cast back to the input dtype, then scaled (like TE / HF Llama)."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
-class RMSNorm(_TEShaped):
+class RMSNorm(nn.Module):
+    """Twin of ``te.RMSNorm`` (final norm)."""
+
     def __init__(self, hidden_size: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -64,8 +58,8 @@ class RMSNorm(_TEShaped):
         return rms_norm(x, self.weight, self.eps)
 
 
-class LayerNormQKV(_TEShaped):
-    """Twin of ``te.LayerNormLinear`` with parameters_split q/k/v (RMSNorm, no bias)."""
+class LayerNormQKV(nn.Module):
+    """Twin of ``te.LayerNormLinear(normalization="RMSNorm", parameters_split=q/k/v, bias=False)``."""
 
     def __init__(self, config: YxanulConfig):
         super().__init__()
@@ -76,13 +70,13 @@ class LayerNormQKV(_TEShaped):
         self.key_weight = nn.Parameter(torch.empty(kv, h))
         self.value_weight = nn.Parameter(torch.empty(kv, h))
 
-    def forward(self, x):
+    def forward(self, x):  # x (B, T, C) -> q (B, T, C), k/v (B, T, n_kv*hd)
         x = rms_norm(x, self.layer_norm_weight, self.eps)
         return F.linear(x, self.query_weight), F.linear(x, self.key_weight), F.linear(x, self.value_weight)
 
 
-class Linear(_TEShaped):
-    """Twin of ``te.Linear`` (no bias)."""
+class Linear(nn.Module):
+    """Twin of ``te.Linear(bias=False)``."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -92,9 +86,9 @@ class Linear(_TEShaped):
         return F.linear(x, self.weight)
 
 
-class LayerNormMLP(_TEShaped):
-    """Twin of ``te.LayerNormMLP(normalization='RMSNorm', activation='swiglu', bias=False)``:
-    fc1_weight = cat([gate, up]) and SiLU applies to the first half."""
+class LayerNormMLP(nn.Module):
+    """Twin of ``te.LayerNormMLP(normalization="RMSNorm", activation="swiglu", bias=False)``:
+    ``fc1_weight = cat([gate, up])`` and SiLU applies to the first (gate) half."""
 
     def __init__(self, config: YxanulConfig):
         super().__init__()
@@ -105,9 +99,9 @@ class LayerNormMLP(_TEShaped):
         self.fc2_weight = nn.Parameter(torch.empty(h, f))
 
     def forward(self, x):
-        x = rms_norm(x, self.layer_norm_weight, self.eps)
-        gate, up = F.linear(x, self.fc1_weight).chunk(2, dim=-1)  # (B, T, F) each
-        return F.linear(F.silu(gate) * up, self.fc2_weight)
+        x = rms_norm(x, self.layer_norm_weight, self.eps)          # (B, T, C)
+        gate, up = F.linear(x, self.fc1_weight).chunk(2, dim=-1)   # (B, T, F) each
+        return F.linear(F.silu(gate) * up, self.fc2_weight)        # (B, T, C)
 
 
 def rotate_half(x):
@@ -117,7 +111,7 @@ def rotate_half(x):
 
 def apply_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """x (B, T, nh, hd), freqs [T, 1, 1, hd] in TE's layout (non-interleaved, like HF Llama)."""
-    f = freqs[:, 0, 0, :].unsqueeze(0).unsqueeze(2)  # (1, T, 1, hd)
+    f = freqs[:, 0, 0, :][None, :, None, :]  # (1, T, 1, hd)
     xf = x.float()
     return (xf * f.cos() + rotate_half(xf) * f.sin()).to(x.dtype)
 
@@ -132,103 +126,139 @@ class SelfAttention(nn.Module):
     def forward(self, x, rotary_pos_emb):
         B, T, C = x.shape
         q, k, v = self.layernorm_qkv(x)
-        q = apply_rotary(q.view(B, T, self.n_head, self.head_dim), rotary_pos_emb)  # (B, T, nh, hd)
-        k = apply_rotary(k.view(B, T, self.n_kv, self.head_dim), rotary_pos_emb)    # (B, T, nkv, hd)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        if self.n_kv != self.n_head:
+        q = apply_rotary(q.view(B, T, self.n_head, self.head_dim), rotary_pos_emb).transpose(1, 2)  # (B, nh, T, hd)
+        k = apply_rotary(k.view(B, T, self.n_kv, self.head_dim), rotary_pos_emb).transpose(1, 2)    # (B, nkv, T, hd)
+        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                                   # (B, nkv, T, hd)
+        if self.n_kv == self.n_head:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif _SDPA_HAS_GQA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:  # pragma: no cover - torch < 2.5
             rep = self.n_head // self.n_kv
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hd)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+            y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                               is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, nh, T, hd) -> (B, T, C)
 
 
-class DecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block; same children as ``te.TransformerLayer`` (norms live inside the linears)."""
+class YxanulDecoderLayer(GradientCheckpointingLayer):
+    """Pre-norm block with the children of ``te.TransformerLayer`` (the norms live inside the linears)."""
 
     def __init__(self, config: YxanulConfig, layer_idx: int):
         super().__init__()
+        self.layer_idx = layer_idx
         self.self_attention = SelfAttention(config)
         self.layernorm_mlp = LayerNormMLP(config)
 
-    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):
+    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):  # is_first_microbatch: TE only
         x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb)  # (B, T, C)
-        return x + self.layernorm_mlp(x)
+        return x + self.layernorm_mlp(x)                                        # (B, T, C)
 
 
-class RotaryEmbedding(nn.Module):
-    """Produces TE's rotary tensor ``[T, 1, 1, head_dim] = cat(f, f)`` for both backends.
-
-    Computed from the config, not stored: no buffer to save, and nothing for from_pretrained's
-    meta-device initialisation to leave uninitialised. Cached per (length, device)."""
+class YxanulRotaryEmbedding(nn.Module):
+    """``forward(seq_len)`` -> ``[T, 1, 1, head_dim]`` = cat(f, f), exactly ``te.RotaryPositionEmbedding``'s
+    output, for both backends. ``inv_freq`` is a non-persistent fp32 buffer (never in a checkpoint);
+    if a cast (``model.to(bf16)``, DeepSpeed) lowered its precision it is recomputed in fp32."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
-        self._cache: dict = {}
+        self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
-    def forward(self, seq_len: int, device=None) -> torch.Tensor:
-        key = (seq_len, device)
-        if key not in self._cache:
-            inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
-                                             / self.head_dim))
-            f = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, hd/2)
-            self._cache = {key: torch.cat((f, f), dim=-1).view(seq_len, 1, 1, -1)}               # [T, 1, 1, hd]
-        return self._cache[key]
+    def compute_inv_freq(self, device=None) -> torch.Tensor:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+        return 1.0 / (self.theta ** exponent)  # (hd/2,)
+
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        inv_freq = self.inv_freq
+        if inv_freq.dtype != torch.float32:
+            inv_freq = self.compute_inv_freq(inv_freq.device)
+        t = torch.arange(offset, offset + seq_len, device=inv_freq.device, dtype=torch.float32)
+        f = t[:, None] * inv_freq[None, :]                     # (T, hd/2); elementwise: immune to autocast
+        return torch.cat((f, f), dim=-1)[:, None, None, :]     # [T, 1, 1, hd]
+
+
+def _drop_extra_state(module, state_dict, prefix, *args):
+    """Load pre-hook of the torch backend: TE checkpoints carry ``*_extra_state`` (FP8 scaling state,
+    also under modules the torch twin lacks, e.g. ``core_attention``); drop them."""
+    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("_extra_state")]:
+        del state_dict[key]
+
+
+def _forgive_missing_extra_state(module, incompatible_keys):
+    """Load post-hook: a TE model loading a torch-backend checkpoint keeps its fresh FP8 state."""
+    missing = incompatible_keys.missing_keys
+    missing[:] = [k for k in missing if not k.endswith("_extra_state")]
 
 
 class YxanulPreTrainedModel(PreTrainedModel):
     config_class = YxanulConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["DecoderLayer", "TEDecoderLayer"]
+    _no_split_modules = ["YxanulDecoderLayer", "TEDecoderLayer"]
     _supports_sdpa = True
+    # TE's FP8 state: present in TE checkpoints, absent in torch ones; never an error either way.
+    _keys_to_ignore_on_load_unexpected = [r"_extra_state$"]
+    _keys_to_ignore_on_load_missing = [r"_extra_state$"]
 
+    @torch.no_grad()
     def _init_weights(self, module):
         """Explicit init by parameter name. transformers' default matches class names containing
-        'LayerNorm' and would fill TE's LayerNormLinear QKV matrix with ones."""
+        'LayerNorm' and would fill TE's LayerNormLinear QKV matrix with ones. ``init.*`` skip
+        tensors already loaded by from_pretrained."""
         std = self.config.initializer_range
         out_std = std / math.sqrt(2 * self.config.num_hidden_layers)  # GPT-2 residual scaling
-        output_proj = getattr(module, "_yx_output_proj", False)
+        if isinstance(module, YxanulRotaryEmbedding):
+            init.copy_(module.inv_freq, module.compute_inv_freq(module.inv_freq.device))
+        residual_proj = getattr(module, "_is_residual_proj", False)
         for name, p in module.named_parameters(recurse=False):
-            if p.dim() == 1:                                   # RMSNorm weights
-                nn.init.ones_(p)
-            elif name == "fc2_weight" or output_proj:          # layers writing into the residual
-                nn.init.normal_(p, 0.0, out_std)
+            if p.dim() == 1:                                   # RMSNorm weights (there are no biases)
+                init.ones_(p)
+            elif name == "fc2_weight" or residual_proj:        # layers writing into the residual stream
+                init.normal_(p, mean=0.0, std=out_std)
             else:                                              # q/k/v, fc1, embeddings, LM head
-                nn.init.normal_(p, 0.0, std)
+                init.normal_(p, mean=0.0, std=std)
 
 
 class YxanulModel(YxanulPreTrainedModel):
+    """Embedding -> decoder blocks (torch or TE) -> final RMSNorm. Returns hidden states (B, T, C)."""
+
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
         config.backend = resolve_backend(config.backend)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.backend == "te":
-            from .modeling_te import TEDecoderLayer, te_rmsnorm
-
+            try:
+                from .modeling_te import TEDecoderLayer, te_rmsnorm
+            except ImportError as e:
+                raise ConfigError("backend", f"'auto' or 'torch' here (Transformer Engine unusable: {e})", "te") from e
             self.layers = nn.ModuleList(TEDecoderLayer(config, i) for i in range(config.num_hidden_layers))
             self.norm = te_rmsnorm(config.hidden_size, config.rms_norm_eps)
         else:
-            self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+            self.layers = nn.ModuleList(YxanulDecoderLayer(config, i) for i in range(config.num_hidden_layers))
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.register_load_state_dict_pre_hook(_drop_extra_state)
+        self.register_load_state_dict_post_hook(_forgive_missing_extra_state)
         for layer in self.layers:
-            layer.self_attention.proj._yx_output_proj = True
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+            layer.self_attention.proj._is_residual_proj = True
+        self.rotary_emb = YxanulRotaryEmbedding(config.head_dim, config.rope_theta)
         self.gradient_checkpointing = False
         self.post_init()
 
     def forward(self, input_ids, is_first_microbatch=None):
-        x = self.embed_tokens(input_ids)                     # (B, T, C)
-        freqs = self.rotary_emb(input_ids.shape[1], x.device)  # [T, 1, 1, hd]
+        x = self.embed_tokens(input_ids)                  # (B, T, C)
+        freqs = self.rotary_emb(input_ids.shape[1])       # [T, 1, 1, hd]
         for layer in self.layers:
-            x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
-        return self.norm(x)
+            if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
+                x = self._gradient_checkpointing_func(layer, x, freqs, is_first_microbatch)  # TE blocks
+            else:
+                x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
+        return self.norm(x)                               # (B, T, C)
 
 
 class LMHead(nn.Module):
     """The output projection. Deliberately not an ``nn.Linear``: accelerate's FP8 ``convert_model``
-    swaps every ``nn.Linear`` for ``te.Linear``, which breaks the tie with the embedding and drops
-    the new weight from the optimizer (see docs/fp8.md). The LM head stays BF16 and trainable."""
+    swaps every ``nn.Linear`` for ``te.Linear``, which breaks the tie with the embedding and drops the
+    new weight from the optimizer (docs/fp8.md). The LM head stays in BF16 and keeps training."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -240,7 +270,7 @@ class LMHead(nn.Module):
 
 
 class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # target: source (transformers 5)
 
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
@@ -262,23 +292,29 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids, labels=None, shift_labels=None, is_first_microbatch=None,
                 attention_mask=None, **kwargs) -> CausalLMOutput:
-        """Causal LM. ``labels``: HF-style (shifted here); ``shift_labels``: already aligned targets.
-        ``attention_mask`` is accepted for generate() and ignored: sequences are causal, unpadded."""
+        """Causal LM over unpadded sequences. ``labels``: HF-style (position t predicts labels[t+1],
+        shifted here); ``shift_labels``: targets already aligned with the inputs (the loader's y).
+        Loss: mean fp32 cross entropy, ignore_index -100. ``attention_mask`` is accepted (generate
+        passes it) and ignored: attention is always causal, padding is not masked.
+        ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching); the torch backend ignores it."""
         h = self.model(input_ids, is_first_microbatch=is_first_microbatch)  # (B, T, C)
         logits = self.lm_head(h)                                             # (B, T, V)
         loss = None
         if labels is not None and shift_labels is None:
-            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)
+            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)          # (B, T), last has no target
         if shift_labels is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), shift_labels.reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
+                                   shift_labels.reshape(-1).to(logits.device), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
 
+    # -- generation: there is no KV cache, so every step re-reads the whole (window of the) prefix ----
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        # No KV cache: always feed the whole sequence (HF would otherwise feed only the last token).
-        return {"input_ids": input_ids[:, -self.config.max_position_embeddings:]}
+        # HF would feed only the last token when it thinks a cache exists: always feed the full ids,
+        # cropped nanoGPT-style to the last max_position_embeddings tokens.
+        return {"input_ids": input_ids[:, -self.config.max_position_embeddings:], "use_cache": False}
 
-    def _supports_default_dynamic_cache(self) -> bool:  # transformers: don't build a cache for us
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:  # transformers: don't build a cache for us
         return False
 
     def generate(self, *args, **kwargs):

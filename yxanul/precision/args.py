@@ -7,6 +7,12 @@ from typing import Literal
 
 from ..errors import ConfigError
 
+# Default of the small-GEMM policy. A layer runs FP8 only when every dimension of its GEMM(s) is
+# >= this. Published anchors (docs/fp8.md): at 124M parameters (hidden 768) FP8 is at or below BF16
+# speed everywhere, 1-2B models (hidden >= 2048) gain 1.1-1.35x. 1024 keeps every 768-wide model
+# in BF16 and lets hidden >= 1024 presets (medium and up) use FP8; raise it to 2048 to be strict.
+DEFAULT_MIN_GEMM_DIM = 1024
+
 
 @dataclass
 class PrecisionArgs:
@@ -16,33 +22,44 @@ class PrecisionArgs:
         default="auto", metadata={"help": "Non-FP8 precision: auto = bf16 on a CUDA GPU that supports it, else fp32."})
     use_fp8: bool = field(default=False, metadata={"help": "Train the large GEMMs in FP8 with Transformer Engine "
                                                            "(falls back to BF16 with one line saying why when impossible)."})
-    require_fp8: bool = field(default=False, metadata={"help": "Make an impossible FP8 an error instead of a fallback."})
+    require_fp8: bool = field(default=False, metadata={"help": "Make an impossible FP8 an error instead of a "
+                                                               "fallback (implies use_fp8)."})
     fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(
         default="delayed", metadata={"help": "TE recipe: delayed (DelayedScaling), current (Float8CurrentScaling), "
-                                             "block (Float8BlockScaling), mxfp8 (MXFP8BlockScaling, Blackwell)."})
+                                             "block (Float8BlockScaling, Hopper+CUDA 12.9), mxfp8 (MXFP8BlockScaling, "
+                                             "Blackwell)."})
     fp8_format: Literal["hybrid", "e4m3", "e5m2"] = field(
-        default="hybrid", metadata={"help": "hybrid = E4M3 forward, E5M2 gradients; e4m3 everywhere; e5m2 (TE "
-                                            "rejects pure E5M2 for forward tensors in most recipes)."})
-    fp8_margin: int = field(default=0, metadata={"help": "DelayedScaling margin: scale = 2^-margin x max/amax."})
-    fp8_interval: int = field(default=1, metadata={"help": "Recorded for compatibility: TE >= 1.8 has no 'interval' "
-                                                           "(scales update every step); values != 1 are warned about."})
+        default="hybrid", metadata={"help": "hybrid = E4M3 forward, E5M2 gradients; e4m3 everywhere; e5m2 is "
+                                            "rejected by every TE recipe ('Pure E5M2 training is not supported')."})
+    fp8_margin: int = field(default=0, metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
+    fp8_interval: int = field(default=1, metadata={"help": "Recorded for old configs only: TE >= 1.8 has no 'interval' "
+                                                           "field (scales update after every step); != 1 is warned about."})
     fp8_amax_history_len: int = field(default=1024, metadata={"help": "DelayedScaling amax history length."})
     fp8_amax_compute_algo: Literal["max", "most_recent"] = field(
-        default="max", metadata={"help": "DelayedScaling: scale from the max of the history or the most recent amax."})
-    fp8_eval: bool = field(default=False, metadata={"help": "Run evaluation in FP8 too (default: BF16 eval)."})
+        default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history or the most recent amax."})
+    fp8_eval: bool = field(default=False, metadata={"help": "Run evaluation forwards in FP8 too (default: BF16 eval)."})
     fp8_min_gemm_dim: int = field(
-        default=1024, metadata={"help": "Small-GEMM policy: a layer runs FP8 only if both of its weight dims are >= "
-                                        "this (FP8 casts cost more than they save on small GEMMs). 0 = every layer."})
-    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics every log_freq steps."})
+        default=DEFAULT_MIN_GEMM_DIM,
+        metadata={"help": "Small-GEMM policy: a layer runs FP8 only if every dimension of its GEMMs is >= this "
+                          "(FP8 casts cost more than they save on small GEMMs). 0 = every eligible layer."})
+    fp8_keep_bf16: list[str] | None = field(
+        default=None, metadata={"help": "fnmatch patterns of TE module names kept in BF16 whatever their size, e.g. "
+                                        "['model.layers.0.*', '*.layers.23.layernorm_mlp'] (YAML only)."})
+    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics (scale/amax) every log_freq steps."})
 
     def __post_init__(self):
-        if self.fp8_margin < 0:
-            raise ConfigError("fp8_margin", "an integer >= 0", self.fp8_margin)
-        if self.fp8_interval < 1:
-            raise ConfigError("fp8_interval", "an integer >= 1", self.fp8_interval)
-        if self.fp8_amax_history_len < 1:
-            raise ConfigError("fp8_amax_history_len", "an integer >= 1", self.fp8_amax_history_len)
-        if self.fp8_min_gemm_dim < 0:
-            raise ConfigError("fp8_min_gemm_dim", "an integer >= 0", self.fp8_min_gemm_dim)
+        for key in ("fp8_margin", "fp8_min_gemm_dim"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(key, "an integer >= 0", v)
+        for key in ("fp8_interval", "fp8_amax_history_len"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(key, "an integer >= 1", v)
+        if self.fp8_keep_bf16 is not None and (
+                not isinstance(self.fp8_keep_bf16, list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
+            raise ConfigError("fp8_keep_bf16", "a list of non-empty module-name patterns", self.fp8_keep_bf16)
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
+        if self.use_fp8 and self.fp8_format == "e5m2":
+            raise ConfigError("fp8_format", "hybrid or e4m3 (TE recipes reject pure E5M2 training)", "e5m2")

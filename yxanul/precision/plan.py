@@ -1,13 +1,18 @@
 """Deciding precision before the Accelerator exists, and making the decision true at run time.
 
-accelerate 1.15's FP8 path alone is not trustworthy (docs/fp8.md): its recipe can't express
-current/block scaling, drops `interval` and `most_recent`, is ignored under DeepSpeed, disables FP8
-in eval, and `convert_model` would turn a plain `nn.Linear` LM head into `te.Linear`. yxanul
-therefore (1) still builds `Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs])`
-so accelerate sets up BF16 autocast, DDP/DeepSpeed and its FP8 bookkeeping, (2) keeps every plain
-linear out of `convert_model`'s reach (the LM head is not an `nn.Linear`), (3) removes accelerate's
-forward wrapper after `prepare` and (4) enters `te.autocast(recipe=<yxanul's recipe>)` itself, so
-the recipe in effect is exactly the configured one, under DDP and DeepSpeed alike.
+Design (docs/fp8.md has the source references). FP8 goes through accelerate as specified:
+`accelerator_kwargs()` is ``Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(...)])``,
+so accelerate sets up BF16 autocast, DDP/DeepSpeed (`bf16.enabled`) and its TE bookkeeping. accelerate
+1.15 alone is not trustworthy, though: its recipe can only be DelayedScaling/MXFP8, drops
+`most_recent` and `interval`, disables FP8 in eval, raises for MXFP8 with `amax_compute_algo`, and
+under DeepSpeed ignores `TERecipeKwargs`; `convert_model` would swap a plain `nn.Linear` LM head for
+an untied `te.Linear`. So yxanul (1) keeps every plain linear out of `convert_model`'s reach (the LM
+head is an `LMHead`, the TE model has no plain Linear/LayerNorm), (2) `after_prepare` removes
+accelerate's `contextual_fp8_autocast` forward wrapper (it would be the innermost context and win)
+and checks that `prepare()` replaced no module and kept the LM head tied, and (3) the trainer enters
+`forward_context(training)` = `te.autocast(enabled=True, recipe=<built here from every configured
+value>)` around each forward: the only FP8 context left, so the configured recipe is the one TE
+uses, under single GPU, DDP and DeepSpeed alike.
 """
 
 from __future__ import annotations
@@ -20,15 +25,16 @@ import torch
 
 from ..errors import UserError
 from .args import PrecisionArgs
+from .policy import KINDS, layer_policy, module_decisions
 
-_FORMATS = {"hybrid": "HYBRID", "e4m3": "E4M3", "e5m2": "E5M2"}
-_RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
-                   "block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling"}
+FORMATS = {"hybrid": "HYBRID", "e4m3": "E4M3", "e5m2": "E5M2"}
+RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
+                  "block": "Float8BlockScaling", "mxfp8": "MXFP8BlockScaling"}
 
 
 @dataclass
 class CapabilityFacts:
-    """What the machine can do; probed for real, or injected by tests."""
+    """What the machine can do; probed for real (`probe_facts`), or injected by tests."""
 
     te_available: bool
     te_import_error: str | None
@@ -36,7 +42,9 @@ class CapabilityFacts:
     device_name: str | None = None
     compute_capability: tuple[int, int] | None = None
     bf16_supported: bool = False
-    recipes: dict[str, tuple[bool, str]] = field(default_factory=dict)  # recipe -> (available, reason)
+    recipes: dict[str, tuple[bool, str]] = field(default_factory=dict)  # recipe -> (available, TE's reason)
+    te_version: str | None = None
+    cuda_version: str | None = None
 
 
 def probe_facts() -> CapabilityFacts:
@@ -46,25 +54,28 @@ def probe_facts() -> CapabilityFacts:
     return CapabilityFacts(
         te_available=_te.TE_AVAILABLE, te_import_error=_te.TE_IMPORT_ERROR, cuda_available=cuda,
         device_name=torch.cuda.get_device_name() if cuda else None,
-        compute_capability=torch.cuda.get_device_capability() if cuda else None,
-        bf16_supported=cuda and torch.cuda.is_bf16_supported(),
+        compute_capability=tuple(torch.cuda.get_device_capability()) if cuda else None,
+        bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
         recipes=_te.availability() if cuda else {},
-    )
+        te_version=_te.te_version or _te.te_installed_version, cuda_version=torch.version.cuda)
 
 
 def recipe_spec(args: PrecisionArgs) -> tuple[str, dict]:
-    """(TE recipe class name, kwargs) carrying every configured value TE has a field for."""
-    fmt = _FORMATS[args.fp8_format]
+    """(TE recipe class name, kwargs): every configured value TE has a field for (TE 2.20
+    `common/recipe/__init__.py`). Pure Python, so it is testable without TE. `fp8_interval` has no
+    TE field (removed in TE 1.8; amax/scale update after every step) and is only recorded."""
+    fmt = FORMATS[args.fp8_format]
     if args.fp8_recipe == "delayed":
         return "DelayedScaling", {"margin": args.fp8_margin, "fp8_format": fmt,
                                   "amax_history_len": args.fp8_amax_history_len,
                                   "amax_compute_algo": args.fp8_amax_compute_algo}
-    if args.fp8_recipe in ("current", "block"):
-        return _RECIPE_CLASSES[args.fp8_recipe], {"fp8_format": fmt}
-    return "MXFP8BlockScaling", {"fp8_format": fmt}
+    if args.fp8_recipe == "mxfp8":
+        return "MXFP8BlockScaling", {"margin": args.fp8_margin, "fp8_format": fmt}
+    return RECIPE_CLASSES[args.fp8_recipe], {"fp8_format": fmt}
 
 
 def build_recipe(args: PrecisionArgs):
+    """The TE recipe object (TE recipes are pydantic dataclasses: `fp8_format` must be a `Format`)."""
     from .. import _te
 
     name, kwargs = recipe_spec(args)
@@ -73,157 +84,154 @@ def build_recipe(args: PrecisionArgs):
 
 
 def te_recipe_kwargs(args: PrecisionArgs) -> dict:
-    """accelerate's TERecipeKwargs closest to the recipe (accelerate can express only these)."""
-    return {"fp8_format": _FORMATS[args.fp8_format], "margin": args.fp8_margin,
-            "amax_history_len": args.fp8_amax_history_len, "amax_compute_algo": args.fp8_amax_compute_algo,
-            "use_autocast_during_eval": args.fp8_eval, "use_mxfp8_block_scaling": args.fp8_recipe == "mxfp8"}
-
-
-def gemm_shapes(config) -> dict[str, tuple[int, int]]:
-    """Weight shapes (out, in) of the TE modules of one block, by kind."""
-    h, f = config.hidden_size, config.intermediate_size
-    kv = config.num_key_value_heads * config.head_dim
-    return {"qkv": (h + 2 * kv, h), "proj": (h, h), "mlp": (2 * f, h)}  # mlp: fc1 (2f x h), fc2 (h x f)
-
-
-def layer_policy(config, args: PrecisionArgs) -> dict[str, tuple[bool, str]]:
-    """Small-GEMM policy per layer kind: (runs FP8, why). The LM head always stays BF16."""
-    out = {}
-    h, f = config.hidden_size, config.intermediate_size
-    dims = {"qkv": gemm_shapes(config)["qkv"], "proj": (h, h), "mlp": (2 * f, h, f)}
-    for kind, d in dims.items():
-        if any(x % 16 for x in d):
-            out[kind] = (False, f"a dimension of {d} is not a multiple of 16")
-        elif min(d) < args.fp8_min_gemm_dim:
-            out[kind] = (False, f"min GEMM dim {min(d)} < fp8_min_gemm_dim {args.fp8_min_gemm_dim}")
-        else:
-            out[kind] = (True, "large enough")
-    out["lm_head"] = (False, "kept BF16 (output logits; tied embedding)")
-    return out
+    """accelerate's `TERecipeKwargs` closest to the configured recipe. accelerate can express only
+    DelayedScaling and MXFP8, and its wrapper is removed after `prepare` anyway; these kwargs only
+    have to be valid: no `interval` (TE's recipes have no such field) and, for MXFP8, none of the
+    amax fields (`apply_fp8_autowrap` raises on them)."""
+    kw = {"fp8_format": FORMATS[args.fp8_format].upper(), "margin": args.fp8_margin,
+          "use_autocast_during_eval": args.fp8_eval}
+    if args.fp8_recipe == "mxfp8":
+        return {**kw, "use_mxfp8_block_scaling": True}
+    return {**kw, "amax_history_len": args.fp8_amax_history_len, "amax_compute_algo": args.fp8_amax_compute_algo}
 
 
 def decide(args: PrecisionArgs, config, facts: CapabilityFacts) -> tuple[bool, str | None]:
     """(FP8 possible, reason when not). Pure: testable with injected facts."""
     if not args.use_fp8:
         return False, None
-    if not facts.te_available:
-        return False, f"Transformer Engine is not importable ({facts.te_import_error})"
     if not facts.cuda_available:
         return False, "no CUDA device"
-    if facts.compute_capability is not None and tuple(facts.compute_capability) < (8, 9):
-        cc = ".".join(map(str, facts.compute_capability))
-        return False, f"compute capability {cc} < 8.9 ({facts.device_name}): FP8 needs Ada, Hopper or Blackwell"
-    ok, reason = facts.recipes.get(args.fp8_recipe, (True, ""))
+    if not facts.te_available:
+        return False, f"Transformer Engine is not importable ({facts.te_import_error})"
+    cc = tuple(facts.compute_capability or (0, 0))
+    if cc < (8, 9):
+        return False, (f"compute capability {cc[0]}.{cc[1]} < 8.9 ({facts.device_name}): "
+                       "FP8 needs Ada, Hopper or Blackwell")
+    ok, reason = facts.recipes.get(args.fp8_recipe, (False, "TE reported nothing for this recipe"))
     if not ok:
         return False, f"recipe '{args.fp8_recipe}' not available: {reason or 'TE says no'}"
-    if getattr(config, "backend", "torch") != "te":
-        return False, f"model backend is '{config.backend}' (FP8 needs backend te)"
+    backend = getattr(config, "backend", "torch")
+    if backend != "te":
+        return False, f"model backend is '{backend}' (FP8 needs backend te)"
     policy = layer_policy(config, args)
-    if not any(ok for k, (ok, _) in policy.items() if k != "lm_head"):
-        return False, "every layer is below the small-GEMM policy (" + \
-            "; ".join(f"{k}: {why}" for k, (ok, why) in policy.items() if k != "lm_head") + ")"
+    if not any(policy[k][0] for k in KINDS):
+        return False, "no layer passes the small-GEMM policy (" + "; ".join(f"{k}: {policy[k][1]}" for k in KINDS) + ")"
     return True, None
 
 
-def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None = None, say=print) -> "PrecisionPlan":
+def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None = None,
+                      say=print) -> "PrecisionPlan":
+    """Decide FP8 / BF16 / FP32 before the Accelerator exists. An impossible FP8 prints ONE line
+    (or raises a one-line UserError with ``require_fp8``)."""
     facts = facts or probe_facts()
     fp8, reason = decide(args, config, facts)
+    if args.mixed_precision == "auto":
+        base = "bf16" if (facts.bf16_supported or fp8) else "fp32"
+    else:
+        base = args.mixed_precision
     if args.use_fp8 and not fp8:
         if args.require_fp8:
             raise UserError(f"require_fp8: FP8 is impossible here: {reason}")
-        say(f"FP8 off: {reason}; training in {'BF16' if facts.bf16_supported else 'FP32'}")
-    if args.fp8_interval != 1:
-        say(f"warning: fp8_interval={args.fp8_interval} has no effect (TE removed 'interval'; scales update every step)")
-    if fp8:
-        base = "bf16"
-    elif args.mixed_precision == "auto":
-        base = "bf16" if facts.bf16_supported else "fp32"
-    else:
-        base = args.mixed_precision
-    return PrecisionPlan(args, fp8, reason, base, layer_policy(config, args) if fp8 else {}, facts)
+        say(f"FP8 off: {reason}; training in {base.upper()}")
+    if args.use_fp8 and args.fp8_interval != 1:
+        say(f"warning: fp8_interval={args.fp8_interval} has no effect (TE has no 'interval' since 1.8: "
+            "scales update after every step); recorded only")
+    return PrecisionPlan(args, fp8, reason, base, layer_policy(config, args), facts)
 
 
 class PrecisionPlan:
+    """The decision and what makes it true. Trainer protocol: `accelerator_kwargs()` ->
+    `prepare_model(model)` -> `accelerator.prepare` -> `after_prepare(model)` -> forwards under
+    `forward_context(training)` with `is_first_microbatch(i)`; `label` for console lines."""
+
     def __init__(self, args, fp8_enabled, fallback_reason, base, policy, facts):
         self.args, self.fp8_enabled, self.fallback_reason = args, fp8_enabled, fallback_reason
         self.base, self.policy, self.facts = base, policy, facts
+        self.recipe_name, self.recipe_kwargs = recipe_spec(args)
         self.recipe = build_recipe(args) if fp8_enabled else None
-        self.readback: dict | None = None  # filled by a hook during the first FP8-layer forward
+        self.decisions: dict[str, tuple[str, bool, str]] = {}  # module -> (kind, FP8, why), by prepare_model
+        self.readback: dict | None = None  # TE's own state, recorded during the first training forward
+        self._snapshot: dict[str, str] | None = None
+        self._tied = False
 
     @property
     def label(self) -> str:
-        if self.fp8_enabled:
-            # "FP8" only once TE itself confirmed it inside a forward; before that, say so
-            if self.readback is not None and self.readback.get("fp8_enabled"):
-                return "FP8"
-            return "BF16" if self.readback is not None else "FP8?"
-        return {"bf16": "BF16", "fp32": "FP32"}[self.base]
+        if not self.fp8_enabled:
+            return {"bf16": "BF16", "fp32": "FP32"}[self.base]
+        if self.readback is None:
+            return "FP8?"  # not yet confirmed by TE
+        return "FP8" if self.readback.get("fp8_confirmed") else self.base.upper()
 
     def accelerator_kwargs(self) -> dict:
+        """For `accelerate.Accelerator(...)`: ``mixed_precision="fp8"`` with `TERecipeKwargs` for an
+        FP8 plan (accelerate's wrapper is removed again by `after_prepare`), else bf16 / no."""
         if not self.fp8_enabled:
             return {"mixed_precision": "no" if self.base == "fp32" else "bf16"}
         from accelerate.utils import TERecipeKwargs
 
         return {"mixed_precision": "fp8", "kwargs_handlers": [TERecipeKwargs(**te_recipe_kwargs(self.args))]}
 
-    def prepare_model(self, model) -> None:
-        """Before accelerate.prepare: layers the policy keeps BF16 run with FP8 disabled; a hook on
-        the first FP8 layer reads TE's own state back while a forward runs."""
+    # -- model hooks --------------------------------------------------------------------------
+    def prepare_model(self, model, say=print) -> None:
+        """Before `accelerator.prepare`: no pickled TE extra state, the small-GEMM policy (layers
+        kept BF16 run inside `te.autocast(enabled=False)`), TE read-back hooks, and a snapshot of
+        the module tree for `after_prepare`."""
+        self._snapshot = {n: type(m).__name__ for n, m in model.named_modules()}
+        head, emb = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+        self._tied = head is not None and emb is not None and head.weight is emb.weight
         if getattr(model.config, "backend", "torch") == "te":
-            from .state import strip_extra_state
+            from .state import no_pickled_extra_state
 
-            strip_extra_state(model)  # checkpoints carry FP8 state as safetensors, never pickle
+            no_pickled_extra_state(model)
+        decisions = module_decisions(model, self.policy, self.args.fp8_keep_bf16)
         if not self.fp8_enabled:
+            why = self.fallback_reason or "FP8 not requested"
+            self.decisions = {n: (k, False, why) for n, (k, _, _) in decisions.items()}
+            return
+        self.decisions = decisions
+        if not any(fp8 for _, fp8, _ in decisions.values()):
+            reason = "no TE module left in FP8 after the policy and fp8_keep_bf16"
+            if self.args.require_fp8:
+                raise UserError(f"require_fp8: {reason}")
+            say(f"FP8 off: {reason}; training in {self.base.upper()}")
+            self.fp8_enabled, self.fallback_reason, self.recipe = False, reason, None
             return
         from .. import _te
+        from .report import install_readback
 
-        first = None
-        for layer in model.model.layers:
-            for kind, module in (("qkv", layer.self_attention.layernorm_qkv), ("proj", layer.self_attention.proj),
-                                 ("mlp", layer.layernorm_mlp)):
-                if not self.policy[kind][0]:
-                    _run_without_fp8(module, _te)
-                elif first is None:
-                    first = module
-
-        def hook(module, inputs):
-            if self.readback is None and module.training:
-                enabled, recipe = _te.fp8_state()
-                self.readback = {"fp8_enabled": enabled, "recipe": type(recipe).__name__ if recipe else None,
-                                 "fp8_format": str(getattr(recipe, "fp8_format", None)),
-                                 "recipe_repr": repr(recipe)}
-                handle.remove()
-
-        handle = first.register_forward_pre_hook(hook)
+        modules = dict(model.named_modules())
+        for name, (_, fp8, _) in decisions.items():
+            if not fp8:
+                _run_without_fp8(modules[name], _te, self.recipe)
+        install_readback(self, model)
 
     def after_prepare(self, model) -> None:
-        """Remove accelerate's ``contextual_fp8_autocast`` forward wrappers (its recipe would be the
-        innermost one and win over ours); ``forward_context`` provides the configured recipe."""
-        seen, todo = set(), [model]
-        while todo:
-            m = todo.pop()
-            if id(m) in seen:
-                continue
-            seen.add(id(m))
-            fw = m.__dict__.get("forward")
-            func = getattr(fw, "__func__", fw)
-            if func is not None and getattr(func, "__qualname__", "").startswith("contextual_fp8_autocast"):
-                m.forward = func.__wrapped__
-            for attr in ("module", "_orig_mod"):
-                if isinstance(getattr(m, attr, None), torch.nn.Module):
-                    todo.append(getattr(m, attr))
+        """After `accelerator.prepare`: remove any accelerate FP8 forward wrapper and check that
+        prepare() replaced no module (convert_model) and kept the LM head tied."""
+        unwrap_accelerate_fp8(model)
+        if self._snapshot is None:
+            return
+        inner = _inner(model)
+        now = {n: type(m).__name__ for n, m in inner.named_modules()}
+        changed = [f"{n}: {t} -> {now.get(n)}" for n, t in self._snapshot.items() if now.get(n) != t]
+        if changed:
+            raise RuntimeError("accelerate.prepare() replaced modules (its FP8 convert_model?): " + "; ".join(changed[:5]))
+        if self._tied and inner.lm_head.weight is not inner.model.embed_tokens.weight:
+            raise RuntimeError("accelerate.prepare() untied lm_head from embed_tokens")
 
     def forward_context(self, training: bool):
+        """FP8 around a forward (and its backward): training always, eval only with fp8_eval."""
         if not self.fp8_enabled or not (training or self.args.fp8_eval):
             return contextlib.nullcontext()
         from .. import _te
 
         return _te.autocast(enabled=True, recipe=self.recipe)
 
-    def is_first_microbatch(self, micro_step: int):
-        """TE caches FP8 weights on the first micro-batch of a step and reuses them after."""
-        return (micro_step == 0) if self.fp8_enabled else None
+    def is_first_microbatch(self, micro_step_in_accum: int) -> bool | None:
+        """TE quantizes and caches FP8 weights on True, reuses them on False, re-quantizes on None."""
+        return (micro_step_in_accum == 0) if self.fp8_enabled else None
 
+    # -- checkpoints, stats, metadata ---------------------------------------------------------
     def save_fp8_state(self, model, directory) -> None:
         """Write the delayed-scaling state next to accelerate's files (main process)."""
         from pathlib import Path
@@ -237,8 +245,9 @@ class PrecisionPlan:
             save_file(sd, str(Path(directory) / FILE))
 
     def restore_fp8_state(self, model, directory, seq_length: int) -> int:
-        """After load_state: initialise TE's FP8 metadata with one no-grad forward, then copy the
-        saved scaling state in, so the resumed step uses exactly the saved scales."""
+        """After `load_state`: one no-grad FP8 forward makes TE allocate its FP8 metadata for this
+        recipe (no amax reduction happens without grad: `autocast_exit`), then the saved tensors are
+        copied in, so the resumed step uses the saved scales. Returns tensors restored."""
         from pathlib import Path
 
         from safetensors.torch import load_file
@@ -249,28 +258,73 @@ class PrecisionPlan:
         if not (self.fp8_enabled and path.is_file()):
             return 0
         device = next(model.parameters()).device
-        with torch.no_grad(), self.forward_context(training=True):
-            model(torch.zeros(1, min(seq_length, 16), dtype=torch.long, device=device))
+        amp = (torch.autocast(device.type, dtype=torch.bfloat16) if self.base == "bf16"
+               else contextlib.nullcontext())
+        n = max(16, min(seq_length, 64) // 16 * 16)
+        with torch.no_grad(), amp, self.forward_context(training=True):
+            model(torch.zeros(1, n, dtype=torch.long, device=device))
         return load_fp8_state_dict(model, load_file(str(path)))
 
     def fp8_stats(self, model) -> dict[str, float]:
-        from .report import fp8_stats
+        from .stats import fp8_stats
 
-        return fp8_stats(model)
+        return fp8_stats(model) if self.fp8_enabled else {}
 
     def metadata(self) -> dict:
-        name, kwargs = recipe_spec(self.args)
-        return {"fp8": self.fp8_enabled, "fp8_recipe": name if self.fp8_enabled else None,
-                "fp8_recipe_kwargs": kwargs if self.fp8_enabled else None, "fp8_fallback_reason": self.fallback_reason}
+        """For checkpoint metadata / trainer_state.json (keys do not collide with 'precision')."""
+        return {"fp8": self.fp8_enabled, "mixed_precision": self.base,
+                "fp8_recipe": self.recipe_name if self.fp8_enabled else None,
+                "fp8_recipe_kwargs": self.recipe_kwargs if self.fp8_enabled else None,
+                "fp8_fallback_reason": self.fallback_reason}
 
 
-def _run_without_fp8(module, _te) -> None:
-    """Wrap ``module.forward`` in ``te.autocast(enabled=False)``: the layer runs BF16 inside FP8."""
+def _run_without_fp8(module, _te, recipe) -> None:
+    """The module's forward runs inside `te.autocast(enabled=False)`: innermost context wins, so it
+    computes in BF16 inside the FP8 region; its backward follows what the forward saved (ctx.fp8)."""
+    if getattr(module, "_yx_fp8", None) is False:
+        return
     orig = module.forward
 
     def forward(self, *args, **kwargs):
-        with _te.autocast(enabled=False):
+        with _te.autocast(enabled=False, recipe=recipe):
             return orig(*args, **kwargs)
 
     module.forward = MethodType(forward, module)
     module._yx_fp8 = False
+
+
+def _inner(model):
+    """The user model under DDP / DeepSpeedEngine / torch.compile wrappers."""
+    while True:
+        nxt = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(nxt, torch.nn.Module):
+            return model
+        model = nxt
+
+
+def unwrap_accelerate_fp8(model) -> int:
+    """Undo accelerate's `apply_fp8_autowrap` (utils/transformer_engine.py): it sets
+    ``model.forward = MethodType(contextual_fp8_autocast(...).forward, model)`` with
+    ``forward.__wrapped__ = <previous forward>``, on the model (single process, DeepSpeed) or on the
+    DDP wrapper (MULTI_GPU: `delayed_fp8_autocast`). Returns wrappers removed."""
+    removed, seen, todo = 0, set(), [model]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        while True:
+            fw = m.__dict__.get("forward")
+            func = getattr(fw, "__func__", fw)
+            if func is None or not getattr(func, "__qualname__", "").startswith("contextual_fp8_autocast"):
+                break
+            prev = func.__wrapped__
+            if getattr(prev, "__self__", None) is m and getattr(prev, "__func__", None) is type(m).forward:
+                del m.forward  # the class forward again
+            else:
+                m.forward = prev
+            removed += 1
+        for attr in ("module", "_orig_mod"):
+            if isinstance(getattr(m, attr, None), torch.nn.Module):
+                todo.append(getattr(m, attr))
+    return removed

@@ -1,0 +1,134 @@
+"""WindowLoader: shapes, determinism, exact resume (workers or not), world-size change, epochs; eval batches."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from yxanul.data.args import DataArgs
+from yxanul.data.loader import WindowLoader, eval_batches
+from yxanul.data.prepare import prepare
+from yxanul.data.shards import open_shard
+from yxanul.errors import DataError
+
+Q = {"progress": False, "say": lambda *a, **k: None}
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=False))
+
+
+def test_windows_are_shifted_slices_of_the_shards(bundled):
+    meta = json.loads((bundled / "meta.json").read_text())
+    flat = np.concatenate([open_shard(bundled / f) for f in meta["splits"]["train"]["shards"]]).astype(np.int64)
+    x, y = take(WindowLoader(bundled, "train", 64, 4, seed=1), 1)[0]
+    assert x.shape == y.shape == (4, 64) and x.dtype == y.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
+    for row_x, row_y in zip(x.numpy(), y.numpy(), strict=True):
+        start = int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(flat, 64)[::64] == row_x, 1))[0]) * 64
+        assert np.array_equal(flat[start + 1:start + 65], row_y)  # a window on the stride-seq_length grid
+
+
+def test_determinism_and_seeds(bundled):
+    a = take(WindowLoader(bundled, "train", 64, 4, seed=1), 3)
+    assert same(a, take(WindowLoader(bundled, "train", 64, 4, seed=1, num_workers=2), 3))
+    assert not torch.equal(a[0][0], take(WindowLoader(bundled, "train", 64, 4, seed=2), 1)[0][0])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_resume(bundled, workers):
+    ref = take(WindowLoader(bundled, "train", 64, 4, seed=3), 8)
+    first = WindowLoader(bundled, "train", 64, 4, seed=3, num_workers=workers)
+    assert same(take(first, 5), ref[:5])
+    state = first.state_dict()  # counts what was handed out, not what workers prefetched
+    assert state == {"epoch": 0, "position": 20, "seq_length": 64, "seed": 3, "micro_batch_size": 4, "world_size": 1}
+    second = WindowLoader(bundled, "train", 64, 4, seed=3, num_workers=workers)
+    second.load_state_dict(json.loads(json.dumps(state)))
+    assert same(take(second, 3), ref[5:])
+    assert same(take(first, 3), ref[5:])  # a new iter() of the same loader continues too
+
+
+def test_world_size_change(bundled):
+    one = take(WindowLoader(bundled, "train", 64, 4, seed=5), 3)
+    r0 = take(WindowLoader(bundled, "train", 64, 2, seed=5, rank=0, world_size=2), 3)
+    r1 = take(WindowLoader(bundled, "train", 64, 2, seed=5, rank=1, world_size=2), 3)
+    for k in range(3):  # 2 ranks x 2 = 1 rank x 4 at the same global positions
+        assert torch.equal(one[k][0], torch.cat([r0[k][0], r1[k][0]]))
+    two = WindowLoader(bundled, "train", 64, 2, seed=5, rank=1, world_size=2)
+    take(two, 1)
+    solo = WindowLoader(bundled, "train", 64, 4, seed=5)
+    solo.load_state_dict(two.state_dict())
+    assert solo.state_dict()["position"] == 4 and same(take(solo, 2), one[1:])
+    four = [WindowLoader(bundled, "train", 64, 1, seed=5, rank=r, world_size=4) for r in range(4)]
+    for ld in four:
+        ld.load_state_dict(two.state_dict())
+    assert torch.equal(torch.cat([take(ld, 1)[0][0] for ld in four]), one[1][0])
+
+
+def test_epoch_wraparound_new_permutation(tmp_path, docs_file):
+    path, _ = docs_file(30)
+    out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    loader = WindowLoader(out, "train", 8, 2, seed=0)
+    steps = loader._ds.steps_per_epoch
+    batches = take(loader, 2 * steps + 1)
+    assert loader.epoch == 2 and loader.state_dict()["position"] == 2
+    epoch0, epoch1 = (torch.cat([b[0] for b in batches[i * steps:(i + 1) * steps]]) for i in (0, 1))
+    assert not torch.equal(epoch0, epoch1)  # another order ...
+    rows = sorted(map(tuple, epoch0.tolist()))
+    assert rows == sorted(map(tuple, epoch1.tolist()))  # ... of the same windows
+    resumed = WindowLoader(out, "train", 8, 2, seed=0)
+    resumed.load_state_dict({"epoch": 1, "position": 2 * (steps - 1), "seq_length": 8, "seed": 0})
+    assert same(take(resumed, 2), batches[2 * steps - 1:2 * steps + 1])  # resume across the wrap
+
+
+def test_eval_batches_fixed_and_errors(bundled, tmp_path, docs_file):
+    a, b = list(eval_batches(bundled, 64, 4, 3)), list(eval_batches(bundled, 64, 4, 3))
+    assert len(a) == 3 and same(a, b) and a[0][0].shape == (4, 64)
+    r0, r1 = list(eval_batches(bundled, 64, 4, 3, rank=0, world_size=2)), list(eval_batches(bundled, 64, 4, 3, 1, 2))
+    six = list(eval_batches(bundled, 64, 4, 6))
+    assert same(six[:3], a) and same(r0, six[0::2]) and same(r1, six[1::2])  # ranks split the same batches
+    val_tokens = json.loads((bundled / "meta.json").read_text())["splits"]["val"]["tokens"]
+    with pytest.raises(DataError, match=f"validation split has {val_tokens:,} tokens; need at least seq_length\\+1 = "
+                                        "60001: lower seq_length or raise val_fraction"):
+        list(eval_batches(bundled, 60_000, 1, 1))
+    path, _ = docs_file(30)
+    out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    with pytest.raises(DataError, match="one step needs micro_batch_size x world_size"):
+        WindowLoader(out, "train", 8, 64, seed=0, world_size=8)
+
+
+def test_order_is_the_documented_permutation(bundled):
+    loader = WindowLoader(bundled, "train", 64, 4, seed=7)
+    n = loader.windows.n
+    perm = np.random.default_rng([7, 0]).permutation(n)  # the documented pure function of (seed, epoch)
+    x, _ = take(loader, 1)[0]
+    assert torch.equal(x, torch.from_numpy(loader.windows.gather(perm[:4]))[:, :-1])
+
+
+def test_resume_with_workers_across_the_epoch_wrap(tmp_path, docs_file):
+    path, _ = docs_file(40)
+    out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    ref = WindowLoader(out, "train", 8, 2, seed=4)
+    steps = ref._ds.steps_per_epoch
+    want = take(ref, steps + 3)
+    first = WindowLoader(out, "train", 8, 2, seed=4, num_workers=2)
+    assert same(take(first, steps - 1), want[:steps - 1])
+    state = first.state_dict()
+    assert state["epoch"] == 0 and state["position"] == 2 * (steps - 1)
+    second = WindowLoader(out, "train", 8, 2, seed=4, num_workers=2)
+    second.load_state_dict(state)
+    assert same(take(second, 4), want[steps - 1:steps + 3]) and second.epoch == 1
+
+
+def test_val_split_loader_too_small_names_the_split(tmp_path, docs_file):
+    path, _ = docs_file(30)
+    out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    with pytest.raises(DataError, match="^val split has .* one step needs micro_batch_size x world_size"):
+        WindowLoader(out, "val", 8, 64, seed=0)
+    with pytest.raises(DataError, match="no 'test' split"):
+        WindowLoader(out, "test", 8, 1, seed=0)

