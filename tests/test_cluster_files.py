@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHELL_SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "**", "*.sh"), recursive=True))
+SHELL_SCRIPTS = sorted(glob.glob(os.path.join(ROOT, "examples", "**", "*.sh"), recursive=True)
+                       + glob.glob(os.path.join(ROOT, "scripts", "**", "*.sh"), recursive=True))
 K8S = sorted(glob.glob(os.path.join(ROOT, "examples", "k8s", "*.yaml")))
 ACC = sorted(glob.glob(os.path.join(ROOT, "accelerate_configs", "*.yaml")))
 SLURM = os.path.join(ROOT, "examples", "slurm", "submit_fp8.sh")

@@ -65,6 +65,13 @@ def fp8_state() -> tuple[bool, object]:
     return enabled, (mgr.get_fp8_recipe() if enabled else None)
 
 
+def reset_fp8_state() -> None:
+    """Forget TE's global FP8 state (amax buffers, autocast bookkeeping), e.g. between benchmark cases."""
+    mgr = _state_manager() if TE_AVAILABLE else None
+    if mgr is not None and hasattr(mgr, "reset"):
+        mgr.reset()
+
+
 def availability() -> dict[str, tuple[bool, str]]:
     """Per recipe: (available, TE's reason)."""
     out: dict[str, tuple[bool, str]] = {}

@@ -15,6 +15,8 @@ COMMANDS = {
     "lint-config": ("yxanul.lint", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
     "plot-lr": ("yxanul.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
+    "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
+    "compare": ("yxanul.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
 }
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")

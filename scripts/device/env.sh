@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Source in every device call after `setup.sh install` in the same lease.
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1

@@ -35,7 +35,7 @@ case "$stage" in
       mkdir -p /tmp/te/built
       python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/te/built .device/sdist/transformer_engine_torch-*.tar.gz
       python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/te/built/*.whl
-      [ -n "${OUT:-}" ] && cp /tmp/te/built/*.whl "$OUT"/ || true
+      if [ -n "${OUT:-}" ]; then cp /tmp/te/built/*.whl "$OUT"/; fi
     fi
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site -e . 2>/dev/null \
       || python3 -m pip install -q --no-index --no-deps --target /tmp/site .

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Run THERE (the GPU machine), from the repo root, AFTER `setup.sh install` in the same lease:
+#
+#   bash scripts/device/gpu_checks.sh tests    # verify + GPU/TE test suite            (~3-5 min)
+#   bash scripts/device/gpu_checks.sh parity   # medium BF16 vs FP8 on the bundled corpus + compare
+#   bash scripts/device/gpu_checks.sh bench    # yxanul bench (time-limited) + one profile
+#   bash scripts/device/gpu_checks.sh all      # the three, in that order (mind the 600 s call limit)
+#
+# Everything that matters lands in $OUT (at most 8 files come back): session.log, gpu-tests.xml,
+# bench.json, bench.md, profiles.txt, parity.png, runs.tar.gz. Knobs (env): PARITY_STEPS (400),
+# PARITY_MICRO (16), PARITY_SEQ (1024), PARITY_MODEL (medium), PARITY_BACKEND (te), BENCH_TIME (300 s), BENCH_PRESETS, BENCH_SEQS.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=/dev/null
+source "$here/env.sh"
+OUT="${OUT:-/tmp/yxanul-out}"
+mkdir -p "$OUT"
+log="$OUT/session.log"
+stage="${1:-all}"
+status=0
+
+step() {  # step NAME CMD... : run, log, remember failure, keep going
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$log"
+  local t0; t0=$(date +%s)
+  "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$log"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+tests() {
+  step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  step verify python3 -m yxanul verify
+  step gpu-tests python3 -m pytest -m "gpu or te" -v -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
+}
+
+parity() {
+  local steps=${PARITY_STEPS:-400} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024}
+  local common=(--model "${PARITY_MODEL:-medium}" --seq_length "$seq" --micro_batch_size "$micro" --max_steps "$steps"
+                --warmup_steps 40 --max_lr 6e-4 --log_freq 5 --eval_freq 100 --eval_steps 20
+                --checkpoint_freq 0 --sample_tokens 0 --num_workers 2 --backend "${PARITY_BACKEND:-te}" --fp8_min_gemm_dim 0)
+  rm -rf /tmp/parity && mkdir -p /tmp/parity
+  step parity-bf16 python3 -m yxanul train "${common[@]}" --output_dir /tmp/parity/bf16
+  step parity-fp8 python3 -m yxanul train "${common[@]}" --use_fp8 --require_fp8 --fp8_recipe delayed \
+       --output_dir /tmp/parity/fp8
+  step compare python3 -m yxanul compare /tmp/parity/bf16 /tmp/parity/fp8 --labels BF16,FP8-delayed \
+       --tolerance 0.02 --out "$OUT/parity.png" --json
+  tar czf "$OUT/runs.tar.gz" -C /tmp/parity --exclude checkpoints --exclude tensorboard bf16 fp8
+}
+
+bench() {
+  step bench python3 -m yxanul bench --presets "${BENCH_PRESETS:-gpt2-124m,medium,xlarge}" \
+       --seq_lengths "${BENCH_SEQS:-1024,2048}" --time_limit "${BENCH_TIME:-300}" --out "$OUT"
+  step profile python3 -m yxanul bench --presets gpt2-124m --seq_lengths 1024 --precisions bf16,fp8-delayed \
+       --fp8_min_gemm_dim 0 --steps 3 --profile --out /tmp/profile
+  cat /tmp/profile/profile-*.txt > "$OUT/profiles.txt" 2>/dev/null || true
+}
+
+case "$stage" in
+  tests) tests ;;
+  parity) parity ;;
+  bench) bench ;;
+  all) tests; parity; bench ;;
+  *) echo "unknown stage '$stage' (tests | parity | bench | all)" >&2; exit 2 ;;
+esac
+echo "=== done: status $status" | tee -a "$log"
+exit "$status"

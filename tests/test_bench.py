@@ -1,0 +1,57 @@
+"""`yxanul bench` on CPU: real training steps of the real model, rows, table and JSON."""
+
+import json
+
+import pytest
+
+from yxanul.bench import BenchArgs, cases, main, markdown, run
+from yxanul.errors import ConfigError
+
+SMALL = dict(presets="tiny", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
+
+
+def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
+    rows, env = run(BenchArgs(precisions="fp32,bf16,fp8-delayed,fp8-mxfp8", **SMALL), say=lambda *a: None)
+    assert [(r["precision"], r["status"]) for r in rows] == [
+        ("fp32", "ok"), ("bf16", "ok"), ("fp8-delayed", "skipped"), ("fp8-mxfp8", "skipped")]
+    ok = rows[0]
+    assert ok["micro_batch"] == 2 and ok["tokens_per_sec"] > 0 and ok["step_ms"] > 0
+    assert ok["step_ms_min"] <= ok["step_ms"] <= ok["step_ms_max"]
+    assert ok["finite"] and ok["loss_first"] > 5.0  # ≈ ln(512) at init: a real forward on real weights
+    assert ok["params"] > 0 and ok["mfu_bf16_peak"] is None  # no known peak on a CPU
+    assert rows[2]["reason"] == "no CUDA device"
+    table = markdown(rows, env)
+    assert "| tiny | 32 | 2 | bf16 |" in table and "1.00x" in table and "skipped: no CUDA device" in table
+
+
+def test_same_micro_batch_for_every_precision_and_order():
+    a = BenchArgs(presets="tiny,gpt2-124m", seq_lengths="1024,2048", precisions="bf16,fp8-current")
+    got = list(cases(a))
+    assert got[:2] == [("tiny", 1024, 16, "bf16"), ("tiny", 1024, 16, "fp8-current")]
+    assert ("gpt2-124m", 2048, 8, "fp8-current") in got and len(got) == 8
+    assert {m for _, _, m, _ in cases(BenchArgs(micro_batch_size=3))} == {3}
+
+
+def test_cli_writes_json_and_markdown(tmp_path, capsys):
+    out = tmp_path / "b"
+    argv = ["--presets", "tiny", "--seq_lengths", "32", "--tokens_per_micro", "64", "--steps", "2",
+            "--warmup", "0", "--vocab_size", "512", "--precisions", "fp32", "--out", str(out), "--profile"]
+    assert main(argv) == 0
+    data = json.loads((out / "bench.json").read_text())
+    assert data["rows"][0]["status"] == "ok" and data["env"]["torch"]
+    assert (out / "bench.md").read_text().startswith("Device:")
+    assert (out / data["rows"][0]["profile"]).read_text().strip()  # the profiler's op table
+    assert "tok/s" in capsys.readouterr().out
+
+
+def test_time_limit_skips_the_rest():
+    rows, _ = run(BenchArgs(precisions="fp32,fp32", time_limit=1e-9, **SMALL), say=lambda *a: None)
+    assert rows[0]["status"] == "ok" and rows[1]["status"] == "skipped" and "time limit" in rows[1]["reason"]
+
+
+@pytest.mark.parametrize("kw,key", [({"precisions": "fp16"}, "precisions"), ({"presets": "huge"}, "presets"),
+                                    ({"seq_lengths": "8"}, "seq_lengths"), ({"steps": 0}, "steps"),
+                                    ({"backend": "jax"}, "backend")])
+def test_bad_arguments_are_one_line_errors(kw, key):
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        BenchArgs(**kw)

@@ -1,0 +1,340 @@
+"""`yxanul bench`: training throughput per preset x sequence length x precision on this machine.
+
+Each case is the trainer's own step on the real model: `build`-equivalent model (TE backend where it
+imports), `resolve_precision` + `plan.prepare_model` (small-GEMM policy, read-back hooks), yxanul's
+AdamW (fused on CUDA), BF16 autocast as accelerate applies it, `plan.forward_context` (te.autocast
+with the configured recipe), `is_first_microbatch`, backward, clip, step. Every precision of a
+(preset, seq) pair gets the same micro-batch and the same token batches (random ids, fixed seed: the
+speed of a GEMM does not depend on the values). Warm-up steps are excluded; the step time is the
+median of the timed steps, measured with CUDA events (no host sync inside the timed region) or
+`perf_counter` on CPU. MFU is against the device's dense BF16 peak for every precision, labelled
+so: an FP8 run's MFU says how much faster it trained, not how busy the FP8 units were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from .errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "fp8-mxfp8")
+
+
+@dataclass
+class BenchArgs:
+    """What to measure (comma-separated lists multiply out)."""
+
+    presets: str = field(default="gpt2-124m,medium,xlarge", metadata={"help": "Model presets."})
+    seq_lengths: str = field(default="1024,2048", metadata={"help": "Sequence lengths."})
+    precisions: str = field(default="bf16,fp8-delayed,fp8-current,fp8-block,fp8-mxfp8",
+                            metadata={"help": "Any of " + ", ".join(PRECISIONS) + "; an FP8 recipe that "
+                                      "cannot run here is reported as skipped with TE's reason."})
+    tokens_per_micro: int = field(default=16384, metadata={"help": "Micro-batch = tokens_per_micro // seq_length "
+                                                           "(the same for every precision)."})
+    micro_batch_size: int = field(default=0, metadata={"help": "Fixed micro-batch for every case (0: use "
+                                                       "tokens_per_micro)."})
+    steps: int = field(default=10, metadata={"help": "Timed steps per case (the median is reported)."})
+    warmup: int = field(default=3, metadata={"help": "Untimed steps first (allocator, TE workspaces, autotune)."})
+    backend: str = field(default="auto", metadata={"help": "Model backend: auto, te or torch."})
+    vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (GPT-2's 50257, padded to 50304)."})
+    fp8_min_gemm_dim: int = field(default=-1, metadata={"help": "Small-GEMM policy threshold for the FP8 cases "
+                                                        "(-1: the training default; 0: every layer FP8)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
+    time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
+                                                     "as skipped (0: no limit)."})
+    profile: bool = field(default=False, metadata={"help": "Also write a torch-profiler kernel table per case "
+                                                   "into --out (where the time goes)."})
+    out: str | None = field(default=None, metadata={"help": "Folder for bench.json and bench.md."})
+
+    def __post_init__(self):
+        for key in ("tokens_per_micro", "steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, "an integer >= 1", getattr(self, key))
+        for key in ("micro_batch_size", "warmup"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, "an integer >= 0", getattr(self, key))
+        bad = [p for p in _split(self.precisions) if p not in PRECISIONS]
+        if bad:
+            raise ConfigError("precisions", "a comma-separated list of " + ", ".join(PRECISIONS), ",".join(bad))
+        if self.backend not in ("auto", "te", "torch"):
+            raise ConfigError("backend", "one of auto, te, torch", self.backend)
+        from .models.configuration_yxanul import PRESETS
+
+        bad = [p for p in _split(self.presets) if p not in PRESETS]
+        if bad:
+            raise ConfigError("presets", "a comma-separated list of " + ", ".join(PRESETS), ",".join(bad))
+        try:
+            seqs = [int(s) for s in _split(self.seq_lengths)]
+        except ValueError:
+            raise ConfigError("seq_lengths", "comma-separated integers", self.seq_lengths) from None
+        if not seqs or min(seqs) < 16:
+            raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
+
+
+def _split(s: str) -> list[str]:
+    return [x.strip() for x in str(s).split(",") if x.strip()]
+
+
+def precision_args(precision: str, min_gemm_dim: int):
+    """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
+    from .precision import PrecisionArgs
+
+    if precision == "fp32":
+        return PrecisionArgs(mixed_precision="fp32")
+    if precision == "bf16":
+        return PrecisionArgs(mixed_precision="bf16")
+    kw = {} if min_gemm_dim < 0 else {"fp8_min_gemm_dim": min_gemm_dim}
+    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **kw)
+
+
+def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, device, profile_dir=None) -> dict:
+    """Measure one case; returns a row (status ok / skipped / OOM)."""
+    import torch
+
+    from .batching import probe_context
+    from .models.configuration_yxanul import config_from_preset, matmul_parameters
+    from .models.modeling_yxanul import YxanulForCausalLM
+    from .optim import OptimArgs, build_optimizer
+    from .precision import resolve_precision
+    from .tracking import flops_per_token, peak_flops
+
+    config = config_from_preset(preset, a.vocab_size, seq, backend=a.backend)
+    row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
+           "backend": config.backend, "params": None, "status": "ok", "reason": None}
+    notes: list[str] = []
+    plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim), config, say=notes.append)
+    if precision.startswith("fp8") and not plan.fp8_enabled:
+        return {**row, "status": "skipped", "reason": plan.fallback_reason}
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return {**row, "status": "skipped", "reason": "this GPU has no BF16"}
+    cuda = device.type == "cuda"
+    model = opt = None
+    try:
+        with torch.device(device):
+            model = YxanulForCausalLM(config)
+        if a.gradient_checkpointing:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        plan.prepare_model(model, say=notes.append)
+        if precision.startswith("fp8") and not plan.fp8_enabled:
+            return {**row, "status": "skipped", "reason": plan.fallback_reason}
+        opt = build_optimizer(model, OptimArgs())
+        ctx = probe_context(plan, device) if precision != "bf16" or cuda else \
+            (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        gen = torch.Generator().manual_seed(1234)
+        batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
+
+        def step(i: int):
+            x = batches[i % 2]
+            with ctx():
+                loss = model(x[:, :-1], shift_labels=x[:, 1:], is_first_microbatch=plan.is_first_microbatch(0)).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        losses = [step(i) for i in range(a.warmup)]
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(a.steps)]
+            for i, (start, end) in enumerate(events):
+                start.record()
+                losses.append(step(a.warmup + i))
+                end.record()
+            torch.cuda.synchronize(device)
+            times = [s.elapsed_time(e) / 1e3 for s, e in events]
+            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        else:
+            times = []
+            for i in range(a.steps):
+                t0 = time.perf_counter()
+                losses.append(step(a.warmup + i))
+                times.append(time.perf_counter() - t0)
+            row["peak_memory_gib"] = None
+        if profile_dir is not None:
+            row["profile"] = _profile(step, device, Path(profile_dir), row)
+        loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
+    except torch.OutOfMemoryError:
+        return {**row, "status": "OOM", "reason": f"out of memory at micro-batch {micro}"}
+    finally:
+        del model, opt
+        _release(device)
+    dt = statistics.median(times)
+    tokens = micro * seq
+    fpt = flops_per_token(matmul_parameters(config), config.num_hidden_layers, config.hidden_size, seq)
+    peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
+    fp8_layers = sum(1 for _, fp8, _ in plan.decisions.values() if fp8)
+    row.update(params=matmul_parameters(config), step_ms=round(dt * 1e3, 2),
+               step_ms_min=round(min(times) * 1e3, 2), step_ms_max=round(max(times) * 1e3, 2),
+               tokens_per_sec=round(tokens / dt, 1),
+               mfu_bf16_peak=round(fpt * tokens / dt / peak[1], 4) if peak else None,
+               fp8_layers=f"{fp8_layers}/{len(plan.decisions)}" if plan.decisions else None,
+               te_confirmed=(plan.readback or {}).get("fp8_confirmed") if precision.startswith("fp8") else None,
+               recipe=plan.recipe_name if plan.fp8_enabled else None,
+               loss_first=round(loss_values[0], 4), loss_last=round(loss_values[-1], 4),
+               finite=all(math.isfinite(v) for v in loss_values), notes="; ".join(notes) or None)
+    return row
+
+
+def _release(device) -> None:
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        from . import _te
+
+        _te.reset_fp8_state()  # no stale amax buffers of freed modules between cases
+
+
+def _profile(step, device, folder: Path, row: dict) -> str:
+    """Three profiled steps; the top ops by device (else CPU) time go to a text file."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for i in range(3):
+            step(i)
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"profile-{row['preset']}-{row['seq_length']}-{row['precision']}.txt"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=30))
+    return path.name
+
+
+def cases(a: BenchArgs):
+    """(preset, seq, micro, precision) in run order: small presets first, precisions side by side."""
+    for preset in _split(a.presets):
+        for seq in (int(s) for s in _split(a.seq_lengths)):
+            micro = a.micro_batch_size or max(1, a.tokens_per_micro // seq)
+            for precision in _split(a.precisions):
+                yield preset, seq, micro, precision
+
+
+def environment(device) -> dict:
+    import platform
+
+    import accelerate
+    import torch
+    import transformers
+
+    from . import __version__, _te
+
+    env = {"yxanul": __version__, "python": platform.python_version(), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "transformers": transformers.__version__,
+           "accelerate": accelerate.__version__, "transformer_engine": _te.te_version,
+           "device": str(device), "device_name": platform.processor() or platform.machine()}
+    if device.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(device)
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        env["driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    """The table of docs/benchmarks.md (speed-up against the BF16 row of the same preset and seq)."""
+    base = {(r["preset"], r["seq_length"]): r["tokens_per_sec"] for r in rows
+            if r["precision"] == "bf16" and r["status"] == "ok"}
+    head = (f"Device: {env.get('device_name')} (driver {env.get('driver')}), torch {env['torch']}, "
+            f"CUDA {env['cuda']}, TE {env['transformer_engine']}, accelerate {env['accelerate']}.\n"
+            "MFU is against the dense BF16 peak for every precision.\n\n")
+    lines = ["| preset | seq | micro | precision | FP8 layers | step ms | tokens/s | vs BF16 | MFU (BF16 peak) "
+             "| peak GiB | loss first→last |", "|" + "---|" * 11]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['preset']} | {r['seq_length']} | {r['micro_batch']} | {r['precision']} | "
+                         f"{r['status']}: {r['reason']} |||||||")
+            continue
+        b = base.get((r["preset"], r["seq_length"]))
+        vs = f"{r['tokens_per_sec'] / b:.2f}x" if b else "-"
+        mfu = f"{100 * r['mfu_bf16_peak']:.1f}%" if r.get("mfu_bf16_peak") is not None else "n/a"
+        lines.append(
+            f"| {r['preset']} | {r['seq_length']} | {r['micro_batch']} | {r['precision']} | {r['fp8_layers'] or '-'} | "
+            f"{r['step_ms']:.1f} | {r['tokens_per_sec']:,.0f} | {vs} | "
+            f"{mfu} | {r['peak_memory_gib'] if r['peak_memory_gib'] is not None else '-'} | "
+            f"{r['loss_first']:.3f}→{r['loss_last']:.3f} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def run(a: BenchArgs, say=print) -> tuple[list[dict], dict]:
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(device)
+    say(f"bench on {env['device_name']} ({device}); torch {env['torch']}, TE {env['transformer_engine']}")
+    rows, t0 = [], time.time()
+    profile_dir = Path(a.out) if (a.profile and a.out) else None
+    todo = list(cases(a))
+    try:
+        from tqdm.auto import tqdm
+
+        it = tqdm(todo, desc="bench", unit="case", file=sys.stderr)
+    except ImportError:  # pragma: no cover
+        it = todo
+    for preset, seq, micro, precision in it:
+        if a.time_limit and rows and time.time() - t0 > a.time_limit:  # the first case always runs
+            row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
+                   "status": "skipped", "reason": f"time limit {a.time_limit:.0f}s reached"}
+        else:
+            row = run_case(preset, seq, micro, precision, a, device, profile_dir)
+        rows.append(row)
+        msg = (f"{row['tokens_per_sec']:>12,.0f} tok/s  {row['step_ms']:>8.1f} ms" if row["status"] == "ok"
+               else f"{row['status']}: {row['reason']}")
+        say(f"{preset:>10} seq {seq:>5} micro {micro:>3} {precision:<12} {msg}")
+    return rows, env
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .config import _OneLineParser
+
+    p = _OneLineParser(prog="yxanul bench", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in fields(BenchArgs):
+        kind = {"int": int, "float": float}.get(str(f.type))
+        if str(f.type) == "bool":
+            p.add_argument(f"--{f.name}", action="store_true", help=f.metadata["help"])
+        else:
+            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul bench [--presets ...] [--seq_lengths ...] [--precisions ...] [--out DIR]`."""
+    a = BenchArgs(**vars(_parser().parse_args(argv)))
+    rows, env = run(a)
+    md = markdown(rows, env)
+    print(md)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps({"env": env, "args": asdict(a), "rows": rows}, indent=2))
+        (out / "bench.md").write_text(md)
+        print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return 0 if all(r["status"] != "ok" or r.get("finite") for r in rows) else 1
+

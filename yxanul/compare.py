@@ -1,0 +1,170 @@
+"""`yxanul compare RUN_A RUN_B [...]`: loss curves of runs on one plot, and how far they are apart.
+
+Reads each run directory's `metrics.jsonl` (training rows and evaluation rows; after a resume the
+last row of a step wins). The first run is the baseline (e.g. BF16); for every other run (e.g. FP8)
+it prints the relative difference of the mean training loss over the last `--window` of the common
+steps and of the last common validation loss, plots both curves (raw and smoothed) and the relative
+difference to a PNG, and with `--tolerance` exits 1 when a run is further from the baseline than that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+
+@dataclass
+class Curves:
+    """One run's metrics."""
+
+    name: str
+    label: str
+    train: dict[int, float]
+    val: dict[int, float]
+
+
+def read_run(path: str | Path, label: str | None = None) -> Curves:
+    d = Path(path)
+    f = d / "metrics.jsonl" if d.is_dir() else d
+    if not f.is_file():
+        raise UserError(f"compare: '{path}': no metrics.jsonl (expected a run directory of `yxanul train`)")
+    train, val, precisions = {}, {}, Counter()
+    for i, line in enumerate(f.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise UserError(f"compare: {f}:{i}: not a JSON line") from None
+        if "loss" in row and "step" in row:
+            train[int(row["step"])] = float(row["loss"])
+            precisions[row.get("precision", "?")] += 1
+        if "val_loss" in row and "step" in row:
+            val[int(row["step"])] = float(row["val_loss"])
+    if not train:
+        raise UserError(f"compare: {f}: no training rows (step, loss)")
+    name = d.name if d.is_dir() else d.parent.name
+    prec = precisions.most_common(1)[0][0]
+    return Curves(name, label or f"{name} ({prec})", train, val)
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` points (shorter at the start)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= window:
+            acc -= values[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def compare(base: Curves, other: Curves, window: float = 0.2) -> dict:
+    """Relative differences of ``other`` against ``base`` (positive: ``other`` has the higher loss)."""
+    common = sorted(set(base.train) & set(other.train))
+    if not common:
+        raise UserError(f"compare: '{base.name}' and '{other.name}' share no logged step")
+    tail = common[-max(1, int(round(len(common) * window))):]
+    a = sum(base.train[s] for s in tail) / len(tail)
+    b = sum(other.train[s] for s in tail) / len(tail)
+    out = {"run": other.label, "baseline": base.label, "common_steps": len(common),
+           "window_steps": [tail[0], tail[-1]], "train_loss_baseline": a, "train_loss": b,
+           "train_rel_diff": (b - a) / a}
+    vcommon = sorted(set(base.val) & set(other.val))
+    if vcommon:
+        s = vcommon[-1]
+        out.update(val_step=s, val_loss_baseline=base.val[s], val_loss=other.val[s],
+                   val_rel_diff=(other.val[s] - base.val[s]) / base.val[s])
+    return out
+
+
+def plot(runs: list[Curves], out: Path, smooth_points: int = 10) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    base = runs[0]
+    bsteps = sorted(base.train)
+    bsmooth = dict(zip(bsteps, smooth([base.train[s] for s in bsteps], smooth_points)))
+    for i, r in enumerate(runs):
+        steps = sorted(r.train)
+        color = f"C{i}"
+        ys = [r.train[s] for s in steps]
+        ax.plot(steps, ys, color=color, alpha=0.25, linewidth=0.8)
+        sm = smooth(ys, smooth_points)
+        ax.plot(steps, sm, color=color, linewidth=1.8, label=f"{r.label} (train, {smooth_points}-point mean)")
+        if r.val:
+            vs = sorted(r.val)
+            ax.plot(vs, [r.val[s] for s in vs], "o--", color=color, markersize=4, label=f"{r.label} (val)")
+        if i:
+            common = [s for s in steps if s in bsmooth]
+            rel = [100 * (v - bsmooth[s]) / bsmooth[s] for s, v in zip(steps, sm) if s in bsmooth]
+            ax2.plot(common, rel, color=color, label=r.label)
+    ax.set_ylabel("loss")
+    ax.set_title("loss curves")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax2.axhline(0, color="C0", linewidth=1)
+    ax2.set_ylabel(f"% vs {base.name}")
+    ax2.set_xlabel("step")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul compare RUN_A RUN_B [...] [--out compare.png] [--tolerance 0.02]`."""
+    from .config import _OneLineParser
+
+    p = _OneLineParser(prog="yxanul compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="run directories (the first one is the baseline)")
+    p.add_argument("--labels", help="comma-separated legend labels, one per run (default: name + precision)")
+    p.add_argument("--out", default="compare.png", help="PNG to write (default: compare.png)")
+    p.add_argument("--window", type=float, default=0.2, help="fraction of the common steps, at the end, "
+                   "whose mean training loss is compared (default 0.2)")
+    p.add_argument("--smooth", type=int, default=10, help="points of the moving average in the plot (default 10)")
+    p.add_argument("--tolerance", type=float, default=None, help="exit 1 when |relative difference| of the "
+                   "final training loss (or of the last val loss) exceeds this, e.g. 0.02")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    a = p.parse_args(argv)
+    if len(a.runs) < 2:
+        raise UserError("compare: give at least two run directories")
+    if not 0 < a.window <= 1:
+        raise UserError(f"compare: --window: expected a number in (0, 1], got {a.window}")
+    if a.smooth < 1:
+        raise UserError(f"compare: --smooth: expected an integer >= 1, got {a.smooth}")
+    labels = a.labels.split(",") if a.labels else [None] * len(a.runs)
+    if len(labels) != len(a.runs):
+        raise UserError(f"compare: --labels: expected {len(a.runs)} labels, got {len(labels)}")
+    runs = [read_run(r, lab) for r, lab in zip(a.runs, labels)]
+    results = [compare(runs[0], r, a.window) for r in runs[1:]]
+    plot(runs, Path(a.out), a.smooth)
+    if a.json:
+        print(json.dumps(results, indent=2))
+    failed = False
+    for res in results:
+        line = (f"{res['run']} vs {res['baseline']}: train loss {res['train_loss']:.4f} vs "
+                f"{res['train_loss_baseline']:.4f} ({100 * res['train_rel_diff']:+.2f}%, mean of steps "
+                f"{res['window_steps'][0]}-{res['window_steps'][1]})")
+        diffs = [res["train_rel_diff"]]
+        if "val_rel_diff" in res:
+            line += (f"; val loss {res['val_loss']:.4f} vs {res['val_loss_baseline']:.4f} "
+                     f"({100 * res['val_rel_diff']:+.2f}% at step {res['val_step']})")
+            diffs.append(res["val_rel_diff"])
+        if a.tolerance is not None:
+            ok = all(math.isfinite(x) and abs(x) <= a.tolerance for x in diffs)
+            failed |= not ok
+            line += f"  [{'within' if ok else 'OUTSIDE'} {100 * a.tolerance:g}%]"
+        print(line)
+    print(f"wrote {a.out}")
+    return 1 if failed else 0
