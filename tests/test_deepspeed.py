@@ -55,3 +55,31 @@ def test_zero1_trains_like_plain_and_resumes(tmp_path):
     ds("--max_steps", "8", "--checkpoint_freq", "0", "--output_dir", str(tmp_path / "res"), "--resume", "latest")
     c = losses(tmp_path / "res")
     assert sorted(c) == [5, 6, 7, 8] and max(abs(a[s] - c[s]) for s in c) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+@pytest.mark.parametrize("recipe,flags,expect", [
+    ("delayed", ["--fp8_margin", "1", "--fp8_amax_history_len", "16"], ["margin=1", "amax_history_len=16"]),
+    ("current", [], ["recipe_type=Float8CurrentScaling"]),
+])
+def test_zero1_fp8_runs_the_configured_recipe(tmp_path, recipe, flags, expect):
+    """Under DeepSpeed accelerate ignores TERecipeKwargs (it would wrap with DelayedScaling defaults:
+    margin 0, history 1024); the precision report, read back from TE during a forward, must show the
+    recipe and values yxanul was configured with."""
+    import json
+
+    from yxanul import _te
+
+    ok, why = _te.availability().get(recipe, (False, "unknown"))
+    if not ok:
+        pytest.skip(f"FP8 recipe {recipe} unavailable here: {why}")
+    out = tmp_path / recipe
+    ds("--model", "medium", "--backend", "te", "--seq_length", "256", "--max_steps", "4", "--checkpoint_freq", "0",
+       "--use_fp8", "--require_fp8", "--fp8_recipe", recipe, *flags, "--output_dir", str(out))
+    rep = json.loads((out / "precision_report.json").read_text())
+    rb = rep["te_readback"]
+    assert rep["fp8"] and rb["fp8_confirmed"] and rb["module_recipes"] == [rb["recipe"]]
+    assert rb["recipe"] == {"delayed": "DelayedScaling", "current": "Float8CurrentScaling"}[recipe]
+    assert all(e in rb["recipe_repr"] for e in expect), rb["recipe_repr"]
+    assert all(r["precision"] == "FP8" for r in read_metrics(out / "metrics.jsonl") if "loss" in r)

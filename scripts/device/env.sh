@@ -2,3 +2,4 @@
 # Source in every device call after `setup.sh install` in the same lease.
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+export PATH=/tmp/site/bin:$PATH
