@@ -340,7 +340,7 @@ def train(cfg) -> dict[str, Any]:
         step, steps_since_log, tokens_seen = step + 1, steps_since_log + 1, tokens_seen + tokens_per_step
 
         is_last = step == cfg.train.max_steps
-        if step % cfg.tracking.log_freq == 0 or is_last:
+        if step % cfg.tracking.log_freq == 0 or is_last or step == 1:  # step 1: the initial loss (~ln V)
             log_step(loss_sum, norm, lr)
         if (cfg.tracking.eval_freq and step % cfg.tracking.eval_freq == 0) or is_last:
             evaluate()
