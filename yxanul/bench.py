@@ -127,8 +127,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         if precision.startswith("fp8") and not plan.fp8_enabled:
             return {**row, "status": "skipped", "reason": plan.fallback_reason}
         opt = build_optimizer(model, OptimArgs())
-        ctx = probe_context(plan, device) if precision != "bf16" or cuda else \
-            (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        ctx = probe_context(plan, device)
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
@@ -168,7 +167,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     except torch.OutOfMemoryError:
         return {**row, "status": "OOM", "reason": f"out of memory at micro-batch {micro}"}
     finally:
-        del model, opt
+        model = opt = None  # free before the next case
         _release(device)
     dt = statistics.median(times)
     tokens = micro * seq
@@ -291,13 +290,9 @@ def run(a: BenchArgs, say=print) -> tuple[list[dict], dict]:
     rows, t0 = [], time.time()
     profile_dir = Path(a.out) if (a.profile and a.out) else None
     todo = list(cases(a))
-    try:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
 
-        it = tqdm(todo, desc="bench", unit="case", file=sys.stderr)
-    except ImportError:  # pragma: no cover
-        it = todo
-    for preset, seq, micro, precision in it:
+    for preset, seq, micro, precision in tqdm(todo, desc="bench", unit="case", file=sys.stderr):
         if a.time_limit and rows and time.time() - t0 > a.time_limit:  # the first case always runs
             row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
                    "status": "skipped", "reason": f"time limit {a.time_limit:.0f}s reached"}

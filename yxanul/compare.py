@@ -9,7 +9,6 @@ difference to a PNG, and with `--tolerance` exits 1 when a run is further from t
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections import Counter

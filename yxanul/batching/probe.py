@@ -126,16 +126,17 @@ def make_training_probe(model=None, *, model_factory=None, optimizer_factory=Non
 
 
 def probe_context(plan, device) -> Callable[[], contextlib.AbstractContextManager]:
-    """The run's forward context for a probe outside the Accelerator: accelerate's BF16 autocast (when
-    the plan's base precision is bf16 on CUDA) around ``plan.forward_context(training=True)``."""
+    """The run's forward context for a step outside the Accelerator: the BF16 autocast accelerate
+    applies when the plan's base precision is bf16 (on CUDA or CPU), around
+    ``plan.forward_context(training=True)``."""
     import torch
 
     device_type = torch.device(device).type
 
     def ctx():
         stack = contextlib.ExitStack()
-        if plan is not None and getattr(plan, "base", None) == "bf16" and device_type == "cuda":
-            stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+        if plan is not None and getattr(plan, "base", None) == "bf16":
+            stack.enter_context(torch.autocast(device_type, dtype=torch.bfloat16))
         if plan is not None:
             stack.enter_context(plan.forward_context(training=True))
         return stack

@@ -88,7 +88,7 @@ def te_recipe_kwargs(args: PrecisionArgs) -> dict:
     DelayedScaling and MXFP8, and its wrapper is removed after `prepare` anyway; these kwargs only
     have to be valid: no `interval` (TE's recipes have no such field) and, for MXFP8, none of the
     amax fields (`apply_fp8_autowrap` raises on them)."""
-    kw = {"fp8_format": FORMATS[args.fp8_format].upper(), "margin": args.fp8_margin,
+    kw = {"fp8_format": FORMATS[args.fp8_format], "margin": args.fp8_margin,
           "use_autocast_during_eval": args.fp8_eval}
     if args.fp8_recipe == "mxfp8":
         return {**kw, "use_mxfp8_block_scaling": True}
