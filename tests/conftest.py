@@ -14,7 +14,8 @@ def pytest_collection_modifyitems(config, items):
     from yxanul import _te
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine: scripts/device/README.md)")
-    no_te = pytest.mark.skip(reason=f"needs Transformer Engine ({_te.TE_IMPORT_ERROR})")
+    no_te = pytest.mark.skip(reason=f"needs Transformer Engine ({_te.TE_IMPORT_ERROR}); on a CPU: "
+                                    "scripts/device/cpu_te_env.sh")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)

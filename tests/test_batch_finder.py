@@ -221,7 +221,7 @@ def test_real_probe_on_cpu_trains_and_restores():
     probe(2)
     assert len(entered) == 4 and len(made) == 2 and made[0].state  # optimizer state was allocated
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # lr forced to 0 + restore
-    assert not model.is_activation_checkpointing and all(p.grad is None for p in model.parameters())
+    assert not model.activation_checkpointing and all(p.grad is None for p in model.parameters())
     fresh = make_training_probe(model_factory=_tiny, seq_length=16)
     res = find_micro_batch(fresh, max_size=2, free=None)
     assert res.micro_batch == 2 and [b for b, _, _ in res.probes] == [1, 2]

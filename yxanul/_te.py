@@ -28,6 +28,10 @@ def _installed_version() -> str | None:
 te_installed_version = _installed_version()
 
 try:  # pragma: no cover - exercised on GPU machines with TE
+    # torch first: libtransformer_engine.so needs libnccl.so.2, which only torch's CUDA libraries
+    # (RPATH into nvidia/nccl/lib) put in the process; `import transformer_engine` first fails with
+    # "OSError: libnccl.so.2: cannot open shared object file" wherever NCCL is not on the system path.
+    import torch  # noqa: F401
     import transformer_engine
     import transformer_engine.pytorch as te
     from transformer_engine.common import recipe as te_recipe  # noqa: F401 (module attribute)

@@ -121,7 +121,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         with torch.device(device):
             model = YxanulForCausalLM(config)
         if a.gradient_checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            model.set_activation_checkpointing(True)
         model.train()
         plan.prepare_model(model, say=notes.append)
         if precision.startswith("fp8") and not plan.fp8_enabled:

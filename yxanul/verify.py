@@ -70,7 +70,7 @@ def collect(require_fp8: bool = False, recipe: str = "delayed", gemm: bool = Tru
         installed = f" (installed: {_te.te_installed_version})" if _te.te_installed_version else ""
         _row(rows, need, "transformer_engine", f"not importable{installed}: {_te.TE_IMPORT_ERROR}")
     for r in RECIPES:
-        ok, why = facts.recipes.get(r, (False, "needs a CUDA device and TE"))
+        ok, why = facts.recipes.get(r, (False, "needs a CUDA device" + ("" if _te.TE_AVAILABLE else " and TE")))
         status = "PASS" if ok else ("FAIL" if require_fp8 and r == recipe else "INFO")
         _row(rows, status, f"fp8 recipe {r}", "available" if ok else f"unavailable: {why}")
     _row(rows, "INFO", "accelerate fp8 backend", _accelerate_backend())
@@ -97,7 +97,8 @@ def _accelerate_backend() -> str:
     pick = ("AO (torchao installed; auto-detection prefers it)" if is_torchao_available() else
             "TE" if is_transformer_engine_available() else "MSAMP" if is_msamp_available() else
             "none (mixed_precision=fp8 would raise)")
-    return f"{pick}; unused: yxanul builds Accelerator(mixed_precision='bf16') and enters te.autocast itself"
+    return (f"{pick} by auto-detection; not used by yxanul, whose FP8 plans pass TERecipeKwargs "
+            "(backend TE, recipe read back in the precision report)")
 
 
 def _gemm_check(_te, recipe: str) -> dict:  # pragma: no cover - GPU only

@@ -26,19 +26,27 @@ case "$stage" in
     (cd /tmp/te && sha256sum -c SHA256)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/te/"$whl" .device/whl/*.whl
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-    if ls .device/built/transformer_engine_torch-*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/built/transformer_engine_torch-*.whl
-    else
+    ext=(.device/built/transformer_engine_torch-*-cp312-*.whl)
+    if [ ! -f "${ext[0]}" ]; then
+      # Prefer the wheel built on a CPU machine (scripts/device/cpu_te_env.sh -> .device/built).
+      # Fallback, g++ on this machine: CUDA 13 keeps CCCL (nv/target, included by cuda_fp16.h)
+      # under include/cccl, which only nvcc adds by itself (seen when building on CPU).
       site=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))")
-      export CPLUS_INCLUDE_PATH="$site/nvidia/cudnn/include:$site/nvidia/nccl/include:${CPLUS_INCLUDE_PATH:-}"
+      cuda_home=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
+      export CPLUS_INCLUDE_PATH="$cuda_home/include/cccl:$site/nvidia/cu13/include/cccl:$site/nvidia/cudnn/include:$site/nvidia/nccl/include:${CPLUS_INCLUDE_PATH:-}"
       export NVTE_FRAMEWORK=pytorch NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_NO_LOCAL_VERSION=1 MAX_JOBS=16
       mkdir -p /tmp/te/built
       python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/te/built .device/sdist/transformer_engine_torch-*.tar.gz
-      python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/te/built/*.whl
       if [ -n "${OUT:-}" ]; then cp /tmp/te/built/*.whl "$OUT"/; fi
+      ext=(/tmp/te/built/transformer_engine_torch-*.whl)
     fi
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site -e . 2>/dev/null \
-      || python3 -m pip install -q --no-index --no-deps --target /tmp/site .
+    # Its files go INTO transformer_engine/ (wheel_lib/): `pip install --target` skips a top-level
+    # folder that already exists ("Target directory ... already exists"), so install it apart and merge.
+    rm -rf /tmp/te/ext
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/te/ext "${ext[0]}"
+    cp -a /tmp/te/ext/. /tmp/site/
+    ls /tmp/site/transformer_engine/wheel_lib/transformer_engine_torch*.so
+    # yxanul itself is not installed: every call runs in the repo copy, which env.sh puts on PYTHONPATH.
     echo "install took $(( $(date +%s) - t0 )) s"
     python3 - <<'PY'
 import torch

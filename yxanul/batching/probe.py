@@ -9,19 +9,17 @@ from typing import Callable
 
 
 def _set_checkpointing(model, on: bool) -> None:
-    if on:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 (what build_model uses)
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "set_activation_checkpointing"):   # yxanul models: either transformers API
+        model.set_activation_checkpointing(on)
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
-        disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
-        disable()
+        model.gradient_checkpointing_disable()
 
 
 def _checkpointing_on(model) -> bool:
-    if hasattr(type(model), "is_activation_checkpointing"):  # transformers 5 (the other name is deprecated)
-        return bool(model.is_activation_checkpointing)
+    if hasattr(model, "set_activation_checkpointing"):
+        return model.activation_checkpointing
     return bool(getattr(model, "is_gradient_checkpointing", False))
 
 

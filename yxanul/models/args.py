@@ -54,7 +54,7 @@ def build_model(args: ModelArgs, vocab_size: int):
                                 tie_word_embeddings=args.tie_word_embeddings)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.set_activation_checkpointing(True)
     if args.init_from:
         load_weights(model, args.init_from)
     return model

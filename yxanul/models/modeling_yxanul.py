@@ -200,6 +200,22 @@ class YxanulPreTrainedModel(PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"_extra_state$"]
     _keys_to_ignore_on_load_missing = [r"_extra_state$"]
 
+    def set_activation_checkpointing(self, on: bool) -> None:
+        """Recompute each block in backward (non-reentrant) or stop doing so. transformers 5.23
+        renamed gradient_checkpointing_* to activation_checkpointing_* (the old name warns); earlier
+        5.x releases (5.17 on the GPU image) only have the old one."""
+        if on:
+            if hasattr(self, "activation_checkpointing_enable"):
+                self.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            getattr(self, "activation_checkpointing_disable", self.gradient_checkpointing_disable)()
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
+
     @torch.no_grad()
     def _init_weights(self, module):
         """Explicit init by parameter name. transformers' default matches class names containing

@@ -1,0 +1,90 @@
+"""The TE backend against the REAL Transformer Engine, with or without a GPU (marker `te`).
+
+Runs wherever `transformer_engine.pytorch` imports: on the device machine, and on a CPU machine with
+the TE wheels (`bash scripts/device/cpu_te_env.sh`). TE modules refuse to be built without CUDA
+(`TransformerEngineBaseModule.__init__` checks `torch.cuda.is_available()`), so on a CPU these tests
+inject that one fact and build on the meta device: nothing is allocated and no kernel runs. They
+check what TE's own classes make of yxanul's arguments (module tree, parameter names and shapes,
+settings, RoPE convention); the numerics are `tests/precision/test_fp8_gpu.py`'s.
+"""
+
+import pytest
+import torch
+
+from yxanul import _te
+from yxanul.models import PRESETS, YxanulForCausalLM, config_from_preset
+from yxanul.models.modeling_yxanul import YxanulRotaryEmbedding, apply_rotary
+
+pytestmark = pytest.mark.te
+
+
+@pytest.fixture
+def build(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def make(preset="tiny", backend="te", **kw):
+        with torch.device("meta"):
+            return YxanulForCausalLM(config_from_preset(preset, 8192, 256, backend=backend, **kw))
+
+    return make
+
+
+def shapes(model):
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_te_tree_has_the_torch_twins_names_and_shapes(build, preset):
+    te_model, ref = build(preset), build(preset, backend="torch")
+    assert shapes(te_model) == shapes(ref)
+    assert type(te_model.model.layers[0]).__name__ == "TEDecoderLayer"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_te_tree_ties_the_head_as_configured(build, tied):
+    m = build(tie_word_embeddings=tied)
+    assert (m.lm_head.weight is m.model.embed_tokens.weight) is tied
+    assert ("lm_head.weight" in shapes(m)) and shapes(m) == shapes(build(backend="torch", tie_word_embeddings=tied))
+
+
+@pytest.mark.parametrize("preset", ["medium", "yxanul-0.6b"])  # MHA and GQA (12 heads, 4 KV groups)
+def test_te_layers_have_the_documented_settings(build, preset):
+    m = build(preset)
+    c = m.config
+    for layer in m.model.layers:
+        sa, mlp = layer.self_attention, layer.layernorm_mlp
+        assert layer.hidden_dropout == 0.0 and sa.core_attention.attention_dropout == 0.0
+        assert layer.self_attn_mask_type == sa.core_attention.attn_mask_type == "causal"
+        assert sa.qkv_format == sa.core_attention.qkv_format == "bshd"      # batch-first
+        assert sa.num_gqa_groups == c.num_key_value_heads and sa.num_attention_heads == c.num_attention_heads
+        assert sa.hidden_size_per_attention_head == c.head_dim
+        assert not sa.qkv_weight_interleaved                                  # separate q/k/v weights
+        assert sa.layernorm_qkv.normalization == mlp.normalization == "RMSNorm"
+        assert sa.layernorm_qkv.eps == mlp.eps == c.rms_norm_eps
+        assert mlp.activation == "swiglu"
+        assert not (sa.layernorm_qkv.use_bias or sa.proj.use_bias or mlp.use_bias)
+        assert all(p.dtype == torch.float32 and p.device.type == "meta" for p in layer.parameters())
+        assert not any("bias" in n for n, _ in layer.named_parameters())
+    assert isinstance(m.model.norm, _te.te.RMSNorm) and m.model.norm.eps == c.rms_norm_eps
+
+
+def test_te_extra_state_is_never_a_pickle(build):
+    m = build()
+    extra = {k: v for k, v in m.state_dict().items() if k.endswith("_extra_state")}
+    assert extra and all(torch.is_tensor(v) and v.numel() == 0 for v in extra.values())
+    layer = m.model.layers[0].layernorm_mlp
+    assert layer.set_extra_state(torch.empty(0, dtype=torch.uint8)) is None   # an empty one loads as a no-op
+
+
+def test_rope_matches_te_unfused_rotary():
+    """yxanul's rotation (torch backend) == TE's `apply_rotary_pos_emb` (non-interleaved, bshd) on the
+    freqs both backends get from `YxanulRotaryEmbedding` ([T, 1, 1, hd] = cat(f, f), TE's layout)."""
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    freqs = YxanulRotaryEmbedding(64, 10000.0)(37)                # [T, 1, 1, hd]
+    x = torch.randn(2, 37, 4, 64)                                 # (B, T, nh, hd)
+    ours = apply_rotary(x, freqs)
+    theirs = apply_rotary_pos_emb(x, freqs, tensor_format="bshd", fused=False)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

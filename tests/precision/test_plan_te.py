@@ -1,0 +1,89 @@
+"""The FP8 plan against the REAL Transformer Engine and accelerate, with or without a GPU (marker `te`).
+
+Runs wherever `transformer_engine.pytorch` imports (the device machine; a CPU machine with the TE
+wheels: `bash scripts/device/cpu_te_env.sh`). Hardware facts are injected where a CPU lacks them
+(`CapabilityFacts`, `torch.cuda.is_available` for building TE modules on the meta device, and
+TE's `check_mxfp8_support`, which needs a Blackwell GPU); everything else is TE's and accelerate's
+own code: recipe classes, `TERecipeKwargs`, `apply_fp8_autowrap`, TE module trees.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from yxanul import _te
+from yxanul.models import YxanulForCausalLM, config_from_preset
+from yxanul.precision import (CapabilityFacts, PrecisionArgs, build_recipe, format_report, precision_report,
+                              resolve_precision, te_recipe_kwargs, unwrap_accelerate_fp8)
+
+pytestmark = pytest.mark.te
+
+RECIPES = ("delayed", "current", "block", "mxfp8")
+HOPPER = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True, device_name="H100 (injected)",
+                         compute_capability=(9, 0), bf16_supported=True, recipes={r: (True, "") for r in RECIPES})
+ARGS = dict(use_fp8=True, fp8_margin=1, fp8_amax_history_len=16, fp8_amax_compute_algo="most_recent", fp8_format="e4m3")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_build_recipe_gives_te_objects_with_every_configured_value(recipe):
+    rec = build_recipe(PrecisionArgs(fp8_recipe=recipe, **ARGS))
+    fmt = _te.te_recipe.Format.E4M3
+    expected = {"delayed": ("DelayedScaling", dict(margin=1, fp8_format=fmt, amax_history_len=16,
+                                                   amax_compute_algo="most_recent")),
+                "current": ("Float8CurrentScaling", dict(fp8_format=fmt)),
+                "block": ("Float8BlockScaling", dict(fp8_format=fmt)),
+                "mxfp8": ("MXFP8BlockScaling", dict(margin=1, fp8_format=fmt))}[recipe]
+    assert type(rec).__name__ == expected[0] and isinstance(rec, getattr(_te.te_recipe, expected[0]))
+    assert {k: getattr(rec, k) for k in expected[1]} == expected[1]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_accelerate_builds_a_real_te_recipe_from_our_kwargs(monkeypatch, recipe):
+    """accelerate's own `apply_fp8_autowrap` (what `prepare()` runs for an FP8 Accelerator) accepts
+    `TERecipeKwargs(**te_recipe_kwargs(args))` and hands them to TE's real recipe classes; yxanul then
+    removes that wrapper. The recipe accelerate built is read from the wrapper's closure."""
+    import accelerate.utils.transformer_engine as ate
+    import transformer_engine.pytorch.fp8 as te_fp8
+    from accelerate.utils import TERecipeKwargs
+
+    monkeypatch.setattr(te_fp8, "check_mxfp8_support", lambda: (True, ""))   # hardware fact: Blackwell
+    args = PrecisionArgs(fp8_recipe=recipe, **ARGS)
+    model = YxanulForCausalLM(config_from_preset("tiny", 1000, 32, backend="torch"))
+    ate.apply_fp8_autowrap(model, TERecipeKwargs(**te_recipe_kwargs(args)))
+    built = inspect.getclosurevars(model.forward.__func__).nonlocals["fp8_recipe"]
+    if recipe == "mxfp8":
+        assert isinstance(built, _te.te_recipe.MXFP8BlockScaling) and built.margin == 1
+    else:  # accelerate can only express DelayedScaling; drops 'most_recent' (its default) - hence yxanul's own
+        assert isinstance(built, _te.te_recipe.DelayedScaling)
+        assert (built.margin, built.amax_history_len) == (1, 16)
+    assert built.fp8_format == _te.te_recipe.Format.E4M3
+    assert unwrap_accelerate_fp8(model) == 1 and "forward" not in model.__dict__
+
+
+def test_fp8_plan_on_the_real_te_tree(monkeypatch):
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = config_from_preset("medium", 8192, 256, backend="te")
+    plan = resolve_precision(PrecisionArgs(fp8_keep_bf16=["model.layers.0.*"], **ARGS), config, HOPPER)
+    assert plan.fp8_enabled and isinstance(plan.recipe, _te.te_recipe.DelayedScaling)
+    assert plan.recipe.amax_compute_algo == "most_recent"   # what accelerate alone would have dropped
+    kw = plan.accelerator_kwargs()
+    assert kw["mixed_precision"] == "fp8" and type(kw["kwargs_handlers"][0]).__name__ == "TERecipeKwargs"
+    with torch.device("meta"):
+        model = YxanulForCausalLM(config)
+    plan.prepare_model(model, say=lambda *_: None)
+    kept = {n for n, (_, fp8, _) in plan.decisions.items() if not fp8}
+    assert kept == {"model.layers.0.self_attention.layernorm_qkv", "model.layers.0.self_attention.proj",
+                    "model.layers.0.layernorm_mlp"}
+    modules = dict(model.named_modules())
+    assert all(modules[n]._yx_fp8 is False and "forward" in modules[n].__dict__ for n in kept)
+    assert all(modules[n]._forward_hooks for n in plan.decisions)          # TE read-back hooks
+    rep = precision_report(model, plan)
+    assert rep["layers_source"] == "plan" and rep["backend"] == "te"
+    assert {k: (v["fp8"], v["bf16"]) for k, v in rep["layers"].items()} == {
+        "qkv": (23, 1), "proj": (23, 1), "mlp": (23, 1), "lm_head": (0, 1)}
+    text = format_report(rep)
+    assert "configured: DelayedScaling(margin=1" in text and "TE read-back: pending" in text
+    plan.after_prepare(model)  # nothing replaced, head still tied
+    assert model.lm_head.weight is model.model.embed_tokens.weight
