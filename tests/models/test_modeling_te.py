@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from yxanul import _te
+from yxanul.errors import ConfigError
 from yxanul.models import PRESETS, YxanulForCausalLM, config_from_preset
 from yxanul.models.modeling_yxanul import YxanulRotaryEmbedding, apply_rotary
 
@@ -88,3 +89,11 @@ def test_rope_matches_te_unfused_rotary():
     ours = apply_rotary(x, freqs)
     theirs = apply_rotary_pos_emb(x, freqs, tensor_format="bshd", fused=False)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; this machine has a GPU")
+def test_te_backend_without_a_gpu_is_a_one_line_config_error():
+    """TE imports on a CPU machine, but its modules raise "TransformerEngine needs CUDA." deep inside
+    their constructors; yxanul says what to do instead."""
+    with pytest.raises(ConfigError, match="backend.*need a CUDA device.*backend='torch'"):
+        YxanulForCausalLM(config_from_preset("tiny", 1000, 64, backend="te"))

@@ -246,7 +246,11 @@ class YxanulModel(YxanulPreTrainedModel):
             try:
                 from .modeling_te import TEDecoderLayer, te_rmsnorm
             except ImportError as e:
-                raise ConfigError("backend", f"'auto' or 'torch' here (Transformer Engine unusable: {e})", "te") from e
+                raise ConfigError("backend", f"'auto' or 'torch' here (Transformer Engine unusable: {e}; a TE-trained "
+                                  "model loads with from_pretrained(..., backend='torch'))", "te") from e
+            if not torch.cuda.is_available():  # TE modules raise "TransformerEngine needs CUDA." otherwise
+                raise ConfigError("backend", "'auto' or 'torch' here (Transformer Engine layers need a CUDA device; a "
+                                  "TE-trained model loads with from_pretrained(..., backend='torch'))", "te")
             self.layers = nn.ModuleList(TEDecoderLayer(config, i) for i in range(config.num_hidden_layers))
             self.norm = te_rmsnorm(config.hidden_size, config.rms_norm_eps)
         else:
