@@ -145,6 +145,31 @@ def test_fp8_stats_and_state_round_trip(tmp_path):
     assert torch.equal(a, b)
 
 
+def test_fp8_activation_checkpointing_same_grads():
+    """TE blocks are checkpointed with TE's checkpoint: the recompute (in backward, outside the
+    step's te.autocast) runs in FP8 with the forward's recipe and scales, so gradients match the
+    non-checkpointed FP8 step (torch.utils.checkpoint would recompute in BF16)."""
+    _fp8_ok()
+    from yxanul.models import YxanulForCausalLM, config_from_preset
+
+    _, a = _pair("medium")
+    b = YxanulForCausalLM(config_from_preset("medium", 8192, 256, backend="te")).cuda()
+    b.load_state_dict(a.state_dict())
+    a.train(), b.train()
+    b.set_activation_checkpointing(True)
+    plan_a, plan_b = _plan(a), _plan(b)
+    torch.manual_seed(1)
+    x = torch.randint(0, 8192, (2, 256), device="cuda")
+    for model, plan in ((a, plan_a), (b, plan_b)):
+        with torch.autocast("cuda", dtype=torch.bfloat16), plan.forward_context(training=True):
+            loss = model(x, labels=x, is_first_microbatch=True).loss
+        loss.backward()
+    assert plan_b.readback["fp8_confirmed"]
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        rel = ((pa.grad - pb.grad).norm() / (pa.grad.norm() + 1e-12)).item()
+        assert rel < 1e-2, (n, rel)
+
+
 # -- through the trainer (the CLI) -----------------------------------------------------------------
 def _train(tmp, name, *flags):
     out = tmp / name

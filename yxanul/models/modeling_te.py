@@ -88,3 +88,13 @@ def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
     norm = te.RMSNorm(hidden_size, eps=eps, dtype=torch.float32, device=_device())
     no_pickled_extra_state(norm)
     return norm
+
+
+def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch):  # pragma: no cover - GPU only
+    """Activation checkpointing of a TE block with TE's own `checkpoint` (non-reentrant), not
+    `torch.utils.checkpoint`: the recompute runs in backward, outside the step's `te.autocast`, and
+    torch's version would recompute in BF16 what the forward did in FP8 (different saved tensors).
+    TE's captures the autocast state and recipe of the forward and re-enters them for the recompute,
+    which also reuses the forward's delayed-scaling scales (TE 2.20 `distributed.py` `checkpoint`)."""
+    return te.checkpoint(layer, hidden_states, rotary_pos_emb, is_first_microbatch, use_reentrant=False)
+

@@ -269,7 +269,9 @@ class YxanulModel(YxanulPreTrainedModel):
         freqs = self.rotary_emb(input_ids.shape[1])       # [T, 1, 1, hd]
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
-                x = self._gradient_checkpointing_func(layer, x, freqs, is_first_microbatch)  # TE blocks
+                from .modeling_te import checkpointed_forward  # TE blocks: TE's own checkpoint (FP8-aware)
+
+                x = checkpointed_forward(layer, x, freqs, is_first_microbatch)
             else:
                 x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
         return self.norm(x)                               # (B, T, C)
