@@ -134,7 +134,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         def step(i: int):
             x = batches[i % 2]
             with ctx():
-                loss = model(x[:, :-1], shift_labels=x[:, 1:], is_first_microbatch=plan.is_first_microbatch(0)).loss
+                loss = model(x[:, :-1], shift_labels=x[:, 1:], is_first_microbatch=plan.is_first_microbatch(0),
+                             return_logits=False).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

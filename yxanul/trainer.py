@@ -113,7 +113,7 @@ def _evaluate(model, batches, plan, accelerator) -> float:
     n = 0
     with torch.no_grad(), plan.forward_context(training=False):
         for x, y in batches:
-            out = model(x.to(accelerator.device), shift_labels=y.to(accelerator.device))
+            out = model(x.to(accelerator.device), shift_labels=y.to(accelerator.device), return_logits=False)
             total += out.loss.float()
             n += 1
     model.train()
@@ -330,7 +330,8 @@ def train(cfg) -> dict[str, Any]:
             x, y = (t.to(accelerator.device, non_blocking=True) for t in next(train_iter))  # (B, T) each
             with accelerator.accumulate(model):
                 with plan.forward_context(training=True):
-                    loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro)).loss
+                    loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro),
+                                 return_logits=False).loss
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     norm = accelerator.clip_grad_norm_(model.parameters(), clip)

@@ -284,3 +284,22 @@ def test_golden_against_transformers_llama(tiny_config, kv_heads, tied):
     with torch.no_grad():
         a, b = ours(x).logits, ref(x).logits
     assert (a - b).abs().max().item() < 1e-5
+
+
+def test_return_logits_false_keeps_the_loss_and_skips_accelerates_fp32_copy(tiny_config):
+    """Through a prepared model accelerate copies every bf16 output to fp32 (convert_outputs_to_fp32):
+    for logits that is B*T*V*4 bytes per micro-step. The trainer's steps ask for the loss only."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    torch.manual_seed(0)
+    model = YxanulForCausalLM(tiny_config())
+    try:
+        prepared = Accelerator(mixed_precision="bf16", cpu=True).prepare(model)
+        x = ids(2, 16)
+        full, lean = prepared(x, shift_labels=x), prepared(x, shift_labels=x, return_logits=False)
+        assert full.logits.dtype == torch.float32 and full.logits.shape == (2, 16, model.config.vocab_size)
+        assert lean.logits is None and torch.equal(full.loss, lean.loss)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

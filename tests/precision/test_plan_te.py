@@ -87,3 +87,26 @@ def test_fp8_plan_on_the_real_te_tree(monkeypatch):
     assert "configured: DelayedScaling(margin=1" in text and "TE read-back: pending" in text
     plan.after_prepare(model)  # nothing replaced, head still tied
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_accelerates_convert_model_leaves_the_te_tree_alone(monkeypatch):
+    """An FP8 Accelerator's `prepare()` runs accelerate's `convert_model` on the model unconditionally
+    (accelerate 1.15 `_prepare_te`), swapping every `nn.Linear` / `nn.LayerNorm` for a new, untied TE
+    module. yxanul's TE model has none (the LM head is an `LMHead`, norms are TE's), so the real
+    `convert_model` changes nothing and `after_prepare` agrees."""
+    from accelerate.utils.transformer_engine import convert_model
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = config_from_preset("medium", 8192, 256, backend="te")
+    plan = resolve_precision(PrecisionArgs(**ARGS), config, HOPPER)
+    with torch.device("meta"):
+        model = YxanulForCausalLM(config)
+    plan.prepare_model(model, say=lambda *_: None)
+    before = {n: type(m) for n, m in model.named_modules()}
+    params = {n: p for n, p in model.named_parameters()}
+    with torch.no_grad():
+        convert_model(model)
+    assert {n: type(m) for n, m in model.named_modules()} == before
+    assert all(p is params[n] for n, p in model.named_parameters())
+    plan.after_prepare(model)

@@ -84,7 +84,7 @@ class TrainingProbe:
             for _ in range(self.steps):
                 x = torch.randint(0, vocab, (b, self.seq_length), device=self.device)
                 with self.forward_context():
-                    loss = model(x, shift_labels=x, **self.forward_kwargs).loss
+                    loss = model(x, shift_labels=x, return_logits=False, **self.forward_kwargs).loss
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)

@@ -313,12 +313,15 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def forward(self, input_ids, labels=None, shift_labels=None, is_first_microbatch=None,
-                attention_mask=None, **kwargs) -> CausalLMOutput:
+                attention_mask=None, return_logits=True, **kwargs) -> CausalLMOutput:
         """Causal LM over unpadded sequences. ``labels``: HF-style (position t predicts labels[t+1],
         shifted here); ``shift_labels``: targets already aligned with the inputs (the loader's y).
         Loss: mean fp32 cross entropy, ignore_index -100. ``attention_mask`` is accepted (generate
         passes it) and ignored: attention is always causal, padding is not masked.
-        ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching); the torch backend ignores it."""
+        ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching); the torch backend ignores it.
+        ``return_logits=False`` (training/eval steps, which need only the loss): no (B, T, V) logits in
+        the output, which accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`):
+        B*T*V*4 bytes of extra peak memory and bandwidth per micro-step."""
         h = self.model(input_ids, is_first_microbatch=is_first_microbatch)  # (B, T, C)
         logits = self.lm_head(h)                                             # (B, T, V)
         loss = None
@@ -327,7 +330,7 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         if shift_labels is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
                                    shift_labels.reshape(-1).to(logits.device), ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutput(loss=loss, logits=logits if return_logits else None)
 
     # -- generation: there is no KV cache, so every step re-reads the whole (window of the) prefix ----
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
