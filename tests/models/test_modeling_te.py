@@ -97,3 +97,24 @@ def test_te_backend_without_a_gpu_is_a_one_line_config_error():
     their constructors; yxanul says what to do instead."""
     with pytest.raises(ConfigError, match="backend.*need a CUDA device.*backend='torch'"):
         YxanulForCausalLM(config_from_preset("tiny", 1000, 64, backend="te"))
+
+
+def test_te_model_saves_pretrained_and_loads_into_the_torch_backend(build, tmp_path):
+    """Export path: a TE-trained model's `save_pretrained` folder loads with `backend="torch"` on a
+    machine without TE/GPU, weight for weight (TE parameters held on CPU; no kernel runs)."""
+    from transformers import AutoModelForCausalLM
+
+    m = build()
+    m.to_empty(device="cpu")
+    m.tie_weights()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    m.save_pretrained(tmp_path)
+    assert m.config.backend == "te"
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, backend="torch")
+    assert ref.config.backend == "torch" and ref.lm_head.weight is ref.model.embed_tokens.weight
+    ours = {k: v for k, v in m.state_dict().items() if not k.endswith("_extra_state")}
+    assert ours.keys() == ref.state_dict().keys()
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ours.items())
