@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run THERE (the GPU machine), from the repo root, AFTER `setup.sh install` in the same lease:
 #
-#   bash scripts/device/gpu_checks.sh tests    # verify + GPU/TE test suite            (~3-5 min)
+#   bash scripts/device/gpu_checks.sh tests    # verify + GPU/TE tests, not slow       (~2-4 min)
+#   bash scripts/device/gpu_checks.sh slow     # GPU tests that train via the CLI / DeepSpeed (~5-9 min)
 #   bash scripts/device/gpu_checks.sh parity   # medium BF16 vs FP8 on the bundled corpus + compare
 #   bash scripts/device/gpu_checks.sh bench    # yxanul bench (time-limited) + one profile
 #   bash scripts/device/gpu_checks.sh all      # the three, in that order (mind the 600 s call limit)
 #
-# Everything that matters lands in $OUT (at most 8 files come back): session.log, gpu-tests.xml,
+# Everything that matters lands in $OUT (at most 8 files come back): session.log, gpu-tests.xml, gpu-slow-tests.xml,
 # bench.json, bench.md, profiles.txt, parity.png, runs.tar.gz. Knobs (env): PARITY_STEPS (400),
 # PARITY_MICRO (16), PARITY_SEQ (1024), PARITY_MODEL (medium), PARITY_BACKEND (te), BENCH_TIME (300 s), BENCH_PRESETS, BENCH_SEQS.
 set -uo pipefail
@@ -32,7 +33,13 @@ step() {  # step NAME CMD... : run, log, remember failure, keep going
 tests() {
   step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   step verify python3 -m yxanul verify
-  step gpu-tests python3 -m pytest -m "gpu or te" -v -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
+  step gpu-tests timeout 560 python3 -m pytest -m "(gpu or te) and not slow" -v -p no:cacheprovider \
+       --junitxml="$OUT/gpu-tests.xml"
+}
+
+slow() {  # the GPU tests that train through the CLI / accelerate launch (several runs each)
+  step gpu-slow-tests timeout 570 python3 -m pytest -m "(gpu or te) and slow" -v -p no:cacheprovider \
+       --junitxml="$OUT/gpu-slow-tests.xml"
 }
 
 parity() {
@@ -59,10 +66,11 @@ bench() {
 
 case "$stage" in
   tests) tests ;;
+  slow) slow ;;
   parity) parity ;;
   bench) bench ;;
-  all) tests; parity; bench ;;
-  *) echo "unknown stage '$stage' (tests | parity | bench | all)" >&2; exit 2 ;;
+  all) tests; slow; parity; bench ;;
+  *) echo "unknown stage '$stage' (tests | slow | parity | bench | all)" >&2; exit 2 ;;
 esac
 echo "=== done: status $status" | tee -a "$log"
 exit "$status"

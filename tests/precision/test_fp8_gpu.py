@@ -187,6 +187,7 @@ def _losses(out):
     return {r["step"]: r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r}
 
 
+@pytest.mark.slow
 def test_fp8_50_steps_within_2_percent_of_bf16(tmp_path):
     _fp8_ok()
     bf16, _ = _train(tmp_path, "bf16", "--max_steps", "50")
@@ -200,6 +201,7 @@ def test_fp8_50_steps_within_2_percent_of_bf16(tmp_path):
     assert rep["te_readback"]["recipe"] == "DelayedScaling"
 
 
+@pytest.mark.slow
 def test_checkpoints_across_precisions(tmp_path):
     _fp8_ok()
     fp8, _ = _train(tmp_path, "a", "--max_steps", "10", "--use_fp8", "--require_fp8", "--lr_decay_steps", "20")
