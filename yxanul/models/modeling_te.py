@@ -97,4 +97,3 @@ def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbat
     TE's captures the autocast state and recipe of the forward and re-enters them for the recompute,
     which also reuses the forward's delayed-scaling scales (TE 2.20 `distributed.py` `checkpoint`)."""
     return te.checkpoint(layer, hidden_states, rotary_pos_emb, is_first_microbatch, use_reentrant=False)
-
