@@ -269,3 +269,41 @@ def test_find_batch_cli_on_cpu(capsys):
         [["1", "ok"], ["2", "ok"], ["4", "ok"]]
     assert "plan: micro 4 x accumulation 4 x world 1 = 16 sequences x 32 = 512 tokens" in out
     assert "total" in out.splitlines()[-1]
+
+
+def test_curriculum_searches_each_stage(monkeypatch, tmp_path):
+    """auto_batch_size + curriculum: every stage's micro-batch is searched (and cached) at its own
+    seq_length. The real CPU probe runs, wrapped to raise OOM above an attention-like budget
+    (B x T^2 > 2048), where keeping the base plan's tokens per micro-batch would under-fill the
+    short stage (micro 4 instead of the 8 that fit)."""
+    from yxanul.config import resolve
+    from yxanul.trainer import _curriculum
+
+    real = bf.make_training_probe
+
+    def quadratic_budget_probe(model, *, seq_length, **kw):
+        inner = real(model, seq_length=seq_length, **kw)
+
+        def probe(b):
+            if b * seq_length ** 2 > 2048:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+            return inner(b)
+        probe.peak_bytes = inner.peak_bytes
+        return probe
+
+    monkeypatch.setattr(bf, "make_training_probe", quadratic_budget_probe)
+    monkeypatch.setattr(bf, "_oom_signal", lambda device: True)
+    cfg = resolve({"curriculum": [{"seq_length": 16, "until_steps": 2}, {"seq_length": 32}],
+                   "seq_length": 32, "auto_batch_size": True, "max_micro_batch_size": 16, "batch_safety_margin": 1.0,
+                   "target_tokens_per_step": 256})
+    model, lines = _tiny(), []
+    batch = resolve_batch(cfg.batch, model=model, seq_length=32, world_size=1, run_dir=tmp_path, say=lines.append)
+    assert (batch.micro_batch, batch.grad_accum) == (2, 4)
+    cur, plans = _curriculum(cfg, batch, 256, 1, lines.append, model=model, run_dir=tmp_path)
+    assert [(p.micro_batch, p.grad_accum, p.tokens_per_step) for p in plans] == [(8, 2, 256), (2, 4, 256)]
+    assert any("at seq_length 16" in line for line in lines)  # a search at the stage's length...
+    assert sum("from the cache" in line for line in lines) == 1  # ...and the base length reused the first
+    # without auto_batch_size the stages keep the base plan's tokens per micro-batch
+    cfg.batch.auto_batch_size = False
+    _, plans = _curriculum(cfg, batch, 256, 1, lines.append, model=model, run_dir=tmp_path)
+    assert [(p.micro_batch, p.grad_accum) for p in plans] == [(4, 4), (2, 4)]

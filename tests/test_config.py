@@ -56,7 +56,8 @@ def test_missing_and_invalid_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--max_stepz", "3"], "unrecognized arguments: --max_stepz"),
+    (["--max_stepz", "3"], "config key 'max_stepz': expected a known config key (did you mean 'max_steps'?)"),
+    (["--max_steps", "3", "oops"], "unexpected argument 'oops'"),
     (["--max_steps", "abc"], "max_steps"),
     (["--fp8_format", "nope"], "fp8_format"),
 ])
@@ -88,3 +89,28 @@ def test_shipped_configs_are_valid():
     for f in files:
         cfg = parse_args(["--config", str(f)])
         assert cfg.train.max_steps >= 1, f
+
+
+def test_parsing_and_help_do_not_import_torch():
+    """`yxanul train --help` and one-line config errors answer at once: every component's *Args
+    module (and the lazy package inits) stay free of torch/transformers."""
+    code = ("import sys\n"
+            "from yxanul.config import parse_args, build_parser\n"
+            "build_parser().format_help()\n"
+            "cfg = parse_args(['--config', 'yxanul/assets/default.yaml', '--model', 'medium', '--use_fp8'])\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'datasets', 'numpy') if m in sys.modules)\n"
+            "print(cfg.model.model, heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "medium []", r.stdout + r.stderr
+
+
+def test_lazy_package_exports_resolve():
+    import yxanul.batching as batching
+    import yxanul.models as models
+    import yxanul.precision as precision
+
+    for pkg in (models, batching, precision):
+        for name in pkg.__all__:
+            assert getattr(pkg, name) is not None, f"{pkg.__name__}.{name}"
+        with pytest.raises(AttributeError):
+            pkg.no_such_name  # noqa: B018

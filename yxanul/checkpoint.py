@@ -54,6 +54,17 @@ class CheckpointArgs:
             raise ConfigError("keep_last", "an integer >= 1", self.keep_last)
 
 
+def run_dir_of(cfg) -> Path:
+    """The run directory of a config: ``output_dir``, else ``runs/<run_name>`` (default name:
+    ``<model>-<timestamp>``). Fills both fields in ``cfg.checkpoint``."""
+    ck = cfg.checkpoint
+    if ck.run_name is None:
+        ck.run_name = f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if ck.output_dir is None:
+        ck.output_dir = str(Path("runs") / ck.run_name)
+    return Path(ck.output_dir)
+
+
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 

@@ -32,10 +32,9 @@ def train_main(argv: list[str] | None = None) -> int:
         argv = ["--config", DEFAULT_CONFIG, *argv]
     cfg = parse_args(argv)
     if cfg.checkpoint.list_checkpoints:
-        from .checkpoint import format_table
-        from .trainer import _run_dir
+        from .checkpoint import format_table, run_dir_of
 
-        print(format_table(_run_dir(cfg)))
+        print(format_table(run_dir_of(cfg)))
         return 0
     from .trainer import train
 

@@ -27,14 +27,15 @@ _MISSING = object()
 
 def _sections() -> list[tuple[str, type]]:
     # Imported lazily so `yxanul --help` stays fast and each component owns its dataclass.
-    from .batch_finder import BatchArgs
+    # None of these modules imports torch (tests/test_config.py checks it).
+    from .batching.args import BatchArgs
     from .checkpoint import CheckpointArgs
     from .data.args import DataArgs
     from .models.args import ModelArgs
     from .optim import OptimArgs
-    from .precision import PrecisionArgs
+    from .precision.args import PrecisionArgs
     from .tracking import TrackingArgs
-    from .trainer import TrainArgs
+    from .train_args import TrainArgs
 
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),
@@ -248,7 +249,13 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
 
 def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Config:
     """Parse CLI flags (and the YAML they point to) into a validated :class:`Config`."""
-    ns = vars(build_parser(prog).parse_args(argv))
+    parsed, extra = build_parser(prog).parse_known_args(argv)
+    if extra:  # a misspelt flag gets the same one line as a misspelt YAML key, with a suggestion
+        flag = next((a for a in extra if a.startswith("--")), None)
+        if flag is None:
+            raise UserError(f"unexpected argument '{extra[0]}' (flags are --key value)")
+        raise _unknown(flag[2:].split("=", 1)[0], _fields())
+    ns = vars(parsed)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
     return resolve(yaml_values, ns, source=path)

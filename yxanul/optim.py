@@ -12,10 +12,12 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported where an optimizer is built, so the CLI parses flags without it
+    import torch
 
 
 @dataclass
@@ -72,6 +74,8 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
 
     Uses the fused CUDA kernel when every parameter is on a CUDA device.
     """
+    import torch
+
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if not p.requires_grad:

@@ -7,31 +7,17 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 
-from .checkpoint import read_state, resolve_resume, save_checkpoint
-from .errors import ConfigError, UserError
+from .checkpoint import read_state, resolve_resume, run_dir_of, save_checkpoint
+from .errors import UserError
 from .optim import build_optimizer, lr_at
 from .tracking import (MetricsLog, flat_tracker_config, flops_per_token, format_step_line, peak_flops,
                        tracker_names)
-
-
-@dataclass
-class TrainArgs:
-    """Length and reproducibility of the run."""
-
-    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
-    seed: int = field(default=1337, metadata={"help": "Seed for initialisation and data order."})
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile (GPU; slower start, faster steps)."})
-
-    def __post_init__(self):
-        if self.max_steps < 1:
-            raise ConfigError("max_steps", "an integer >= 1", self.max_steps)
 
 
 class StopRequest:
@@ -57,31 +43,33 @@ class StopRequest:
         return bool(flag.item())
 
 
-def _run_dir(cfg) -> Path:
-    ck = cfg.checkpoint
-    if ck.run_name is None:
-        ck.run_name = f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if ck.output_dir is None:
-        ck.output_dir = str(Path("runs") / ck.run_name)
-    return Path(ck.output_dir)
-
-
-def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say):
-    """Stages and a batch plan per stage keeping tokens per optimizer step constant."""
+def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say, *, model=None, plan=None, run_dir=None,
+                reduce_min=None, write_cache: bool = True):
+    """Stages and a batch plan per stage keeping tokens per optimizer step constant. With
+    ``auto_batch_size`` each stage's micro-batch is searched (and cached) at its own seq_length;
+    otherwise (or on CPU) it keeps the base plan's tokens per micro-batch."""
     if not cfg.batch.curriculum:
         return None, None
-    from .batch_finder import plan_batch
-    from .curriculum import Curriculum
+    from .batch_finder import find_micro, micro_multiple
+    from .curriculum import Curriculum, same_tokens_micro
 
-    cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step)
-    plans = []
-    for i, st in enumerate(cur.stages):
-        # same tokens per micro-batch as the base plan, then accumulation for the constant tokens/step
-        micro = max(1, batch.micro_batch * cfg.model.seq_length // st.seq_length)
-        bp = plan_batch(micro, world_size, st.seq_length, target_tokens_per_step=tokens_per_step)
+    cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step, max_seq_length=cfg.model.seq_length)
+    same_tokens = same_tokens_micro(batch.micro_batch, cfg.model.seq_length)
+    fp8 = bool(plan is not None and plan.fp8_enabled)
+
+    def micro_for(seq_length: int) -> int:
+        if cfg.batch.auto_batch_size and model is not None:
+            micro, found = find_micro(cfg.batch, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
+                                      run_dir=run_dir, say=say, reduce_min=reduce_min,
+                                      write_cache=write_cache)
+            if found is not None:
+                return micro
+        return same_tokens(seq_length)
+
+    plans = cur.plan_stages(micro_for, world_size, multiple=lambda T: micro_multiple(cfg.batch, T, fp8))
+    for i, bp in enumerate(plans):
         if bp.warning:
             say(f"warning: curriculum stage {i}: {bp.warning}")
-        plans.append(bp)
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and len({p.grad_accum for p in plans}) > 1:
         raise UserError("curriculum: stages need different gradient accumulation, which DeepSpeed fixes at start; "
                         "choose micro_batch_size/target_tokens_per_step so accumulation is the same in every stage")
@@ -150,7 +138,7 @@ def train(cfg) -> dict[str, Any]:
     cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
     state = PartialState(cpu=cpu)
     say = print if state.is_main_process else (lambda *a, **k: None)
-    run_dir = _run_dir(cfg)
+    run_dir = run_dir_of(cfg)
     for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
                                                  cuda_available=torch.cuda.is_available()):
         if problem.severity == "error":
@@ -168,13 +156,12 @@ def train(cfg) -> dict[str, Any]:
     mcfg = model.config
     plan = resolve_precision(cfg.precision, mcfg, say=say)
     plan.prepare_model(model, say=say)  # small-GEMM policy, read-back hooks: the batch probe sees them too
-    batch = resolve_batch(cfg.batch, model=model, plan=plan, seq_length=cfg.model.seq_length,
-                          world_size=state.num_processes, run_dir=run_dir, say=say,
-                          reduce_min=torch_reduce_min() if state.num_processes > 1 else None,
-                          write_cache=state.is_main_process)
+    finder = dict(model=model, plan=plan, run_dir=run_dir, write_cache=state.is_main_process,
+                  reduce_min=torch_reduce_min() if state.num_processes > 1 else None)
+    batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=state.num_processes, say=say, **finder)
     accum = batch.grad_accum
     tokens_per_step = batch.micro_batch * accum * state.num_processes * cfg.model.seq_length
-    curriculum, stage_plans = _curriculum(cfg, batch, tokens_per_step, state.num_processes, say)
+    curriculum, stage_plans = _curriculum(cfg, batch, tokens_per_step, state.num_processes, say, **finder)
     accelerator = Accelerator(
         **plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
         log_with=tracker_names(cfg.tracking, run_dir) or None,

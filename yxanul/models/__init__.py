@@ -1,17 +1,19 @@
 """The model: `YxanulConfig` + `YxanulForCausalLM`, registered with transformers' Auto classes.
 
-`import yxanul.models` is enough for `AutoConfig` / `AutoModelForCausalLM` to know model_type "yxanul".
+Exports load lazily (``yxanul._lazy``): ``ModelArgs`` and the presets come without torch. Importing
+the config or model classes (``from yxanul.models import YxanulForCausalLM``) registers model_type
+"yxanul" with ``AutoConfig`` / ``AutoModelForCausalLM``; so does ``import yxanul.models.modeling_yxanul``.
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from .._lazy import lazy_exports
 
-from .args import ModelArgs, build_model, describe
-from .configuration_yxanul import PRESETS, YxanulConfig, config_from_preset, count_parameters, matmul_parameters
-from .configuration_yxanul import pad_vocab
-from .modeling_yxanul import YxanulForCausalLM, YxanulModel, resolve_backend
-
-AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
-AutoModelForCausalLM.register(YxanulConfig, YxanulForCausalLM, exist_ok=True)
-
-__all__ = ["PRESETS", "ModelArgs", "YxanulConfig", "YxanulForCausalLM", "YxanulModel", "build_model",
-           "config_from_preset", "count_parameters", "describe", "matmul_parameters", "pad_vocab", "resolve_backend"]
+_WHERE = {
+    "ModelArgs": "args", "build_model": "args", "describe": "args", "load_weights": "args",
+    "BACKENDS": "presets", "PRESETS": "presets",
+    "YxanulConfig": "configuration_yxanul", "config_from_preset": "configuration_yxanul",
+    "count_parameters": "configuration_yxanul", "matmul_parameters": "configuration_yxanul",
+    "pad_vocab": "configuration_yxanul",
+    "YxanulForCausalLM": "modeling_yxanul", "YxanulModel": "modeling_yxanul", "resolve_backend": "modeling_yxanul",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

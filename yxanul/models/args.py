@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConfigError, UserError
-from .configuration_yxanul import (
-    BACKENDS,
-    PRESETS,
-    YxanulConfig,
-    config_from_preset,
-    count_parameters,
-)
+from .presets import BACKENDS, PRESETS
+
+if TYPE_CHECKING:
+    from .configuration_yxanul import YxanulConfig
 
 
 @dataclass
@@ -48,6 +45,7 @@ class ModelArgs:
 
 def build_model(args: ModelArgs, vocab_size: int):
     """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
+    from .configuration_yxanul import config_from_preset
     from .modeling_yxanul import YxanulForCausalLM
 
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
@@ -91,6 +89,8 @@ def load_weights(model, path: str) -> None:
 
 def describe(config: YxanulConfig) -> str:
     """One line for the start of a run: size, shape, vocabulary, tie and backend."""
+    from .configuration_yxanul import count_parameters
+
     n = count_parameters(config)
     return (f"model: {n / 1e6:.2f}M parameters | {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
             f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), ffn {config.intermediate_size}, "

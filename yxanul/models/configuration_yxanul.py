@@ -8,24 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from transformers import PreTrainedConfig
+from transformers import AutoConfig, PreTrainedConfig
 
 from ..errors import ConfigError
-
-BACKENDS = ("auto", "te", "torch")
-
-# name -> shape. Parameter counts (printed at start, tabulated in docs/models.md) come from
-# count_parameters(); the "≈" sizes are the seed documents' names for them at vocab 50,304.
-# All FFN widths are multiples of 64 (FP8 GEMMs need multiples of 16; tensor cores like 64/128).
-PRESETS: dict[str, dict] = {
-    "tiny":        dict(num_hidden_layers=4,  hidden_size=256,  num_attention_heads=4,  num_key_value_heads=2,  intermediate_size=704),
-    "gpt2-124m":   dict(num_hidden_layers=12, hidden_size=768,  num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048),
-    "small":       dict(num_hidden_layers=16, hidden_size=768,  num_attention_heads=12, num_key_value_heads=12, intermediate_size=2816),
-    "medium":      dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=3072),
-    "yxanul-0.6b": dict(num_hidden_layers=21, hidden_size=1536, num_attention_heads=12, num_key_value_heads=4,  intermediate_size=4096),
-    "large":       dict(num_hidden_layers=24, hidden_size=1536, num_attention_heads=12, num_key_value_heads=12, intermediate_size=4096),
-    "xlarge":      dict(num_hidden_layers=32, hidden_size=1920, num_attention_heads=15, num_key_value_heads=15, intermediate_size=4864),
-}
+from .presets import BACKENDS, PRESETS  # noqa: F401  (re-exported; the shapes live in a torch-free module)
 
 
 def pad_vocab(n: int, multiple: int = 64) -> int:
@@ -90,6 +76,9 @@ class YxanulConfig(PreTrainedConfig):
                               self.hidden_size)
         if self.backend not in BACKENDS:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
+
+
+AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
 
 
 def config_from_preset(name: str, vocab_size: int, seq_length: int, **overrides) -> YxanulConfig:

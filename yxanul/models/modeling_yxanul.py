@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutput
@@ -345,3 +345,6 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     def generate(self, *args, **kwargs):
         kwargs["use_cache"] = False
         return super().generate(*args, **kwargs)
+
+
+AutoModelForCausalLM.register(YxanulConfig, YxanulForCausalLM, exist_ok=True)

@@ -11,13 +11,15 @@ Trainer protocol (docs/fp8.md):
         loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro)).loss
 """
 
-from .args import DEFAULT_MIN_GEMM_DIM, PrecisionArgs
-from .plan import (CapabilityFacts, PrecisionPlan, build_recipe, decide, probe_facts, recipe_spec,
-                   resolve_precision, te_recipe_kwargs, unwrap_accelerate_fp8)
-from .policy import KINDS, gemm_shapes, layer_policy, module_decisions
-from .report import format_report, precision_report
-from .stats import fp8_stats
+from .._lazy import lazy_exports
 
-__all__ = ["DEFAULT_MIN_GEMM_DIM", "KINDS", "CapabilityFacts", "PrecisionArgs", "PrecisionPlan", "build_recipe",
-           "decide", "format_report", "fp8_stats", "gemm_shapes", "layer_policy", "module_decisions",
-           "precision_report", "probe_facts", "recipe_spec", "resolve_precision", "te_recipe_kwargs", "unwrap_accelerate_fp8"]
+_WHERE = {
+    "DEFAULT_MIN_GEMM_DIM": "args", "PrecisionArgs": "args", "CapabilityFacts": "plan",
+    "PrecisionPlan": "plan", "build_recipe": "plan", "decide": "plan", "probe_facts": "plan",
+    "recipe_spec": "plan", "resolve_precision": "plan", "te_recipe_kwargs": "plan",
+    "unwrap_accelerate_fp8": "plan", "KINDS": "policy", "gemm_shapes": "policy", "layer_policy": "policy",
+    "module_decisions": "policy", "format_report": "report", "precision_report": "report",
+    "fp8_stats": "stats",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -1,0 +1,20 @@
+"""`TrainArgs`: length and reproducibility of a run (the trainer's own config section)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+
+@dataclass
+class TrainArgs:
+    """Length and reproducibility of the run."""
+
+    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
+    seed: int = field(default=1337, metadata={"help": "Seed for initialisation and data order."})
+    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile (GPU; slower start, faster steps)."})
+
+    def __post_init__(self):
+        if self.max_steps < 1:
+            raise ConfigError("max_steps", "an integer >= 1", self.max_steps)
