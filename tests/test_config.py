@@ -106,10 +106,11 @@ def test_parsing_and_help_do_not_import_torch():
 
 def test_lazy_package_exports_resolve():
     import yxanul.batching as batching
+    import yxanul.data as data
     import yxanul.models as models
     import yxanul.precision as precision
 
-    for pkg in (models, batching, precision):
+    for pkg in (models, batching, precision, data):
         for name in pkg.__all__:
             assert getattr(pkg, name) is not None, f"{pkg.__name__}.{name}"
         with pytest.raises(AttributeError):

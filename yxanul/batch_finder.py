@@ -43,15 +43,13 @@ def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size
                device=None, reduce_min=None, write_cache: bool = True, on_probe=None) -> tuple[int, SearchResult | None]:
     """``(micro, result)``: with ``auto_batch_size`` on CUDA, the largest micro-batch that fits (safety
     margin applied), from the cache or a search with real training steps on ``model``; otherwise (or
-    on CPU, where nothing signals OOM) ``args.micro_batch_size`` and None."""
+    on CPU, where nothing signals OOM) ``args.micro_batch_size`` and None, silently."""
     import torch
 
     if not args.auto_batch_size:
         return args.micro_batch_size, None
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-    if not _oom_signal(device):
-        say(f"auto_batch_size: no CUDA device, nothing signals out-of-memory here; using micro_batch_size="
-            f"{args.micro_batch_size}")
+    if not _oom_signal(device):  # the caller says what it uses instead
         return args.micro_batch_size, None
     fp8 = bool(plan is not None and plan.fp8_enabled)
     multiple = micro_multiple(args, seq_length, fp8)
@@ -98,8 +96,11 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
             "will follow the micro-batch found (gradient_accumulation_steps as given)")
     micro = args.micro_batch_size
     if args.auto_batch_size and model is not None:
-        micro, _ = find_micro(args, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
-                              run_dir=run_dir, say=say, device=device, reduce_min=reduce_min, write_cache=write_cache)
+        micro, found = find_micro(args, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
+                                  run_dir=run_dir, say=say, device=device, reduce_min=reduce_min,
+                                  write_cache=write_cache)
+        if found is None:
+            say(f"auto_batch_size: no CUDA device, nothing signals out-of-memory here; using micro_batch_size={micro}")
     if micro % multiple:
         why = " (FP8: micro-batch x seq_length must be a multiple of 16)" if fp8 and multiple > 1 else ""
         raise ConfigError("micro_batch_size", f"a multiple of {multiple}{why}", micro)

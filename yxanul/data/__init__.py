@@ -11,18 +11,12 @@ Public API (imported lazily, so `yxanul.config` can import `DataArgs` without to
     write_shard(path, tokens), open_shard(path) -> np.memmap
 """
 
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _WHERE = {
     "DataArgs": "args", "prepare": "prepare", "ensure_prepared": "prepare", "load_tokenizer": "prepare",
     "load_prepared_tokenizer": "prepare", "WindowLoader": "loader", "eval_batches": "loader",
     "write_shard": "shards", "open_shard": "shards",
 }
-__all__ = ["DataArgs", "WindowLoader", "ensure_prepared", "eval_batches", "load_prepared_tokenizer",
-           "load_tokenizer", "open_shard", "prepare", "write_shard"]
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
