@@ -6,10 +6,14 @@ loader hands out global positions), so only the float summation order differs. O
 the tiny model that stays below 2e-4 absolute in the loss; we assert 1e-3.
 """
 
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,10 +33,13 @@ def _env():
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
 
 
+def _launch_cmd(*args):
+    return ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"),
+            str(ROOT / "train.py"), *FAST, *args]
+
+
 def launch2(*args):
-    cmd = ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"),
-           str(ROOT / "train.py"), *FAST, *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
+    r = subprocess.run(_launch_cmd(*args), capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
@@ -67,3 +74,43 @@ def test_two_processes_match_one_process_with_double_accumulation_and_resume(tmp
     c = losses(mixed)
     assert sorted(c) == list(range(9, 17))
     assert max(abs(a[s] - c[s]) for s in c) < TOL
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")
+def test_a_signal_to_one_rank_stops_both_on_the_same_step(tmp_path):
+    """SIGUSR1 to rank 1 only: rank 0 learns of it through the per-step agreement, both ranks save
+    one checkpoint at the same step and exit 0, so the launcher exits 0 too. `log_freq` is huge: the
+    ranks agree on every step, not only on logging steps (which log_freq=1 would hide)."""
+    import psutil
+
+    out = tmp_path / "sig"
+    proc = subprocess.Popen(_launch_cmd("--micro_batch_size", "2", "--max_steps", "100000", "--checkpoint_freq", "0",
+                                        "--log_freq", "100000", "--output_dir", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "metrics.jsonl").exists():  # step 1 is logged: both ranks are in the loop
+                break
+            time.sleep(0.2)
+        time.sleep(1)
+
+        def rank(p):
+            try:
+                return p.environ().get("RANK")
+            except psutil.Error:
+                return None
+
+        workers = {rank(c): c for c in psutil.Process(proc.pid).children(recursive=True)}
+        assert {"0", "1"} <= set(workers), workers
+        workers["1"].send_signal(signal.SIGUSR1)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    m = re.search(r"received a stop signal on another rank: checkpoint saved at step (\d+), exiting", stdout)
+    assert m, stdout[-3000:]
+    step = int(m.group(1))
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    state = json.loads((out / "checkpoints" / latest / "trainer_state.json").read_text())
+    assert (state["step"], state["world_size"]) == (step, 2) and step > 1

@@ -21,10 +21,17 @@ from .tracking import (MetricsLog, flat_tracker_config, flops_per_token, format_
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction): finish the step, checkpoint, exit 0."""
+    """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction): finish the step, checkpoint, exit 0.
+
+    `poll` runs after every optimizer step on every rank. One process: it reads the flag (no device
+    work). Several: each rank all-reduces its flag (MAX) on the device and copies the result to
+    pinned host memory without blocking; the NEXT poll waits for that copy (finished long before:
+    the host runs ahead of the device) and decides from it. So every rank stops on the same step,
+    at most one step after the signal, and no step pays a host/device sync."""
 
     def __init__(self):
         self.signum: int | None = None
+        self._pending: tuple[torch.Tensor, Any] | None = None  # (host flag, CUDA event or None)
         for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
             if sig is not None:
                 try:
@@ -35,12 +42,28 @@ class StopRequest:
     def _handle(self, signum, frame):
         self.signum = signum
 
-    def agreed(self, accelerator) -> bool:
-        """True when any rank got a signal (a collective: call it at the same step on every rank)."""
-        flag = torch.tensor([1.0 if self.signum else 0.0], device=accelerator.device)
-        if accelerator.num_processes > 1:
-            flag = accelerator.reduce(flag, "max")
-        return bool(flag.item())
+    def poll(self, accelerator) -> bool:
+        """True when the ranks agree to stop now (a collective: call it once per step on every rank)."""
+        if accelerator.num_processes == 1:
+            return self.signum is not None
+        decided = False
+        if self._pending is not None:
+            host, event = self._pending
+            if event is not None:
+                event.synchronize()
+            decided = bool(host.item() > 0)  # a host tensor: no device sync
+        if decided:
+            return True
+        flag = accelerator.reduce(torch.full((1,), 1.0 if self.signum else 0.0, device=accelerator.device), "max")
+        if flag.is_cuda:
+            host = self._pending[0] if self._pending else torch.empty(1, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending = (host, event)
+        else:
+            self._pending = (flag, None)
+        return False
 
 
 def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say, *, model=None, plan=None, run_dir=None,
@@ -332,13 +355,14 @@ def train(cfg) -> dict[str, Any]:
             log_step(loss_sum, norm, lr)
         if (cfg.tracking.eval_freq and step % cfg.tracking.eval_freq == 0) or is_last:
             evaluate()
-        stopping = step % cfg.tracking.log_freq == 0 and stop.agreed(accelerator)
+        stopping = stop.poll(accelerator)
         if stopping or (cfg.checkpoint.checkpoint_freq and step % cfg.checkpoint.checkpoint_freq == 0) \
                 or (is_last and cfg.checkpoint.save_final):
             save()
             t_log = time.perf_counter()
         if stopping:
-            say(f"received signal {stop.signum}: checkpoint saved at step {step}, exiting")
+            got = signal.Signals(stop.signum).name if stop.signum else "a stop signal on another rank"
+            say(f"received {got}: checkpoint saved at step {step}, exiting")
             break
 
     metrics.close()
