@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from yxanul.tracking import read_metrics
 
@@ -46,6 +47,9 @@ def test_end_to_end_loss_falls_and_artifacts(tmp_path):
     assert [e["step"] for e in evals] == [20, 40] and all("val_ppl" in e for e in evals)
     assert (out / "config.yaml").is_file() and (out / "precision_report.json").is_file()
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    hparams = yaml.safe_load(next((out / "tensorboard").rglob("hparams.yml")).read_text())  # the tracker config
+    assert hparams["max_steps"] == 40 and hparams["precision_report/precision"] == "FP32"
+    assert hparams["precision_report/layers/mlp/fp8"] == 0 and "precision_report/te_readback" in hparams
     state = json.loads((out / "checkpoints" / "step_40" / "trainer_state.json").read_text())
     assert state["step"] == 40 and state["precision"] == "FP32" and state["backend"] == "torch"
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_40"
@@ -96,3 +100,5 @@ def test_wandb_offline_without_key(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "W&B: no API key found, logging offline" in r.stdout
     assert list((out / "wandb").glob("offline-run-*"))
+    log = next((out / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()  # W&B's record log, with the config
+    assert b"precision_report/te_readback" in log and b"precision_report/layers/mlp/fp8" in log

@@ -105,6 +105,14 @@ def tracker_names(args: TrackingArgs, run_dir: str | os.PathLike | None = None) 
     return names
 
 
-def flat_tracker_config(config: dict[str, Any]) -> dict[str, Any]:
-    """accelerate's init_trackers rejects list/dict values: store them as JSON strings."""
-    return {k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in config.items()}
+def flat_tracker_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """accelerate's init_trackers takes scalars only (TensorBoard hparams, W&B config): nested dicts
+    become ``a/b`` keys, lists JSON strings."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_tracker_config(v, key + "/"))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else v
+    return out

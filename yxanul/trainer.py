@@ -235,10 +235,6 @@ def train(cfg) -> dict[str, Any]:
 
     if accelerator.is_main_process:
         (run_dir / "precision_report.json").write_text(json.dumps(report, indent=2, default=str))
-    accelerator.init_trackers(cfg.tracking.wandb_project if cfg.tracking.use_wandb else cfg.checkpoint.run_name,
-                              init_kwargs={"wandb": {"name": cfg.checkpoint.run_name, "dir": str(run_dir)}},
-                              config=flat_tracker_config(
-        {**cfg.to_flat_dict(), **{f"precision_report/{k}": v for k, v in report.items() if not isinstance(v, (dict, list))}}))
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     fpt = flops_per_token(n_params, mcfg.num_hidden_layers, mcfg.hidden_size, cfg.model.seq_length)
@@ -247,6 +243,16 @@ def train(cfg) -> dict[str, Any]:
     clip = cfg.optim.max_grad_norm or float("inf")
     tokens_seen = step * tokens_per_step
     first_loss = last_loss = None
+
+    def start_trackers() -> float:
+        """After this process's first step, so that the run config (TensorBoard hparams, W&B config)
+        carries the precision report with TE's read-back. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        rep = precision_report(accelerator.unwrap_model(model), plan)
+        accelerator.init_trackers(cfg.tracking.wandb_project if cfg.tracking.use_wandb else cfg.checkpoint.run_name,
+                                  init_kwargs={"wandb": {"name": cfg.checkpoint.run_name, "dir": str(run_dir)}},
+                                  config=flat_tracker_config({**cfg.to_flat_dict(), "precision_report": rep}))
+        return time.perf_counter() - t0
 
     def checkpoint_state() -> dict[str, Any]:
         return {"step": step, "tokens_seen": tokens_seen, "epoch": loader.epoch, "data": loader.state_dict(),
@@ -327,7 +333,7 @@ def train(cfg) -> dict[str, Any]:
     say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
     train_iter = iter(loader)
     model.train()
-    t_log, steps_since_log, norm, tps = time.perf_counter(), 0, None, None
+    t_log, steps_since_log, norm, tps, trackers_started = time.perf_counter(), 0, None, None, False
     while step < cfg.train.max_steps:
         if curriculum is not None and curriculum.stage_at(step)[0] != stage_idx:
             enter_stage()
@@ -349,6 +355,8 @@ def train(cfg) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.detach()
         step, steps_since_log, tokens_seen = step + 1, steps_since_log + 1, tokens_seen + tokens_per_step
+        if not trackers_started:
+            t_log, trackers_started = t_log + start_trackers(), True  # W&B's start is not step time
 
         is_last = step == cfg.train.max_steps
         if step % cfg.tracking.log_freq == 0 or is_last or step == 1:  # step 1: the initial loss (~ln V)

@@ -199,6 +199,11 @@ def test_fp8_50_steps_within_2_percent_of_bf16(tmp_path):
     rep = json.loads((fp8 / "precision_report.json").read_text())
     assert rep["fp8"] and rep["layers_source"] == "te" and rep["layers"]["mlp"]["fp8"] == 24
     assert rep["te_readback"]["recipe"] == "DelayedScaling"
+    import yaml
+
+    hparams = yaml.safe_load(next((fp8 / "tensorboard").rglob("hparams.yml")).read_text())  # the tracker config
+    assert hparams["precision_report/te_readback/recipe"] == "DelayedScaling"
+    assert hparams["precision_report/te_readback/fp8_confirmed"] is True and hparams["precision_report/precision"] == "FP8"
 
 
 @pytest.mark.slow
