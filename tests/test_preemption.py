@@ -1,0 +1,29 @@
+"""StopRequest in one process (several: tests/test_distributed.py, through `accelerate launch`)."""
+
+import os
+import signal
+
+import pytest
+
+from yxanul.preemption import StopRequest
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")
+
+
+@pytest.fixture
+def handlers():
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGUSR1"])
+def test_one_process_stops_on_the_step_after_the_signal(handlers, sig):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    stop = StopRequest()
+    assert [stop.poll(acc) for _ in range(3)] == [False] * 3  # no signal: never stops
+    os.kill(os.getpid(), getattr(signal, sig))  # handled: the process lives on
+    assert stop.signum == getattr(signal, sig) and stop.poll(acc)
