@@ -145,6 +145,27 @@ def test_fp8_stats_and_state_round_trip(tmp_path):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("recipe", ["current", "block", "delayed"])
+def test_fp8_stats_of_cached_weights_every_recipe(recipe):
+    """Stateless recipes log the scales of TE's cached FP8 weights; for current scaling each one is
+    448 / amax(W) (E4M3 weights under the hybrid format), checked against the weights themselves."""
+    _fp8_ok(recipe)
+    from yxanul.models import YxanulForCausalLM, config_from_preset
+
+    torch.manual_seed(0)
+    model = YxanulForCausalLM(config_from_preset("medium", 8192, 256, backend="te")).cuda().train()
+    plan = _plan(model, fp8_recipe=recipe)
+    _step(model, plan, micro=0)  # is_first_microbatch=True: TE caches the FP8 weights
+    stats = plan.fp8_stats(model)
+    assert stats["weight_tensors"] > 0 and stats["nonfinite"] == 0 and stats["weight_scale_min"] > 0
+    if recipe == "current":
+        amax = [p.detach().abs().max().float().item() for m in model.modules() if getattr(m, "_fp8_workspaces", None)
+                for n, p in m.named_parameters(recurse=False) if n.endswith("weight") and p.dim() == 2]
+        assert stats["weight_tensors"] == len(amax)
+        assert stats["weight_scale_min"] == pytest.approx(448.0 / max(amax), rel=1e-3)
+        assert stats["weight_scale_max"] == pytest.approx(448.0 / min(amax), rel=1e-3)
+
+
 def test_fp8_activation_checkpointing_same_grads():
     """TE blocks are checkpointed with TE's checkpoint: the recompute (in backward, outside the
     step's te.autocast) runs in FP8 with the forward's recipe and scales, so gradients match the

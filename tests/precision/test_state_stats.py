@@ -1,7 +1,9 @@
 """Checkpoint helpers (no pickled TE extra state) and FP8 statistics, on stand-ins of TE modules.
 
 The stand-in mimics TE 2.20 `module/base.py`: `fp8_meta` dict with DelayedScalingRecipeState-like
-`scale` [n] / `amax_history` [len, n], and get/set_extra_state that pickle / refuse to unpickle.
+`scale` [n] / `amax_history` [len, n], `_fp8_workspaces` (cached FP8 weights) and get/set_extra_state
+that pickle / refuse to unpickle. The cached weights are TE's own storage classes where TE imports
+(marker `te`, CPU is enough) and objects with their attribute names elsewhere.
 """
 
 import pickle
@@ -91,3 +93,56 @@ def test_fp8_stats_stateless_recipe_is_empty():
     m = FakeTE()
     m.fp8_meta = {"scaling_fwd": SimpleNamespace(), "scaling_bwd": SimpleNamespace()}  # current/block/MXFP8
     assert fp8_stats(m) == {}
+
+
+def _workspaces(f8, mx, block):
+    """One cached weight per storage kind, with garbage in the padding TE leaves uninitialised."""
+    e = torch.full((128, 4), 255, dtype=torch.uint8)   # MXFP8 [M=128, K=64]: [128, 64/32=2] real, padded to 4
+    e[:, :2] = 127                                     # scale_inv 2**0 -> scale 1
+    e[0, 0], e[1, 1] = 120, 130                        # scale 2**7 = 128 and 2**-3
+    b = torch.full((2, 4), -1.0)                       # block 2D [M=256, K=200]: [2, ceil(200/128)=2] real
+    b[:, :2] = torch.tensor([[0.5, 0.25], [2.0, 0.125]])  # scales 2, 4, 0.5, 8
+    return {"weight": f8(torch.tensor([0.125])),                                   # scale 8
+            "fc1_weight": mx(torch.zeros(128, 64, dtype=torch.uint8), e, False),
+            "fc2_weight": block(torch.zeros(256, 200, dtype=torch.uint8), b, True)}
+
+
+def _check_weight_stats(m):
+    s = fp8_stats(m)
+    assert s["weight_tensors"] == 3.0 and s["nonfinite"] == 0.0
+    assert s["weight_scale_min"] == 0.125 and s["weight_scale_max"] == 128.0
+    assert s["weight_scale_median"] == 2.0  # of the per-tensor medians 8, 1, 2 (torch: the lower middle)
+    assert "scale_min" not in s  # no delayed-scaling state in a stateless recipe
+
+
+def test_fp8_stats_read_cached_fp8_weights_of_stateless_recipes():
+    m = FakeTE()
+    m.fp8_meta = {"scaling_fwd": SimpleNamespace(), "scaling_bwd": SimpleNamespace()}
+    m._fp8_workspaces = _workspaces(
+        lambda sinv: SimpleNamespace(_scale_inv=sinv),
+        lambda data, sinv, swz: SimpleNamespace(_rowwise_data=data, _rowwise_scale_inv=sinv,
+                                                _with_gemm_swizzled_scales=swz),
+        lambda data, sinv, two_d: SimpleNamespace(_rowwise_data=data, _rowwise_scale_inv=sinv, _is_2D_scaled=two_d))
+    _check_weight_stats(m)
+    m._fp8_workspaces["weight"]._scale_inv = torch.tensor([0.0])  # scale inf
+    assert fp8_stats(m)["nonfinite"] == 1.0 and fp8_stats(m)["weight_tensors"] == 2.0
+    m._fp8_workspaces["fc1_weight"]._with_gemm_swizzled_scales = True  # swizzled + padded: skipped
+    assert fp8_stats(m)["weight_tensors"] == 1.0
+
+
+@pytest.mark.te
+def test_fp8_stats_read_te_storage_classes():
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
+        Float8BlockwiseQTensorStorage)
+    from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
+    from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
+
+    e4m3 = tex.DType.kFloat8E4M3
+    m = FakeTE()
+    m.fp8_meta = {}
+    m._fp8_workspaces = _workspaces(
+        lambda sinv: Float8TensorStorage(data=torch.zeros(4, 4, dtype=torch.uint8), fp8_scale_inv=sinv, fp8_dtype=e4m3),
+        lambda data, sinv, swz: MXFP8TensorStorage(data, sinv, None, None, e4m3, None, swz),
+        lambda data, sinv, two_d: Float8BlockwiseQTensorStorage(data, sinv, None, None, e4m3, None, two_d))
+    _check_weight_stats(m)

@@ -45,7 +45,7 @@ class PrecisionArgs:
     fp8_keep_bf16: list[str] | None = field(
         default=None, metadata={"help": "fnmatch patterns of TE module names kept in BF16 whatever their size, e.g. "
                                         "['model.layers.0.*', '*.layers.23.layernorm_mlp'] (YAML only)."})
-    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics (scale/amax) every log_freq steps."})
+    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
 
     def __post_init__(self):
         for key in ("fp8_margin", "fp8_min_gemm_dim"):

@@ -1,0 +1,188 @@
+"""accelerate 1.15 YAML rules: ClusterConfig fields, what reads ACCELERATE_FP8_<KEY>, DeepSpeed-plugin conflicts."""
+
+from __future__ import annotations
+
+from .common import ERROR, WARNING, Problem
+
+ACC_KEYS = {  # BaseConfig + ClusterConfig fields (+ "fp16"/"dynamo_backend", converted on load)
+    "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
+    "num_processes", "machine_rank", "num_machines", "gpu_ids", "main_process_ip",
+    "main_process_port", "rdzv_backend", "same_network", "main_training_function",
+    "enable_cpu_affinity", "fp8_config", "deepspeed_config", "fsdp_config", "parallelism_config",
+    "megatron_lm_config", "mpirun_config", "downcast_bf16", "tpu_name", "tpu_zone",
+    "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env",
+    "dynamo_config", "fp16", "dynamo_backend",
+}
+DISTRIBUTED_TYPES = {"NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA",
+                     "MULTI_MUSA", "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM",
+                     "MULTI_HPU", "MULTI_NEURON"}
+MIXED_PRECISIONS = {"no", "fp16", "bf16", "fp8"}
+FP8_BACKENDS = {"TE", "MSAMP", "AO"}
+# fp8_config keys (without an "fp8_" prefix) whose ACCELERATE_FP8_<KEY> env var something reads
+# (utils/dataclasses.py TERecipeKwargs / MSAMPRecipeKwargs / AORecipeKwargs / FP8RecipeKwargs).
+FP8_READ_KEYS = {"backend", "use_autocast_during_eval", "margin", "interval", "format",
+                 "amax_history_len", "amax_compute_algo", "override_linear_precision",
+                 "use_mxfp8_block_scaling", "opt_level", "pad_inner_dim",
+                 "enable_fsdp_float8_all_gather"}
+FP8_DEAD_KEYS = {"amax_history_length": "amax_history_len",      # written by `accelerate config`,
+                 "amax_compute_algorithm": "amax_compute_algo",  # read by nothing
+                 "optimization_level": "opt_level"}
+FP8_TE_DROPPED = {"interval", "override_linear_precision"}  # read by accelerate, not TE fields
+DS_YAML_KEYS = {"zero_stage", "offload_optimizer_device", "offload_param_device",
+                "offload_optimizer_nvme_path", "offload_param_nvme_path",
+                "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
+                "zero3_save_16bit_model", "deepspeed_config_file", "deepspeed_hostfile",
+                "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+                "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names"}
+# with deepspeed_config_file, DeepSpeedPlugin._deepspeed_config_checks raises on these
+DS_FILE_CONFLICTS = {"gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                     "offload_optimizer_device", "offload_param_device",
+                     "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                     "zero3_save_16bit_model"}
+
+
+def _fp8_name(key: str) -> str:
+    return key[4:] if key.startswith("fp8_") else key
+
+
+def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
+                    ds_file_exists=None) -> list[Problem]:
+    """`ds_file_exists(path) -> bool` resolves deepspeed_config_file (None: not checked)."""
+    P = []
+
+    def add(key, sev, msg, fix):
+        P.append(Problem(file, key, sev, msg, fix))
+
+    if not isinstance(cfg, dict):
+        add("<root>", ERROR, "an accelerate config must be a YAML mapping", "write a mapping")
+        return P
+    for key in sorted(set(cfg) - ACC_KEYS):
+        add(key, ERROR, "unknown key: accelerate's ClusterConfig.from_yaml_file raises ValueError "
+            "('had unknown keys')", "remove it")
+    dt = str(cfg.get("distributed_type", ""))
+    if "distributed_type" not in cfg:
+        add("distributed_type", ERROR, "missing: accelerate raises 'A `distributed_type` must be "
+            "specified'", "add distributed_type: NO | MULTI_GPU | DEEPSPEED")
+    elif dt not in DISTRIBUTED_TYPES:
+        add("distributed_type", ERROR, f"invalid value {dt!r}", f"one of {sorted(DISTRIBUTED_TYPES)}")
+    mp = cfg.get("mixed_precision")
+    mp = None if mp is None else str(mp)
+    if mp is not None and mp.lower() not in MIXED_PRECISIONS:
+        add("mixed_precision", ERROR, f"invalid value {mp!r}", "one of no, fp16, bf16, fp8")
+    if mp == "fp16":
+        add("mixed_precision", WARNING, "yxanul trains in bf16 or fp8, never fp16",
+            "use bf16 or fp8")
+    fp8 = cfg.get("fp8_config") or {}
+    if not isinstance(fp8, dict):
+        add("fp8_config", ERROR, "must be a mapping", "write fp8_config: {backend: TE}")
+        fp8 = {}
+    for key in fp8:
+        name = _fp8_name(key)
+        if name in FP8_DEAD_KEYS:
+            add(f"fp8_config.{key}", WARNING, f"written by `accelerate config` but read by nothing "
+                f"(accelerate reads ACCELERATE_FP8_{FP8_DEAD_KEYS[name].upper()})",
+                f"rename to {FP8_DEAD_KEYS[name]}")
+        elif name not in FP8_READ_KEYS:
+            add(f"fp8_config.{key}", WARNING, "exported as ACCELERATE_FP8_* but read by nothing",
+                "remove it")
+        elif name in FP8_TE_DROPPED:
+            add(f"fp8_config.{key}", WARNING, "accelerate reads it but Transformer Engine's recipe "
+                "has no such field any more: silently dropped", "remove it")
+    algo = fp8.get("amax_compute_algo", fp8.get("fp8_amax_compute_algo"))
+    if isinstance(algo, str) and algo.lower() == "most_recent":
+        add("fp8_config.amax_compute_algo", WARNING, "'most_recent' is accelerate's default, so it "
+            "is never passed to TE, whose default 'max' applies", "remove it (TE uses max)")
+    backend = fp8.get("backend", fp8.get("fp8_backend"))
+    if backend is not None:
+        if str(backend).upper() in FP8_BACKENDS and str(backend) != str(backend).upper():
+            add("fp8_config.backend", ERROR, f"{backend!r} is exported as-is and "
+                f"FP8BackendType({str(backend)!r}) raises ValueError (upper case only)",
+                f"write backend: {str(backend).upper()}")
+        elif str(backend) not in FP8_BACKENDS:
+            add("fp8_config.backend", ERROR, f"invalid FP8 backend {backend!r}", "backend: TE")
+    if mp == "fp8":
+        if backend is None:
+            add("fp8_config.backend", WARNING, "not set: accelerate auto-detects in the order "
+                "torchao -> TE -> MS-AMP (accelerator.py), so torchao wins when installed and "
+                "NVTE_* settings do nothing", "add fp8_config: {backend: TE}")
+        elif str(backend).upper() in ("AO", "MSAMP"):
+            add("fp8_config.backend", WARNING, f"yxanul's FP8 path is Transformer Engine; "
+                f"{str(backend).upper()} is not what the trainer enters", "backend: TE")
+    elif fp8 and dt != "DEEPSPEED":
+        add("fp8_config", WARNING, "ignored: accelerate exports fp8_config only when "
+            "mixed_precision is fp8", "remove fp8_config or set mixed_precision: fp8")
+    nproc, nmach = cfg.get("num_processes"), cfg.get("num_machines", 1)
+    if dt == "MULTI_CPU" and isinstance(nproc, int) and nproc > 1 and not cfg.get("mpirun_config"):
+        add("distributed_type", ERROR, f"MULTI_CPU without mpirun_config: `accelerate launch` "
+            f"starts ONE process (simple launcher), not {nproc}", "use distributed_type: "
+            "MULTI_GPU with use_cpu: true and launch with ACCELERATE_USE_CPU=1 (torchrun, gloo)")
+    if dt in ("MULTI_GPU", "DEEPSPEED", "FSDP") and nproc in (None, -1):
+        add("num_processes", WARNING, "not set: accelerate raises unless --num_processes is "
+            "passed on the command line", "set num_processes (all processes, every node)")
+    if isinstance(nproc, int) and isinstance(nmach, int) and nmach > 1 and nproc % nmach:
+        add("num_processes", ERROR, f"{nproc} processes do not split over {nmach} machines "
+            "(num_processes counts every node)", "num_processes = num_machines x GPUs per node")
+    if dt == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config") or {}
+        for key in sorted(set(ds) - DS_YAML_KEYS):
+            add(f"deepspeed_config.{key}", WARNING, "not an accelerate DeepSpeed option: ignored",
+                "remove it")
+        path = ds.get("deepspeed_config_file")
+        if not path:
+            add("deepspeed_config.deepspeed_config_file", WARNING, "not set: accelerate builds a "
+                "DeepSpeed config from zero_stage (default 2) and friends", "point it at "
+                "ds_configs/zero1.json")
+        else:
+            if "mixed_precision" in cfg and mp is not None:
+                add("mixed_precision", ERROR, "with deepspeed_config_file accelerate raises "
+                    "ValueError ('the following accelerate config variables will be ignored') "
+                    "when mixed_precision comes from the YAML", "remove mixed_precision: yxanul "
+                    "sets it from its own config (use_fp8)")
+            for key in sorted(DS_FILE_CONFLICTS & set(ds)):
+                add(f"deepspeed_config.{key}", ERROR, "with deepspeed_config_file accelerate "
+                    "raises ValueError for this key", "remove it; set it in the DeepSpeed JSON")
+            if ds_file_exists is not None and not ds_file_exists(path):
+                add("deepspeed_config.deepspeed_config_file", WARNING, f"{path} not found "
+                    "(resolved from the current directory at launch)",
+                    "launch from the repository root or give an absolute path")
+    if use_fp8 is not None and mp in ("fp8", "bf16", "no") and not (dt == "DEEPSPEED" and mp is None):
+        says_fp8 = mp == "fp8"
+        if says_fp8 != use_fp8:
+            add("mixed_precision", WARNING, f"accelerate config says {mp} but the yxanul config "
+                f"has use_fp8: {str(use_fp8).lower()}; yxanul's own setting wins (it passes "
+                "mixed_precision to Accelerator itself)", "make them agree")
+    return P
+
+
+def fix_accelerate(cfg: dict) -> dict:
+    import copy
+
+    cfg = copy.deepcopy(cfg)
+    for key in set(cfg) - ACC_KEYS:
+        del cfg[key]
+    fp8 = cfg.get("fp8_config") if isinstance(cfg.get("fp8_config"), dict) else {}
+    new = {}
+    for key, value in fp8.items():
+        name = FP8_DEAD_KEYS.get(_fp8_name(key), _fp8_name(key))
+        if name in FP8_READ_KEYS and name not in FP8_TE_DROPPED:
+            if name == "amax_compute_algo" and str(value).lower() == "most_recent":
+                continue
+            new[name] = str(value).upper() if name == "backend" else value
+    if cfg.get("mixed_precision") == "fp8":
+        new["backend"] = "TE"  # yxanul's FP8 path
+    dt = cfg.get("distributed_type")
+    if (new and cfg.get("mixed_precision") != "fp8") or not new:
+        cfg.pop("fp8_config", None)
+    else:
+        cfg["fp8_config"] = new
+    if dt == "MULTI_CPU" and (cfg.get("num_processes") or 1) > 1 and not cfg.get("mpirun_config"):
+        cfg["distributed_type"], cfg["use_cpu"] = "MULTI_GPU", True
+    if dt == "DEEPSPEED":
+        ds = cfg.get("deepspeed_config") or {}
+        for key in set(ds) - DS_YAML_KEYS:
+            del ds[key]
+        if ds.get("deepspeed_config_file"):
+            cfg.pop("mixed_precision", None)
+            for key in DS_FILE_CONFLICTS:
+                ds.pop(key, None)
+    return cfg
