@@ -159,11 +159,16 @@ def test_fp8_stats_of_cached_weights_every_recipe(recipe):
     stats = plan.fp8_stats(model)
     assert stats["weight_tensors"] > 0 and stats["nonfinite"] == 0 and stats["weight_scale_min"] > 0
     if recipe == "current":
-        amax = [p.detach().abs().max().float().item() for m in model.modules() if getattr(m, "_fp8_workspaces", None)
-                for n, p in m.named_parameters(recurse=False) if n.endswith("weight") and p.dim() == 2]
+        amax = []  # one cached weight per workspace key; split parameters (query/key/value) share one
+        for m in model.modules():
+            weights = {n: p for n, p in m.named_parameters(recurse=False) if n.endswith("weight") and p.dim() == 2}
+            for key in getattr(m, "_fp8_workspaces", None) or {}:
+                fc = key.split("_")[0] if key.startswith("fc") else None  # LayerNormMLP: fc1_weight, fc2_weight
+                part = [p for n, p in weights.items() if fc is None or n.startswith(fc)]
+                amax.append(max(p.detach().abs().max().float().item() for p in part))
         assert stats["weight_tensors"] == len(amax)
-        assert stats["weight_scale_min"] == pytest.approx(448.0 / max(amax), rel=1e-3)
-        assert stats["weight_scale_max"] == pytest.approx(448.0 / min(amax), rel=1e-3)
+        assert stats["weight_scale_min"] == pytest.approx(448.0 / max(amax), rel=1e-2)  # amax of fp32 or bf16 W
+        assert stats["weight_scale_max"] == pytest.approx(448.0 / min(amax), rel=1e-2)
 
 
 def test_fp8_activation_checkpointing_same_grads():
