@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import ERROR, WARNING, Problem
+from .common import ERROR, WARNING, Problem, collector
 
 ACC_KEYS = {  # BaseConfig + ClusterConfig fields (+ "fp16"/"dynamo_backend", converted on load)
     "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
@@ -48,10 +48,7 @@ def _fp8_name(key: str) -> str:
 def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
                     ds_file_exists=None) -> list[Problem]:
     """`ds_file_exists(path) -> bool` resolves deepspeed_config_file (None: not checked)."""
-    P = []
-
-    def add(key, sev, msg, fix):
-        P.append(Problem(file, key, sev, msg, fix))
+    P, add = collector(file)
 
     if not isinstance(cfg, dict):
         add("<root>", ERROR, "an accelerate config must be a YAML mapping", "write a mapping")

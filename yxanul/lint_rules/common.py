@@ -21,6 +21,12 @@ class Problem:
     __str__ = line
 
 
+def collector(file: str):
+    """(problems, add): `add(key, severity, message, fix)` appends a `Problem` of `file`."""
+    found: list[Problem] = []
+    return found, lambda key, sev, msg, fix: found.append(Problem(file, key, sev, msg, fix))
+
+
 
 def _get(d: dict, path: str):
     for part in path.split("."):

@@ -3,7 +3,7 @@ and the "auto" values accelerate fills."""
 
 from __future__ import annotations
 
-from .common import ERROR, WARNING, Problem, _delete, _get, _prune, _truthy, _walk
+from .common import ERROR, WARNING, Problem, collector, _delete, _get, _prune, _truthy, _walk
 
 # ---------------------------------------------------------------- DeepSpeed
 DS_REMOVED_TOP = {
@@ -85,10 +85,7 @@ def harmful_ds_keys(cfg: dict) -> list[tuple[str, str, str]]:
 
 
 def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[Problem]:
-    P = []
-
-    def add(key, sev, msg, fix):
-        P.append(Problem(file, key, sev, msg, fix))
+    P, add = collector(file)
 
     if not isinstance(cfg, dict):
         add("<root>", ERROR, "a DeepSpeed config must be a JSON object", "write a JSON object")
