@@ -159,7 +159,9 @@ def test_batch_args_validation():
         with pytest.raises(ConfigError, match=key):
             BatchArgs(**kw)
     assert BatchArgs().max_micro_batch_size == 1024 and bf.fp8_micro_multiple(2048) == 1
-    assert bf.fp8_micro_multiple(100) == 4 and bf.micro_multiple(BatchArgs(micro_batch_multiple=6), 100, fp8=True) == 12
+    assert bf.fp8_micro_multiple(100) == 4 and bf.micro_multiple(BatchArgs(micro_batch_multiple=6), 100, 16) == 12
+    assert bf.micro_multiple(BatchArgs(micro_batch_multiple=6), 100, 32) == 24  # MXFP8: 32-token alignment
+    assert bf.micro_multiple(BatchArgs(micro_batch_multiple=6), 100) == 6  # no FP8
 
 
 def test_cache_hit_skips_probing_and_reuses_the_boundary(tmp_path):
@@ -237,10 +239,19 @@ def test_resolve_batch(monkeypatch, tmp_path):
                        say=lines.append)
     assert bp.effective_batch in (6, 8) and lines and lines[0].startswith("warning:")
 
-    class FP8Plan:
-        fp8_enabled, base = True, "bf16"
-    with pytest.raises(ConfigError, match="multiple of 16"):
-        resolve_batch(BatchArgs(micro_batch_size=3), plan=FP8Plan(), seq_length=101, world_size=1)
+    # FP8 plans (the decision itself needs TE to build the recipe; set it by hand): 16-token alignment,
+    # 32 for MXFP8, and none without FP8
+    from yxanul.precision import PrecisionArgs
+    from yxanul.precision.plan import PrecisionPlan
+
+    for recipe, fp8, align in (("delayed", True, 16), ("mxfp8", True, 32), ("mxfp8", False, 1)):
+        plan = PrecisionPlan.__new__(PrecisionPlan)
+        plan.__dict__.update(args=PrecisionArgs(use_fp8=True, fp8_recipe=recipe), fp8_enabled=fp8, base="bf16")
+        assert plan.token_alignment == align
+        if align > 1:
+            with pytest.raises(ConfigError, match=f"multiple of {align}"):
+                resolve_batch(BatchArgs(micro_batch_size=align // 2), plan=plan, seq_length=101, world_size=1)
+        assert resolve_batch(BatchArgs(micro_batch_size=align), plan=plan, seq_length=101, world_size=1).micro_batch == align
     # auto_batch_size on CPU: no OOM signal, so micro_batch_size is used without probing
     lines = []
     bp = resolve_batch(BatchArgs(micro_batch_size=2, auto_batch_size=True, target_effective_batch_size=8),

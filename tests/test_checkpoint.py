@@ -52,6 +52,32 @@ def test_crash_mid_save_keeps_previous(tmp_path, acc_model):
     assert resolve_resume("latest", tmp_path).name == "step_30"
 
 
+def test_crash_while_replacing_a_step_keeps_the_old_copy(tmp_path, acc_model):
+    """Re-saving an existing step (training again from an older checkpoint): the old copy is moved
+    aside, never deleted before the new one is in place; a crash in between leaves it resumable."""
+    acc, model, _ = acc_model
+    save_checkpoint(acc, tmp_path, _state(10), keep_last=3)
+    before = (tmp_path / "checkpoints" / "step_10" / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+
+    def crash(stage):
+        if stage == "after_swap":
+            raise Crash(stage)
+
+    with pytest.raises(Crash):
+        save_checkpoint(acc, tmp_path, _state(10), keep_last=3, _fault=crash)
+    assert [c["step"] for c in list_checkpoints(tmp_path)] == [10]
+    old = resolve_resume("latest", tmp_path)
+    assert old.name == ".old-step_10" and (old / "model.safetensors").read_bytes() == before
+    save_checkpoint(acc, tmp_path, _state(20), keep_last=3)  # the next save puts it back
+    assert [c["path"].rsplit("/", 1)[1] for c in list_checkpoints(tmp_path)] == ["step_10", "step_20"]
+    assert (tmp_path / "checkpoints" / "step_10" / "model.safetensors").read_bytes() == before
+    save_checkpoint(acc, tmp_path, _state(10), keep_last=3)  # a clean replace leaves no .old-*
+    assert not list((tmp_path / "checkpoints").glob(".old-*"))
+    assert (tmp_path / "checkpoints" / "step_10" / "model.safetensors").read_bytes() != before
+
+
 def test_keep_last_and_best(tmp_path, acc_model):
     acc, _, _ = acc_model
     for step, val in [(1, 3.0), (2, 1.0), (3, 2.0), (4, 2.5), (5, 2.6)]:

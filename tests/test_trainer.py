@@ -70,17 +70,22 @@ def test_resume_is_exact(tmp_path):
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")
-def test_sigusr1_saves_and_exits_zero(tmp_path):
+@pytest.mark.parametrize("sig,workers,group", [("SIGUSR1", "0", False), ("SIGTERM", "2", True)])
+def test_stop_signal_saves_and_exits_zero(tmp_path, sig, workers, group):
+    """group: SIGTERM to the whole process group, DataLoader workers included (torchrun's killpg, SLURM)."""
     out = tmp_path / "sig"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     p = subprocess.Popen([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "100000",
-                          "--checkpoint_freq", "0", "--output_dir", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                          "--checkpoint_freq", "0", "--output_dir", str(out), "--num_workers", workers],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=group)
     deadline = time.time() + 120
     while time.time() < deadline and not (out / "metrics.jsonl").exists():
         time.sleep(0.5)
     time.sleep(2)
-    p.send_signal(signal.SIGUSR1)
+    if group:
+        os.killpg(p.pid, getattr(signal, sig))
+    else:
+        p.send_signal(getattr(signal, sig))
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr[-2000:]
     assert "checkpoint saved" in stdout
@@ -102,3 +107,85 @@ def test_wandb_offline_without_key(tmp_path):
     assert list((out / "wandb").glob("offline-run-*"))
     log = next((out / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()  # W&B's record log, with the config
     assert b"precision_report/te_readback" in log and b"precision_report/layers/mlp/fp8" in log
+
+
+# Counts, in a real training process, the model's training forwards (F) and the optimizer's real
+# updates (S): accelerate's accumulation counter must not drift when accumulation changes.
+_HOOKED = """
+import sys
+from torch.nn.modules.module import register_module_forward_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
+events = []
+register_optimizer_step_post_hook(lambda opt, a, k: events.append("S"))
+register_module_forward_pre_hook(
+    lambda m, a: events.append("F") if type(m).__name__ == "YxanulForCausalLM" and m.training else None)
+from yxanul.cli import main
+rc = main(sys.argv[1:])
+print("EVENTS", "".join(events))
+sys.exit(rc)
+"""
+
+
+def _events(*args) -> str:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-c", _HOOKED, "train", *args], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("EVENTS"))
+
+
+def test_every_update_applies_exactly_accum_micro_batches_when_accumulation_changes(tmp_path):
+    cfg = tmp_path / "c.yaml"  # 96 tokens per step: 4 x 24, then 3 x 32
+    cfg.write_text("curriculum:\n  - {seq_length: 24, until_steps: 1}\n  - {seq_length: 32}\ntarget_tokens_per_step: 96\n")
+    common = [*FAST, "--micro_batch_size", "1", "--eval_freq", "0", "--checkpoint_freq", "0"]
+    assert _events("--config", str(cfg), *common, "--max_steps", "4", "--save_final", "false",
+                   "--output_dir", str(tmp_path / "cur")) == "FFFFS" + "FFFS" * 3
+    # resume with another accumulation (accelerate's load_state restores its old micro counter)
+    run = ["--micro_batch_size", "2", "--output_dir", str(tmp_path / "res")]
+    assert _events(*FAST, *run, "--gradient_accumulation_steps", "3", "--max_steps", "3") == "FFFS" * 3
+    assert _events(*FAST, *run, "--gradient_accumulation_steps", "2", "--max_steps", "6",
+                   "--resume", "latest") == "FFS" * 3
+    rows = [r for r in read_metrics(tmp_path / "res" / "metrics.jsonl") if "loss" in r]
+    assert [r["tokens_seen"] for r in rows] == [192, 384, 576, 704, 832, 960]  # 3 x 2 x 32, then 2 x 2 x 32
+
+
+def test_divergence_stops_without_saving_over_good_checkpoints(tmp_path):
+    out = tmp_path / "nan"
+    r = yxanul("train", *FAST, "--max_lr", "1e4", "--warmup_steps", "0", "--log_freq", "10", "--max_steps", "40",
+               "--checkpoint_freq", "5", "--output_dir", str(out), check=False)
+    assert r.returncode == 3 and r.stderr.startswith("error: step "), r.stderr[-2000:]
+    assert "not finite" in r.stderr or "gradient norm nan" in r.stderr or "loss nan" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    from safetensors.torch import load_file
+
+    for d in (out / "checkpoints").glob("step_*"):  # whatever was saved is finite
+        assert all(bool(t.isfinite().all()) for t in load_file(d / "model.safetensors").values()), d
+
+
+def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
+    out = tmp_path / "r"
+    yxanul("train", *FAST, "--max_steps", "2", "--output_dir", str(out))
+    again = yxanul("train", *FAST, "--max_steps", "2", "--output_dir", str(out), check=False)
+    assert again.returncode == 2 and "already holds checkpoints (newest: step 2)" in again.stderr
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
+    mismatch = yxanul("train", *FAST, "--max_steps", "4", "--output_dir", str(out), "--resume", "latest",
+                      "--model", "gpt2-124m", check=False)
+    assert mismatch.returncode == 2 and "its weights do not fit this model (model: 'tiny' -> 'gpt2-124m')" \
+        in mismatch.stderr, mismatch.stderr[-1500:]
+    (tmp_path / "file").write_text("x")
+    for args, needle in [(["--resume", "latest"], "set --output_dir or --run_name"),
+                         (["--output_dir", str(tmp_path / "file" / "run")], "is not a directory"),
+                         (["--beta1", "1.5"], "'beta1'"), (["--adam_eps", "-1"], "'adam_eps'"),
+                         (["--max_lr", "nan"], "'max_lr'"), (["--seed", "-1"], "'seed'")]:
+        r = yxanul("train", *FAST, "--max_steps", "1", *args, check=False, cwd=tmp_path)
+        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
+
+
+def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
+    out = tmp_path / "v"
+    yxanul("train", *FAST, "--max_steps", "12", "--eval_freq", "6", "--checkpoint_freq", "4", "--keep_last", "5",
+           "--output_dir", str(out))
+    vals = {d.name: json.loads((d / "trainer_state.json").read_text())["val_loss"]
+            for d in (out / "checkpoints").glob("step_*")}
+    assert vals["step_4"] is None and vals["step_8"] is None and vals["step_12"] is not None
+    assert (out / "checkpoints" / "best").read_text().strip() == "step_12"

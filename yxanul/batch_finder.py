@@ -52,7 +52,7 @@ def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size
     if not _oom_signal(device):  # the caller says what it uses instead
         return args.micro_batch_size, None
     fp8 = bool(plan is not None and plan.fp8_enabled)
-    multiple = micro_multiple(args, seq_length, fp8)
+    multiple = micro_multiple(args, seq_length, plan.token_alignment if fp8 else 1)
     ckpt = _checkpointing_on(model)
     fields = cache_fields(model.config, seq_length=seq_length, precision=precision_label(plan), world_size=world_size,
                           gradient_checkpointing=ckpt, multiple=multiple, device=device)
@@ -90,7 +90,7 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
     ``gradient_accumulation_steps``). Prints the warning/note lines. In a distributed run pass
     ``reduce_min=torch_reduce_min()`` and ``write_cache=accelerator.is_main_process`` on every rank."""
     fp8 = bool(plan is not None and plan.fp8_enabled)
-    multiple = micro_multiple(args, seq_length, fp8)
+    multiple = micro_multiple(args, seq_length, plan.token_alignment if fp8 else 1)
     if args.auto_batch_size and not args.target:
         say("auto_batch_size: no target_effective_batch_size/target_tokens_per_step set; the effective batch "
             "will follow the micro-batch found (gradient_accumulation_steps as given)")
@@ -102,7 +102,8 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
         if found is None:
             say(f"auto_batch_size: no CUDA device, nothing signals out-of-memory here; using micro_batch_size={micro}")
     if micro % multiple:
-        why = " (FP8: micro-batch x seq_length must be a multiple of 16)" if fp8 and multiple > 1 else ""
+        why = (f" (FP8: micro-batch x seq_length must be a multiple of {plan.token_alignment})"
+               if fp8 and multiple > 1 else "")
         raise ConfigError("micro_batch_size", f"a multiple of {multiple}{why}", micro)
     bp = plan_batch(micro, world_size, seq_length, args.target_effective_batch_size, args.target_tokens_per_step,
                     multiple=multiple, grad_accum=args.gradient_accumulation_steps)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     b = cfg.batch
     T = cfg.model.seq_length
-    multiple = micro_multiple(b, T, plan.fp8_enabled)
+    multiple = micro_multiple(b, T, plan.token_alignment)
     if device.type == "cpu":
         print(f"CPU: no out-of-memory signal here, so the search grows to max_micro_batch_size={b.max_micro_batch_size} "
               "and uses that cap; run find-batch on the GPU you will train on.")

@@ -11,7 +11,9 @@ Layout of one checkpoint (everything accelerate's ``save_state`` writes, plus ou
 Atomicity: every rank writes into ``.tmp-step_N``; after a barrier the main process writes
 ``trainer_state.json`` last and renames the folder to ``step_N`` (one ``rename`` on one file
 system), then replaces the ``latest`` pointer with ``os.replace``. A crash at any moment leaves
-either the old checkpoint set or the new one, never a half-written ``step_N``.
+either the old checkpoint set or the new one, never a half-written ``step_N``. Re-saving an
+existing step moves the old copy to ``.old-step_N`` first and deletes it only after the new one is
+in place; until then listings and ``resume`` use the old copy, and the next save restores it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,47 @@ def run_dir_of(cfg) -> Path:
     return Path(ck.output_dir)
 
 
+def prepare_run_dir(cfg) -> Path:
+    """`run_dir_of`, refusing what would lose or misplace work: ``resume: latest`` without a fixed
+    run directory (the default name is new at every launch), an output_dir under a file, and a new
+    run (no ``resume``) into a directory holding checkpoints, whose ``latest`` it would take over."""
+    ck = cfg.checkpoint
+    if ck.resume == "latest" and ck.output_dir is None and ck.run_name is None:
+        raise UserError("resume 'latest': set --output_dir or --run_name too (the default run directory is "
+                        "new at every launch)")
+    run_dir = run_dir_of(cfg)
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
+    ckpts = [] if ck.resume else list_checkpoints(run_dir)
+    if ckpts:
+        raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
+                        "--resume latest to continue that run, or choose another --output_dir/--run_name")
+    return run_dir
+
+
+def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
+    """`accelerator.load_state`, with one line naming the model settings that differ from the
+    checkpoint's ``config.yaml`` when its weights do not fit this model."""
+    try:
+        accelerator.load_state(str(ckpt))
+    except RuntimeError as e:
+        if "state_dict" not in str(e):
+            raise
+        import dataclasses
+
+        import yaml
+
+        path = Path(ckpt) / "config.yaml"
+        theirs = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        ours = cfg.to_flat_dict()
+        diff = [f"{f.name}: {theirs[f.name]!r} -> {ours.get(f.name)!r}" for f in dataclasses.fields(cfg.model)
+                if f.name in theirs and theirs[f.name] != ours.get(f.name)]
+        first = str(e).strip().splitlines()[0]
+        raise UserError(f"resume '{ckpt}': its weights do not fit this model ("
+                        + ("; ".join(diff) if diff else first) + ")") from None
+
+
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -98,7 +141,11 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     if not root.is_dir():
         return out
     for d in root.iterdir():
-        if d.is_dir() and d.name.startswith("step_") and (d / STATE_FILE).is_file():
+        if d.name.startswith(".old-step_") and not (root / d.name[len(".old-"):] / STATE_FILE).is_file():
+            pass  # a crash while this step was being replaced: the old copy is the checkpoint
+        elif not d.name.startswith("step_"):
+            continue
+        if d.is_dir() and (d / STATE_FILE).is_file():
             try:
                 state = json.loads((d / STATE_FILE).read_text())
             except (OSError, json.JSONDecodeError):
@@ -112,8 +159,11 @@ def _pointer(run_dir, name: str) -> Path | None:
     p = checkpoints_dir(run_dir) / name
     if not p.is_file():
         return None
-    target = checkpoints_dir(run_dir) / p.read_text().strip()
-    return target if (target / STATE_FILE).is_file() else None
+    name = p.read_text().strip()
+    for target in (checkpoints_dir(run_dir) / name, checkpoints_dir(run_dir) / f".old-{name}"):
+        if (target / STATE_FILE).is_file():
+            return target
+    return None
 
 
 def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
@@ -143,7 +193,7 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
     """Save ``accelerator`` state + ``state`` as ``checkpoints/step_{state['step']}`` atomically.
 
     Must be called on every process (DeepSpeed saves are collective). ``_fault`` is a test hook
-    called with a stage name ("after_state") to simulate a crash mid-save. ``extra(tmp_dir)`` writes
+    called with a stage name ("after_state", "after_swap") to simulate a crash mid-save. ``extra(tmp_dir)`` writes
     more files (main process) before the folder is committed.
     """
     root = checkpoints_dir(run_dir)
@@ -153,6 +203,13 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".tmp-step_*"):  # leftovers of a crashed save
             shutil.rmtree(stale, ignore_errors=True)
+        for old in root.glob(".old-step_*"):  # a crash while replacing a step: keep whichever is whole
+            whole = root / old.name[len(".old-"):]
+            if (whole / STATE_FILE).is_file():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                shutil.rmtree(whole, ignore_errors=True)
+                os.rename(old, whole)
     accelerator.wait_for_everyone()
     # accelerate warns "Removed shared tensor {'lm_head.weight'}" at every save of a tied model;
     # expected here (the tie is restored on load, which the resume tests check), so keep it quiet.
@@ -173,10 +230,14 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
             extra(tmp)
         state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
         _write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
-        if final.exists():  # re-saving the same step (e.g. final == periodic): replace it
-            shutil.rmtree(final)
+        old = root / f".old-{final.name}"
+        if final.exists():  # re-saving a step (a resume from an older checkpoint): swap, then delete
+            os.rename(final, old)
+            if _fault:
+                _fault("after_swap")
         os.rename(tmp, final)
         _fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
         _write_atomic(root / "latest", final.name + "\n")
         _update_best(run_dir, state, final)
         _prune(run_dir, keep_last)

@@ -26,3 +26,9 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A data file or directory that is missing, empty or unreadable."""
+
+
+class TrainingDiverged(UserError):
+    """The loss or the gradient norm became inf/nan: the run stops without saving over good checkpoints."""
+
+    exit_code = 3

@@ -39,18 +39,23 @@ class OptimArgs:
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 disables clipping)."})
 
     def __post_init__(self):
-        if self.max_lr <= 0:
-            raise ConfigError("max_lr", "a positive float", self.max_lr)
+        if not 0 < self.max_lr < math.inf:  # also rejects nan
+            raise ConfigError("max_lr", "a positive finite float", self.max_lr)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ConfigError("min_lr_ratio", "a float in [0, 1]", self.min_lr_ratio)
         if self.warmup_steps < 0:
             raise ConfigError("warmup_steps", "an integer >= 0", self.warmup_steps)
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError("lr_decay_steps", "a positive integer or null", self.lr_decay_steps)
-        if self.weight_decay < 0:
+        if not 0 <= self.weight_decay < math.inf:
             raise ConfigError("weight_decay", "a float >= 0", self.weight_decay)
-        if self.max_grad_norm < 0:
-            raise ConfigError("max_grad_norm", "a float >= 0", self.max_grad_norm)
+        if not 0 <= self.max_grad_norm < math.inf:
+            raise ConfigError("max_grad_norm", "a finite float >= 0", self.max_grad_norm)
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(key, "a float in [0, 1)", getattr(self, key))
+        if not 0 < self.adam_eps < math.inf:
+            raise ConfigError("adam_eps", "a positive finite float", self.adam_eps)
 
 
 def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, decay_steps: int) -> float:

@@ -18,3 +18,5 @@ class TrainArgs:
     def __post_init__(self):
         if self.max_steps < 1:
             raise ConfigError("max_steps", "an integer >= 1", self.max_steps)
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError("seed", "an integer in [0, 2**32)", self.seed)

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import yaml
 
-from .checkpoint import read_state, resolve_resume, run_dir_of, save_checkpoint
-from .errors import UserError
+from .checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
+from .errors import TrainingDiverged, UserError
 from .optim import build_optimizer, lr_at
 from .preemption import StopRequest
 from .tracking import (MetricsLog, flat_tracker_config, flops_per_token, format_step_line, peak_flops,
@@ -33,7 +33,7 @@ def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say, *, model
 
     cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step, max_seq_length=cfg.model.seq_length)
     same_tokens = same_tokens_micro(batch.micro_batch, cfg.model.seq_length)
-    fp8 = bool(plan is not None and plan.fp8_enabled)
+    align = plan.token_alignment if plan is not None else 1
 
     def micro_for(seq_length: int) -> int:
         if cfg.batch.auto_batch_size and model is not None:
@@ -44,7 +44,7 @@ def _curriculum(cfg, batch, tokens_per_step: int, world_size: int, say, *, model
                 return micro
         return same_tokens(seq_length)
 
-    plans = cur.plan_stages(micro_for, world_size, multiple=lambda T: micro_multiple(cfg.batch, T, fp8))
+    plans = cur.plan_stages(micro_for, world_size, multiple=lambda T: micro_multiple(cfg.batch, T, align))
     for i, bp in enumerate(plans):
         if bp.warning:
             say(f"warning: curriculum stage {i}: {bp.warning}")
@@ -90,10 +90,13 @@ def _sample(model, tokenizer, prompt: str, n_tokens: int, device) -> str:
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     if ids.numel() == 0:
         ids = torch.tensor([[tokenizer.eos_token_id]], device=device)
+    was_training = model.training
+    model.eval()  # no training-only branches (checkpointing, TE's weight caching) while sampling
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # keep resume exact
         torch.manual_seed(0)
         out = model.generate(ids, max_new_tokens=n_tokens, do_sample=True, top_k=50, temperature=0.8,
                              pad_token_id=tokenizer.eos_token_id)
+    model.train(was_training)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
@@ -116,7 +119,7 @@ def train(cfg) -> dict[str, Any]:
     cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
     state = PartialState(cpu=cpu)
     say = print if state.is_main_process else (lambda *a, **k: None)
-    run_dir = run_dir_of(cfg)
+    run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints
     for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
                                                  cuda_available=torch.cuda.is_available()):
         if problem.severity == "error":
@@ -171,15 +174,16 @@ def train(cfg) -> dict[str, Any]:
     loader, stage_idx, resumed_data = make_loader(cfg.model.seq_length, batch.micro_batch), None, None
     val = list(eval_batches(data_dir, cfg.model.seq_length, batch.micro_batch, cfg.tracking.eval_steps,
                             rank=accelerator.process_index, world_size=accelerator.num_processes))
-    step, best_val, val_loss = 0, math.inf, None
+    step, best_val, val_loss, val_step, tokens_seen = 0, math.inf, None, None, 0
     if cfg.checkpoint.resume:
         ckpt = resolve_resume(cfg.checkpoint.resume, run_dir)
         if ckpt is None:
             say(f"resume: no checkpoint under {run_dir}, starting from scratch")
         else:
-            accelerator.load_state(str(ckpt))
+            load_for_resume(accelerator, ckpt, cfg)
             st = read_state(ckpt)
-            step, val_loss = st["step"], st.get("val_loss")
+            step, val_loss, val_step = st["step"], st.get("val_loss"), st["step"]
+            tokens_seen = st.get("tokens_seen", step * tokens_per_step)
             loader.load_state_dict(st["data"])
             resumed_data = st["data"]
             plan.restore_fp8_state(accelerator.unwrap_model(model), ckpt, cfg.model.seq_length)
@@ -196,7 +200,6 @@ def train(cfg) -> dict[str, Any]:
     stop = StopRequest()
     decay_steps = cfg.optim.lr_decay_steps or cfg.train.max_steps
     clip = cfg.optim.max_grad_norm or float("inf")
-    tokens_seen = step * tokens_per_step
     first_loss = last_loss = None
 
     def start_trackers() -> float:
@@ -211,11 +214,17 @@ def train(cfg) -> dict[str, Any]:
 
     def checkpoint_state() -> dict[str, Any]:
         return {"step": step, "tokens_seen": tokens_seen, "epoch": loader.epoch, "data": loader.state_dict(),
-                "val_loss": val_loss, "precision": plan.label, "backend": mcfg.backend,
+                "val_loss": val_loss if val_step == step else None, "precision": plan.label, "backend": mcfg.backend,
                 "world_size": accelerator.num_processes, "tokens_per_step": tokens_per_step,
                 **plan.metadata()}
 
     def save():
+        finite = torch.isfinite(accelerator.reduce(loss_sum.detach(), "sum"))  # one sync per checkpoint
+        if norm is not None:
+            finite &= torch.isfinite(torch.as_tensor(norm, device=finite.device))
+        if not bool(finite):
+            raise TrainingDiverged(f"step {step}: loss or gradient norm is not finite; no checkpoint written "
+                                   f"over the good ones in {run_dir / 'checkpoints'} (lower max_lr, or check the data)")
         save_checkpoint(accelerator, run_dir, checkpoint_state(), keep_last=cfg.checkpoint.keep_last,
                         config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False),
                         extra=lambda d: plan.save_fp8_state(accelerator.unwrap_model(model), d))
@@ -223,12 +232,15 @@ def train(cfg) -> dict[str, Any]:
     def enter_stage():
         """Curriculum: at a stage boundary, switch seq length, micro-batch, accumulation and loader."""
         nonlocal stage_idx, accum, loader, train_iter, resumed_data, tokens_per_step
+        # the data goes on where the previous stage (or the checkpoint) left it: same position for the
+        # same seq_length, else the next epoch (another window grid); never back to epoch 0
+        prev = resumed_data or (loader.state_dict() if stage_idx is not None else None)
         stage_idx, stage = curriculum.stage_at(step)
         bp = stage_plans[stage_idx]
         accum = accelerator.gradient_accumulation_steps = bp.grad_accum
         loader = make_loader(stage.seq_length, bp.micro_batch)
-        if resumed_data and resumed_data.get("seq_length") == stage.seq_length:
-            loader.load_state_dict(resumed_data)  # resumed inside this stage: continue exactly
+        if prev:
+            loader.load_state_dict(prev)
         resumed_data, tokens_per_step = None, bp.tokens_per_step
         train_iter = iter(loader)
         say(f"curriculum stage {stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x accumulation "
@@ -261,14 +273,16 @@ def train(cfg) -> dict[str, Any]:
         say(format_step_line(step, loader.epoch, loss_val, lr, norm_val, dt * 1e3, tps, plan.label), flush=True)
         metrics.write(row)
         accelerator.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-        if not math.isfinite(loss_val):
-            raise RuntimeError(f"loss is {loss_val} at step {step}: stopping (lower max_lr, or check the data)")
+        if not (math.isfinite(loss_val) and (norm is None or math.isfinite(norm_val))):
+            raise TrainingDiverged(f"step {step}: loss {loss_val}, gradient norm {norm_val}: stopping "
+                                   "(lower max_lr, or check the data)")
         t_log, steps_since_log = time.perf_counter(), 0
 
     def evaluate() -> None:
         """Validation loss/perplexity on fixed batches and a generated sample."""
-        nonlocal val_loss, best_val, t_log
-        val_loss = _evaluate(model, val, plan, accelerator)
+        nonlocal val_loss, val_step, best_val, t_log
+        t0 = time.perf_counter()
+        val_loss, val_step = _evaluate(model, val, plan, accelerator), step
         row = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)), "tokens_seen": tokens_seen}
         msg = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
         if peak and tps:
@@ -283,7 +297,7 @@ def train(cfg) -> dict[str, Any]:
         metrics.write(row)
         accelerator.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"]}, step=step)
         best_val = min(best_val, val_loss)
-        t_log = time.perf_counter()  # don't count eval time in the next dt
+        t_log += time.perf_counter() - t0  # eval time is not step time
 
     say(f"training {cfg.train.max_steps - step} steps from step {step} into {run_dir}")
     train_iter = iter(loader)
@@ -297,6 +311,7 @@ def train(cfg) -> dict[str, Any]:
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=accelerator.device)
+        accelerator.step = 0  # accelerate syncs at (its micro counter % accum == 0): count from this step
         for micro in range(accum):  # one optimizer step
             x, y = (t.to(accelerator.device, non_blocking=True) for t in next(train_iter))  # (B, T) each
             with accelerator.accumulate(model):
@@ -321,8 +336,9 @@ def train(cfg) -> dict[str, Any]:
         stopping = stop.poll(accelerator)
         if stopping or (cfg.checkpoint.checkpoint_freq and step % cfg.checkpoint.checkpoint_freq == 0) \
                 or (is_last and cfg.checkpoint.save_final):
+            t0 = time.perf_counter()
             save()
-            t_log = time.perf_counter()
+            t_log += time.perf_counter() - t0  # save time is not step time
         if stopping:
             got = signal.Signals(stop.signum).name if stop.signum else "a stop signal on another rank"
             say(f"received {got}: checkpoint saved at step {step}, exiting")

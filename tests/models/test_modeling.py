@@ -90,6 +90,28 @@ def test_bf16_forward(tiny_config):
     assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
 
 
+def test_residual_stream_runs_in_the_autocast_dtype_like_te(tiny_config):
+    """te.TransformerLayer casts its input to the autocast dtype (a bf16 residual stream); the twin must
+    too, or the GPU golden parity test measures a precision choice instead of the implementation."""
+    model = YxanulForCausalLM(tiny_config()).eval()
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a, k: seen.append(a[0].dtype if a else k["hidden_states"].dtype),
+                                             with_kwargs=True) for layer in model.model.layers]
+    final = model.model.norm.register_forward_hook(lambda m, a, out: seen.append(("norm", a[0].dtype, out.dtype)))
+    with torch.no_grad():
+        model(ids())
+        assert seen == [torch.float32] * len(model.model.layers) + [("norm", torch.float32, torch.float32)]
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(ids(), labels=ids())
+    for h in hooks + [final]:
+        h.remove()
+    # layer 0 receives the fp32 embedding and casts it; every later layer and the final norm get bf16
+    assert seen == [torch.float32] + [torch.bfloat16] * (len(model.model.layers) - 1) + [
+        ("norm", torch.bfloat16, torch.bfloat16)]
+    assert torch.isfinite(out.loss)
+
+
 def test_init_weights(tiny_config):
     m = YxanulForCausalLM(tiny_config())
     layer = m.model.layers[0]

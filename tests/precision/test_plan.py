@@ -85,6 +85,7 @@ def test_recipe_mapping_carries_every_value():
                                     ({"fp8_amax_history_len": 0}, "fp8_amax_history_len"),
                                     ({"fp8_min_gemm_dim": -16}, "fp8_min_gemm_dim"),
                                     ({"use_fp8": True, "fp8_format": "e5m2"}, "fp8_format"),
+                                    ({"require_fp8": True, "mixed_precision": "fp32"}, "mixed_precision"),
                                     ({"fp8_keep_bf16": "model.layers.0.*"}, "fp8_keep_bf16"),
                                     ({"fp8_keep_bf16": [""]}, "fp8_keep_bf16")])
 def test_args_validation(kw, key):

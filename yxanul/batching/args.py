@@ -76,7 +76,8 @@ def fp8_micro_multiple(seq_length: int, align: int = FP8_TOKEN_ALIGN) -> int:
     return align // math.gcd(seq_length, align)
 
 
-def micro_multiple(args: BatchArgs, seq_length: int, fp8: bool) -> int:
-    """The multiple every micro-batch must have: ``micro_batch_multiple``, and the FP8 alignment."""
-    m = args.micro_batch_multiple
-    return m * fp8_micro_multiple(seq_length) // math.gcd(m, fp8_micro_multiple(seq_length)) if fp8 else m
+def micro_multiple(args: BatchArgs, seq_length: int, token_align: int = 1) -> int:
+    """The multiple every micro-batch must have: ``micro_batch_multiple``, and the FP8 token alignment
+    (``PrecisionPlan.token_alignment``: 1 without FP8, 16, or 32 for MXFP8)."""
+    m, a = args.micro_batch_multiple, fp8_micro_multiple(seq_length, token_align)
+    return m * a // math.gcd(m, a)

@@ -13,6 +13,7 @@ the caller, not the ones DataLoader workers prefetched.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -136,10 +137,20 @@ class WindowLoader:
         sampler = _Count(start)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
                                              pin_memory=self.pin_memory, persistent_workers=False,
+                                             worker_init_fn=_leave_stop_signals_to_the_main_process,
                                              prefetch_factor=4 if self.num_workers else None)
         for batch in loader:
             self._yielded += 1
             yield batch
+
+
+def _leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
+    """torchrun (``os.killpg``) and SLURM signal the whole process group: a worker killed by SIGTERM
+    would crash the run before the main process saves its checkpoint (preemption.py). Workers
+    ignore SIGTERM/SIGUSR1; the main process finishes the step, saves and shuts them down."""
+    for name in ("SIGTERM", "SIGUSR1"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 class _Count(torch.utils.data.Sampler):

@@ -41,9 +41,9 @@ def resolve_backend(requested: str) -> str:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in fp32, cast back to the input dtype, then scaled (like TE / HF Llama)."""
+    """RMSNorm like TE's kernel: normalized and scaled in fp32, rounded once to the input dtype."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -150,6 +150,9 @@ class YxanulDecoderLayer(GradientCheckpointingLayer):
         self.layernorm_mlp = LayerNormMLP(config)
 
     def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):  # is_first_microbatch: TE only
+        device = hidden_states.device.type
+        if torch.is_autocast_enabled(device):  # as te.TransformerLayer: the residual runs in the autocast dtype
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(device))
         x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb)  # (B, T, C)
         return x + self.layernorm_mlp(x)                                        # (B, T, C)
 

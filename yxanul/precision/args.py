@@ -61,5 +61,8 @@ class PrecisionArgs:
             raise ConfigError("fp8_keep_bf16", "a list of non-empty module-name patterns", self.fp8_keep_bf16)
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
+        if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE
+            raise ConfigError("mixed_precision", "auto or bf16 with use_fp8 (accelerate runs every non-FP8 layer "
+                                                 "under bf16 autocast)", "fp32")
         if self.use_fp8 and self.fp8_format == "e5m2":
             raise ConfigError("fp8_format", "hybrid or e4m3 (TE recipes reject pure E5M2 training)", "e5m2")

@@ -162,6 +162,13 @@ class PrecisionPlan:
             return "FP8?"  # not yet confirmed by TE
         return "FP8" if self.readback.get("fp8_confirmed") else self.base.upper()
 
+    @property
+    def token_alignment(self) -> int:
+        """Tokens per micro-batch must be a multiple of this (1 without FP8)."""
+        from .policy import fp8_alignment
+
+        return fp8_alignment(self.args.fp8_recipe) if self.fp8_enabled else 1
+
     def accelerator_kwargs(self) -> dict:
         """For `accelerate.Accelerator(...)`: ``mixed_precision="fp8"`` with `TERecipeKwargs` for an
         FP8 plan (accelerate's wrapper is removed again by `after_prepare`), else bf16 / no."""

@@ -7,7 +7,9 @@ so they share one decision, reported as kind "mlp" = fc1 + fc2). The LM head is 
 and always stays BF16.
 
 Rule, per kind, for the weight shapes (out, in) of its GEMM(s):
-1. every dimension a multiple of 16 (TE's FP8 GEMM requirement, `assert_dim_for_fp8_exec`), and
+1. every dimension a multiple of the recipe's alignment: 16 (TE's FP8 GEMM requirement,
+   `assert_dim_for_fp8_exec`), 32 for MXFP8 (one E8M0 scale per 32 values;
+   `get_align_size_for_quantization`), and
 2. every dimension >= ``fp8_min_gemm_dim`` (FP8 loses at small widths: docs/fp8.md);
 then ``fp8_keep_bf16`` patterns (fnmatch on module names) force single modules to BF16.
 """
@@ -21,6 +23,11 @@ _SUFFIX = {".self_attention.layernorm_qkv": "qkv", ".self_attention.proj": "proj
 LM_HEAD_WHY = "never FP8 (logits precision; tied to the embedding; not a TE module)"
 
 
+def fp8_alignment(recipe: str) -> int:
+    """Multiple every GEMM dimension (and the tokens of a micro-batch) must have under this recipe."""
+    return 32 if recipe == "mxfp8" else 16
+
+
 def gemm_shapes(config) -> dict[str, list[tuple[int, int]]]:
     """Weight shapes (out, in) of the GEMMs of one block, by kind."""
     h, f = config.hidden_size, config.intermediate_size
@@ -32,16 +39,18 @@ def gemm_shapes(config) -> dict[str, list[tuple[int, int]]]:
 def layer_policy(config, args) -> dict[str, tuple[bool, str]]:
     """Per kind: (runs FP8, why). Pure: depends on the config and the threshold only."""
     out: dict[str, tuple[bool, str]] = {}
+    align = fp8_alignment(args.fp8_recipe)
     for kind, shapes in gemm_shapes(config).items():
         dims = sorted({d for s in shapes for d in s})
         shown = ", ".join(f"{a}x{b}" for a, b in shapes)
-        bad = [d for d in dims if d % 16]
+        bad = [d for d in dims if d % align]
         if bad:
-            out[kind] = (False, f"GEMM {shown}: {bad[0]} is not a multiple of 16 (TE FP8 GEMM requirement)")
+            out[kind] = (False, f"GEMM {shown}: {bad[0]} is not a multiple of {align} "
+                                f"(TE {args.fp8_recipe} FP8 requirement)")
         elif dims[0] < args.fp8_min_gemm_dim:
             out[kind] = (False, f"GEMM {shown}: smallest dim {dims[0]} < fp8_min_gemm_dim {args.fp8_min_gemm_dim}")
         else:
-            out[kind] = (True, f"GEMM {shown}: all dims >= {args.fp8_min_gemm_dim} and multiples of 16")
+            out[kind] = (True, f"GEMM {shown}: all dims >= {args.fp8_min_gemm_dim} and multiples of {align}")
     out["lm_head"] = (False, LM_HEAD_WHY)
     return out
 
