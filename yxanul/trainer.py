@@ -166,12 +166,16 @@ def train(cfg) -> dict[str, Any]:
     report = precision_report(accelerator.unwrap_model(model), plan)
     say(format_report(report))
 
-    def make_loader(seq_length: int, micro: int) -> WindowLoader:
+    def make_loader(seq_length: int, micro: int) -> WindowLoader:  # curriculum stages share one chunk order
         return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed,
+                            base_length=cfg.model.seq_length if curriculum is not None else None,
                             rank=accelerator.process_index, world_size=accelerator.num_processes,
                             num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda")
 
     loader, stage_idx, resumed_data = make_loader(cfg.model.seq_length, batch.micro_batch), None, None
+    if loader.windows.lost_fraction > 0.02:
+        say(f"warning: {loader.windows.lost_fraction:.0%} of the training tokens are shard tails shorter than a "
+            f"window (windows never cross shards): prepare with a larger shard_size_tokens")
     val = list(eval_batches(data_dir, cfg.model.seq_length, batch.micro_batch, cfg.tracking.eval_steps,
                             rank=accelerator.process_index, world_size=accelerator.num_processes))
     step, best_val, val_loss, val_step, tokens_seen = 0, math.inf, None, None, 0

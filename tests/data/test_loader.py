@@ -46,7 +46,8 @@ def test_exact_resume(bundled, workers):
     first = WindowLoader(bundled, "train", 64, 4, seed=3, num_workers=workers)
     assert same(take(first, 5), ref[:5])
     state = first.state_dict()  # counts what was handed out, not what workers prefetched
-    assert state == {"epoch": 0, "position": 20, "seq_length": 64, "seed": 3, "micro_batch_size": 4, "world_size": 1}
+    assert state == {"epoch": 0, "position": 20, "seq_length": 64, "seed": 3, "base_length": 64,
+                     "micro_batch_size": 4, "world_size": 1}
     second = WindowLoader(bundled, "train", 64, 4, seed=3, num_workers=workers)
     second.load_state_dict(json.loads(json.dumps(state)))
     assert same(take(second, 3), ref[5:])
@@ -132,3 +133,44 @@ def test_val_split_loader_too_small_names_the_split(tmp_path, docs_file):
         WindowLoader(out, "val", 8, 64, seed=0)
     with pytest.raises(DataError, match="no 'test' split"):
         WindowLoader(out, "test", 8, 1, seed=0)
+
+
+def test_curriculum_stages_share_one_pass_without_repeats(bundled):
+    """Stage 0 reads 64-token sub-windows of 256-token chunks, stage 1 whole chunks: over one epoch
+    no 64-token segment is trained twice and at most one chunk is skipped at the stage change."""
+    meta = json.loads((bundled / "meta.json").read_text())
+    assert len(meta["splits"]["train"]["shards"]) == 1
+    flat = open_shard(bundled / meta["splits"]["train"]["shards"][0]).astype(np.int64)
+    where = {}
+    for p in range(0, len(flat) - 64, 64):
+        where.setdefault(flat[p:p + 64].tobytes(), []).append(p // 64)
+    seen = []
+
+    def segments(x, per):  # the 64-token segments a batch covers
+        for row in x.numpy():
+            first = where[row[:64].tobytes()]
+            assert len(first) == 1  # unambiguous in this corpus
+            seen.extend(range(first[0], first[0] + per))
+
+    stage0 = WindowLoader(bundled, "train", 64, 4, seed=5, base_length=256)
+    it = iter(stage0)
+    for _ in range(301):  # 1204 sub-windows: 301 chunks, the last one only partly read
+        segments(next(it)[0], 1)
+    stage1 = WindowLoader(bundled, "train", 256, 2, seed=5, base_length=256)
+    stage1.load_state_dict(stage0.state_dict())
+    assert stage1.state_dict()["position"] == 301 and stage1.epoch == 0  # the next whole chunk, same epoch
+    for x, _ in stage1:
+        if stage1.epoch:
+            break
+        segments(x, 4)
+    assert len(seen) == len(set(seen))  # no token trained twice within the pass
+    n_chunks = stage1.windows.n_chunks
+    assert len(seen) >= 4 * (n_chunks - 1) - 4 * 2  # all but the partly read chunk (and a partial last step)
+
+
+def test_small_shards_warn_by_their_loss_and_fail_naming_shard_size_tokens(tmp_path):
+    out = prepare(DataArgs(data_dir=str(tmp_path / "d"), shard_size_tokens=1024), **Q)  # the bundled corpus
+    assert 0.06 < WindowLoader(out, "train", 64, 4, seed=0).windows.lost_fraction < 0.07  # 15 of 16 windows
+    assert 0.2 < WindowLoader(out, "train", 256, 4, seed=0).windows.lost_fraction < 0.3  # 3 windows of 1024 tokens
+    with pytest.raises(DataError, match="at most 1,024 tokens each, too few for one window of 1025: .*shard_size_tokens"):
+        WindowLoader(out, "train", 1024, 1, seed=0)

@@ -134,12 +134,32 @@ def test_map_with_processes_gives_the_same_shards(tmp_path, docs_file):
     (lambda p: (p / "x.jsonl").write_text('{"body": "hello"}\n') and p / "x.jsonl",
      r"x.jsonl': no column 'text' \(columns: body\); set text_column"),
     (lambda p: (p / "emptydir").mkdir() or p / "emptydir", "a directory with no .txt"),
+    (lambda p: p / "corpus_no_suffix", r"dataset '.*corpus_no_suffix': no such file$"),
 ])
-def test_source_errors_are_one_line_naming_the_file(tmp_path, make, needle):
+@pytest.mark.parametrize("streaming", [False, True])
+def test_source_errors_are_one_line_naming_the_file(tmp_path, make, needle, streaming):
     target = make(tmp_path)
     with pytest.raises(DataError, match=needle) as e:
-        prepare(DataArgs(dataset=str(target)), **Q)
+        prepare(DataArgs(dataset=str(target), streaming=streaming), **Q)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_csv_without_the_text_column_is_one_line_also_streamed(tmp_path, streaming):
+    (tmp_path / "x.csv").write_text("body,id\nhello there,1\nmore text,2\n")
+    with pytest.raises(DataError, match=r"x.csv': no column 'text' \(columns: body, id\); set text_column"):
+        prepare(DataArgs(dataset=str(tmp_path / "x.csv"), streaming=streaming), **Q)
+
+
+def test_special_token_text_inside_a_document_is_not_a_document_boundary(tmp_path):
+    docs = [f"Post {i} quotes the GPT-2 separator <|endoftext|> inside its body, word{i}." for i in range(40)]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    out = prepare(DataArgs(dataset=str(tmp_path / "d.jsonl"), val_fraction=0.1, data_dir=str(tmp_path / "o")), **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    eos = sum(int((open_shard(out / f) == meta["eos_token_id"]).sum())
+              for split in ("train", "val") for f in meta["splits"][split]["shards"])
+    assert eos == len(docs)  # one EOS per document, none from the quoted string
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(docs)
 
 
 def test_prepare_cli_error_is_one_line(tmp_path):
@@ -191,6 +211,15 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     out = ensure_prepared(args, is_main_process=True, wait=lambda: waits.append(2), say=Q["say"])
     assert ensure_prepared(args, is_main_process=False, wait=lambda: waits.append(3)) == out and waits == [1, 2, 3]
     assert ensure_prepared(DataArgs(data_dir=str(out))) == out  # a prepared folder alone is used as is
+    # ... and every rank still meets the main process at the barrier (a rank arriving after the
+    # main process finished must not skip it)
+    waits.clear()
+    for main in (True, False):
+        assert ensure_prepared(DataArgs(data_dir=str(out)), is_main_process=main, wait=lambda: waits.append(main)) == out
+    assert waits == [True, False]
+    with pytest.raises(DataError, match=r"data_dir '.*typo': no prepared shards \(no meta.json\); run `yxanul prepare"):
+        ensure_prepared(DataArgs(data_dir=str(tmp_path / "typo")), is_main_process=True, wait=lambda: waits.append(5))
+    assert waits[-1] == 5 and not (tmp_path / "typo").exists()  # nothing packed into the mistyped folder
     with pytest.raises(DataError, match="no such file"):  # the main process reaches the barrier on failure too
         ensure_prepared(DataArgs(dataset=str(tmp_path / "nope.txt")), wait=lambda: waits.append(4))
     assert waits[-1] == 4

@@ -71,5 +71,5 @@ class DataArgs:
             if unknown:
                 raise ConfigError("datasets", f"entries with keys {', '.join(MIXTURE_KEYS)}", sorted(unknown))
             weight = d.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
                 raise ConfigError("datasets", f"a positive number as weight of '{d['path']}'", weight)

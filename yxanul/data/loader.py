@@ -8,6 +8,12 @@ A GLOBAL position counts windows consumed in the epoch: one iteration consumes
 any point is a pure function of (seed, epoch, position): resume is exact, and resuming with another
 world size continues at the same global position. The state reflects batches actually handed to
 the caller, not the ones DataLoader workers prefetched.
+
+Curriculum (``base_length`` L, a multiple of seq_length T): the permutation is over chunks of L
+tokens (windows of L + 1), and each chunk is read as its L/T consecutive sub-windows of T + 1. Every
+stage of one curriculum thus walks the same order of the same tokens: a stage change continues at
+the next whole chunk of the same epoch (at most one chunk skipped), so one pass over the data never
+repeats tokens. With T == L this is exactly the plain window order.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from .shards import open_shard
 
 
 class _Windows:
-    def __init__(self, data_dir, split: str, seq_length: int):
+    def __init__(self, data_dir, split: str, seq_length: int, base_length: int | None = None):
         meta_path = Path(data_dir) / "meta.json"
         if not meta_path.is_file():
             raise DataError(f"data_dir '{data_dir}': no meta.json (run `yxanul prepare`)")
@@ -33,28 +39,39 @@ class _Windows:
             raise DataError(f"data_dir '{data_dir}': no '{split}' split (splits: {', '.join(meta['splits'])})")
         self.files = [Path(data_dir) / f for f in meta["splits"][split]["shards"]]
         self.T, self.split = seq_length, split
+        self.L = base_length if base_length and base_length % seq_length == 0 else seq_length  # chunk length
+        self.r = self.L // self.T  # sub-windows per chunk
         self.shards = None  # opened lazily (per DataLoader worker)
         counts = []
         for f in self.files:
             n = open_shard(f).shape[0]
-            counts.append(max(0, (n - 1) // seq_length))
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.n = int(self.offsets[-1])
+            counts.append(max(0, (n - 1) // self.L))
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)  # in chunks
+        self.n_chunks = int(self.offsets[-1])
+        self.n = self.n_chunks * self.r  # windows of T + 1
         tokens = meta["splits"][split]["tokens"]
+        # windows never cross shards: each shard's tail (< L + 1 tokens) is not trained on
+        self.lost_fraction = 1 - self.n_chunks * self.L / max(tokens, 1)
+        if self.n == 0 and tokens > self.L:
+            biggest = max(open_shard(f).shape[0] for f in self.files)
+            raise DataError(f"data_dir '{data_dir}': its shards hold at most {biggest:,} tokens each, too few for "
+                            f"one window of {self.L + 1}: prepare it again with a larger shard_size_tokens")
         if self.n == 0:
             name = "validation" if split == "val" else split
             raise DataError(f"{name} split has {tokens:,} tokens; need at least seq_length+1 = {seq_length + 1}: "
                             "lower seq_length" + (" or raise val_fraction" if split == "val" else " or add data"))
 
     def gather(self, idx: np.ndarray) -> np.ndarray:
+        """Windows ``idx`` (sub-window k of chunk c is ``c * r + k``) as a (len(idx), T + 1) array."""
         if self.shards is None:
             self.shards = [open_shard(f) for f in self.files]
-        shard = np.searchsorted(self.offsets, idx, side="right") - 1
+        chunk, k = np.divmod(idx, self.r)
+        shard = np.searchsorted(self.offsets, chunk, side="right") - 1
         out = np.empty((len(idx), self.T + 1), dtype=np.int64)
         cols = np.arange(self.T + 1)
         for s in np.unique(shard):
             rows = np.nonzero(shard == s)[0]
-            starts = (idx[rows] - self.offsets[s]) * self.T
+            starts = (chunk[rows] - self.offsets[s]) * self.L + k[rows] * self.T
             out[rows] = self.shards[s][starts[:, None] + cols]
         return out
 
@@ -85,7 +102,8 @@ class _BatchDataset(torch.utils.data.Dataset):
     def perm(self, epoch: int) -> np.ndarray:
         if self._perm_epoch != epoch:
             # = default_rng(...).permutation(n) (same shuffle), in int32 when it fits: half the memory
-            idx = np.arange(self.w.n, dtype=np.int32 if self.w.n < 2**31 else np.int64)
+            n = self.w.n_chunks
+            idx = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
             np.random.default_rng([self.seed, epoch]).shuffle(idx)
             self._perm = idx
             self._perm_epoch = epoch
@@ -94,17 +112,19 @@ class _BatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, k):
         epoch, pos = self.locate(k)
         start = pos + self.rank * self.B
-        win = torch.from_numpy(self.w.gather(self.perm(epoch)[start:start + self.B]))
+        chunk_pos, k = np.divmod(np.arange(start, start + self.B), self.w.r)
+        win = torch.from_numpy(self.w.gather(self.perm(epoch)[chunk_pos].astype(np.int64) * self.w.r + k))
         return win[:, :-1], win[:, 1:]  # (B, T) inputs, (B, T) targets
 
 
 class WindowLoader:
     def __init__(self, data_dir, split: str, seq_length: int, micro_batch_size: int, seed: int,
-                 rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False):
+                 rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False,
+                 base_length: int | None = None):
         if seq_length < 1 or micro_batch_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"WindowLoader: need seq_length >= 1, micro_batch_size >= 1, 0 <= rank < world_size; "
                              f"got {seq_length}, {micro_batch_size}, {rank}, {world_size}")
-        self.windows = _Windows(data_dir, split, seq_length)
+        self.windows = _Windows(data_dir, split, seq_length, base_length)
         self.seq_length, self.B, self.seed = seq_length, micro_batch_size, seed
         self.rank, self.world, self.num_workers, self.pin_memory = rank, world_size, num_workers, pin_memory
         self._start = (0, 0)
@@ -121,14 +141,19 @@ class WindowLoader:
     def state_dict(self) -> dict:
         epoch, pos = self._ds.locate(self._yielded)
         return {"epoch": epoch, "position": pos, "seq_length": self.seq_length, "seed": self.seed,
-                "micro_batch_size": self.B, "world_size": self.world}
+                "base_length": self.windows.L, "micro_batch_size": self.B, "world_size": self.world}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("seq_length", self.seq_length) != self.seq_length or state.get("seed", self.seed) != self.seed:
-            # another window grid or order: positions don't carry over; start that epoch afresh
-            self._start = (int(state.get("epoch", 0)) + 1, 0)
-        else:
-            self._start = (int(state["epoch"]), int(state["position"]))
+        T, epoch = int(state.get("seq_length", self.seq_length)), int(state.get("epoch", 0))
+        same_order = state.get("seed", self.seed) == self.seed and int(state.get("base_length", T)) == self.windows.L
+        if same_order and T == self.seq_length:
+            self._start = (epoch, int(state["position"]))
+        elif same_order:  # another stage of the same curriculum: go on at the next whole chunk
+            chunks = -(-int(state["position"]) // (self.windows.L // T))
+            pos = chunks * self.windows.r
+            self._start = (epoch, pos) if pos < self.windows.n else (epoch + 1, 0)
+        else:  # another window grid or order: positions don't carry over; start the next epoch afresh
+            self._start = (epoch + 1, 0)
         self._yielded = 0
         self._ds = self._dataset()
 

@@ -37,7 +37,7 @@ from .sources import (
     resolve_sources,
 )
 
-FORMAT = 1
+FORMAT = 2  # 2: special-token strings inside documents are plain text (split_special_tokens)
 GPT2_OFFLINE = "gpt2-offline"
 
 
@@ -138,11 +138,11 @@ def _tokenized(ds, tok, args: DataArgs):
     (for slow Python tokenizers; it writes an Arrow cache of the ids in the datasets cache)."""
     n_proc = args.prepare_num_proc or 1
     if not args.streaming and n_proc > 1:
-        ds = ds.map(lambda b: {"ids": tok(_texts(b), add_special_tokens=False)["input_ids"]}, batched=True,
+        ds = ds.map(lambda b: {"ids": tok(_texts(b), add_special_tokens=False, split_special_tokens=True)["input_ids"]}, batched=True,
                     num_proc=n_proc, remove_columns=["text"], desc="tokenizing (map)")
         return (b["ids"] for b in ds.iter(batch_size=1000))
     # the fast tokenizer parallelises a batch across threads itself
-    return (tok(_texts(b), add_special_tokens=False)["input_ids"] for b in ds.iter(batch_size=1000))
+    return (tok(_texts(b), add_special_tokens=False, split_special_tokens=True)["input_ids"] for b in ds.iter(batch_size=1000))
 
 
 def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, seed: int = 0, say=print,
@@ -245,19 +245,25 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     failed, so the others don't hang) and the others reuse the folder. Without ``wait``, call it
     inside ``state.main_process_first()``.
     """
-    if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None \
-            and read_meta(Path(args.data_dir)):
-        return Path(args.data_dir)
     quiet = (lambda *a, **k: None)
+    if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
+        def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
+            if read_meta(Path(args.data_dir)):
+                return Path(args.data_dir)
+            raise DataError(f"data_dir '{args.data_dir}': no prepared shards (no meta.json); run `yxanul prepare "
+                            "--data_dir ...` first, or set dataset/datasets to prepare it here")
+    else:
+        def get(**kw):
+            return prepare(args, seed=seed, **kw)
     if wait is None:
-        return prepare(args, progress=is_main_process, seed=seed, say=say if is_main_process else quiet)
-    if is_main_process:
+        return get(progress=is_main_process, say=say if is_main_process else quiet)
+    if is_main_process:  # every rank meets at the barrier exactly once, whatever happens
         try:
-            return prepare(args, progress=True, seed=seed, say=say)
+            return get(progress=True, say=say)
         finally:
             wait()
     wait()
-    return prepare(args, progress=False, seed=seed, say=quiet, create=False)
+    return get(progress=False, say=quiet, create=False)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -94,6 +94,7 @@ def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_co
         if not files:
             raise DataError(f"dataset '{path}': no such file (the pattern matches nothing)")
     elif p.exists() or path.startswith((".", "/", "~")) or _suffix(path) in _BUILDERS:
+        _check_exists(str(p))
         files = [str(p)]
     else:  # a Hub dataset name
         return Source(path, None, None, weight, split, text_column, name)
@@ -149,6 +150,11 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
     cols = list(ds.column_names or [])
+    if not cols and streaming:  # streamed CSV/JSON: columns are known only once a row is read
+        try:
+            cols = list(next(iter(ds.take(1)), {}))
+        except Exception as e:  # noqa: BLE001 -- a broken file: one line
+            raise DataError(f"dataset '{src.path}': could not be read ({str(e).strip().splitlines()[0][:300]})") from None
     if cols and src.text_column not in cols:
         raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {', '.join(cols)}); "
                         "set text_column")
