@@ -29,12 +29,18 @@ def _state(step, val=None):
             "precision": "FP32", "backend": "torch"}
 
 
-def test_crash_mid_save_keeps_previous(tmp_path, acc_model):
+def _saved_then_changed(tmp_path, acc_model):
+    """Save step 10, then change the weights; returns the accelerator and step 10's weight bytes."""
     acc, model, _ = acc_model
     save_checkpoint(acc, tmp_path, _state(10), keep_last=3)
     before = (tmp_path / "checkpoints" / "step_10" / "model.safetensors").read_bytes()
     with torch.no_grad():
         model.weight.add_(1.0)
+    return acc, before
+
+
+def test_crash_mid_save_keeps_previous(tmp_path, acc_model):
+    acc, before = _saved_then_changed(tmp_path, acc_model)
 
     def crash(stage):
         raise Crash(stage)
@@ -55,11 +61,7 @@ def test_crash_mid_save_keeps_previous(tmp_path, acc_model):
 def test_crash_while_replacing_a_step_keeps_the_old_copy(tmp_path, acc_model):
     """Re-saving an existing step (training again from an older checkpoint): the old copy is moved
     aside, never deleted before the new one is in place; a crash in between leaves it resumable."""
-    acc, model, _ = acc_model
-    save_checkpoint(acc, tmp_path, _state(10), keep_last=3)
-    before = (tmp_path / "checkpoints" / "step_10" / "model.safetensors").read_bytes()
-    with torch.no_grad():
-        model.weight.add_(1.0)
+    acc, before = _saved_then_changed(tmp_path, acc_model)
 
     def crash(stage):
         if stage == "after_swap":

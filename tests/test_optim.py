@@ -26,3 +26,14 @@ def test_optimizer_groups():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert {p.dim() for p in decay["params"]} == {2}
     assert {p.dim() for p in no_decay["params"]} == {1}
+
+
+def test_decay_that_ends_before_warmup_is_a_config_error():
+    import pytest
+
+    from yxanul.errors import ConfigError
+
+    assert OptimArgs(warmup_steps=100, lr_decay_steps=101).lr_decay_steps == 101
+    for bad in (100, 50):
+        with pytest.raises(ConfigError, match=r"config key 'lr_decay_steps': expected an integer > warmup_steps \(100\)"):
+            OptimArgs(warmup_steps=100, lr_decay_steps=bad)

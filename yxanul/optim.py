@@ -47,6 +47,9 @@ class OptimArgs:
             raise ConfigError("warmup_steps", "an integer >= 0", self.warmup_steps)
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError("lr_decay_steps", "a positive integer or null", self.lr_decay_steps)
+        if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:
+            raise ConfigError("lr_decay_steps", f"an integer > warmup_steps ({self.warmup_steps}): the cosine "
+                              "decays from the end of warmup to lr_decay_steps", self.lr_decay_steps)
         if not 0 <= self.weight_decay < math.inf:
             raise ConfigError("weight_decay", "a float >= 0", self.weight_decay)
         if not 0 <= self.max_grad_norm < math.inf:

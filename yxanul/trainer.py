@@ -128,7 +128,8 @@ def train(cfg) -> dict[str, Any]:
     set_seed(cfg.train.seed)
 
     # -- data ------------------------------------------------------------------------------------
-    data_dir = ensure_prepared(cfg.data, is_main_process=state.is_main_process, wait=state.wait_for_everyone, say=say)
+    data_dir = ensure_prepared(cfg.data, is_main_process=state.is_local_main_process,  # one per node
+                               wait=state.wait_for_everyone, say=say)
     meta = json.loads((Path(data_dir) / "meta.json").read_text())
     tokenizer = load_prepared_tokenizer(data_dir)
 

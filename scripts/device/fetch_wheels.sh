@@ -18,8 +18,8 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
 dl .device/whl "transformer-engine==${TE_VERSION}" pydantic pydantic-core annotated-types typing-inspection \
    nvdlfw-inspect "nvidia-cudnn-frontend>=1.29" datasets multiprocess dill hjson
 # DeepSpeed (ZeRO-1 GPU tests) is an sdist whose setup.py imports torch: build its pure-Python wheel
-# here with the local torch (no ops prebuilt; DeepSpeed JIT-builds what it needs there).
-DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation -w .device/whl "deepspeed==${DS_VERSION:-0.19.8}"
+# here in pip's isolated build env (no torch needed: no ops prebuilt; DeepSpeed JIT-builds what it needs there).
+DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps -w .device/whl "deepspeed==${DS_VERSION:-0.19.8}"
 # The torch extension is an sdist only: built on the device (g++, no nvcc) by setup.sh.
 # `pip download` of that sdist fails here (preparing its metadata needs a CUDA torch), so take the
 # file straight from PyPI's simple index (JSON form) and check its sha256.

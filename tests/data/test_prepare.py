@@ -17,6 +17,7 @@ from yxanul.data.prepare import (
     load_prepared_tokenizer,
     load_tokenizer,
     prepare,
+    read_meta,
 )
 from yxanul.data.shards import ShardWriter, dtype_for_vocab, open_shard, write_shard
 from yxanul.data.sources import BUNDLED_CORPUS, BUNDLED_TOKENIZER
@@ -354,3 +355,35 @@ def test_streaming_gives_the_same_shards(tmp_path, docs_file):
     b = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "b"), streaming=True), **Q)
     for f in ("train_00000.bin", "val_00000.bin"):
         assert (a / f).read_bytes() == (b / f).read_bytes()
+
+
+def test_nodes_preparing_the_same_folder_at_once_race_safely(tmp_path, docs_file):
+    """Each node's local main process prepares a node-local cache; on a shared filesystem they all
+    pack the same folder at once: every one gets the same complete folder and no temporary is left."""
+    import threading
+
+    path, _ = docs_file()
+    args = DataArgs(dataset=str(path), data_dir=str(tmp_path / "shared" / "d"))
+    start, results, errors = threading.Barrier(3), [], []
+
+    def node():
+        start.wait()
+        try:
+            results.append(ensure_prepared(args, is_main_process=True, wait=lambda: None, say=Q["say"]))
+        except BaseException as e:  # pragma: no cover - reported by the assert below
+            errors.append(e)
+    threads = [threading.Thread(target=node) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 3 and len(set(results)) == 1
+    out = results[0]
+    assert read_meta(out) and sorted(p.name for p in out.parent.iterdir()) == ["d"]
+    assert (out.stat().st_mode & 0o777) == (0o777 & ~_umask())  # not mkdtemp's 0700
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m

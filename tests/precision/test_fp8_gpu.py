@@ -254,7 +254,7 @@ def test_checkpoints_across_precisions(tmp_path):
     a, b = _losses(full), _losses(part)
     assert max(abs(a[s] - b[s]) for s in range(11, 21)) < 5e-3
     # BF16 -> FP8
-    _train(tmp_path, "b", "--max_steps", "5", "--lr_decay_steps", "10")
+    _train(tmp_path, "b", "--max_steps", "5", "--lr_decay_steps", "20")
     _, out = _train(tmp_path, "b", "--max_steps", "10", "--use_fp8", "--require_fp8", "--resume", "latest",
-                    "--lr_decay_steps", "10")
+                    "--lr_decay_steps", "20")
     assert "precision: BF16 -> FP8" in out

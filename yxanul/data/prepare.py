@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 import typing
 import zlib
@@ -154,7 +155,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, seed: int = 
         say(f"data: reusing prepared shards in {out}")
         return out
     if not create:
-        raise DataError(f"data_dir '{out}': not prepared (the main process failed to prepare it; see its error)")
+        raise DataError(f"data_dir '{out}': not prepared (this node's main process failed to prepare it; see its error)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if read_meta(out):
             raise DataError(f"data_dir '{out}': holds shards prepared from other sources/tokenizer/settings; "
@@ -165,9 +166,12 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, seed: int = 
     from tqdm.auto import tqdm
 
     t0 = time.time()
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # unique per process, thread and host: several nodes may prepare the same folder on a shared FS
+    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make a shared cache unreadable to other users
     vocab, eos = len(tok), tok.eos_token_id
     dtype = dtype_for_vocab(vocab)
     writers = {s: ShardWriter(tmp, s, dtype, args.shard_size_tokens) for s in ("train", "val")}
@@ -215,7 +219,6 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, seed: int = 
                 "sources": [s.path for s in sources], "yxanul_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))  # written last: marks the folder complete
-        out.parent.mkdir(parents=True, exist_ok=True)
         try:
             if out.exists():
                 out.rmdir()  # an empty folder the user created
@@ -241,8 +244,11 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
 
     A ``data_dir`` holding a complete prepared folder, given without ``dataset``/``datasets``/
     ``tokenizer``, is used as is. With a barrier ``wait`` (e.g. ``accelerator.wait_for_everyone``)
-    the main process prepares, then everybody meets at the barrier (the main process also when it
-    failed, so the others don't hang) and the others reuse the folder. Without ``wait``, call it
+    the process given ``is_main_process`` prepares, then everybody meets at the barrier (it also when
+    it failed, so the others don't hang) and the others reuse the folder. The trainer passes each
+    node's *local* main process: a node-local cache (the default ``~/.cache/yxanul``) is then
+    prepared on every node, and on a shared filesystem the nodes race safely (each packs into its own
+    temporary folder, the first atomic rename wins, the others reuse it). Without ``wait``, call it
     inside ``state.main_process_first()``.
     """
     quiet = (lambda *a, **k: None)
