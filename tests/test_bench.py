@@ -20,6 +20,7 @@ def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
     assert ok["finite"] and ok["loss_first"] > 5.0  # ≈ ln(512) at init: a real forward on real weights
     assert ok["params"] > 0 and ok["mfu_bf16_peak"] is None  # no known peak on a CPU
     assert rows[2]["reason"] == "no CUDA device"
+    assert {r["backend"] for r in rows} == {"torch"}  # 'auto' (the default) resolved before the plan, as in training
     table = markdown(rows, env)
     assert "| tiny | 32 | 2 | bf16 |" in table and "1.00x" in table and "skipped: no CUDA device" in table
 

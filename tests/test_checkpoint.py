@@ -103,3 +103,60 @@ def test_checkpoints_cli(tmp_path, acc_model):
     assert r.returncode == 0 and "step_7" in r.stdout
     r = subprocess.run([sys.executable, "-m", "yxanul", "checkpoints", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: run directory")
+
+
+def _fuse_qkv_like_te(model):
+    """Make every layer's query/key/value weights views of ONE buffer, as TE's LayerNormLinear
+    (parameters_split) registers them: the storage layout that accelerate's own load_state refuses."""
+    for layer in model.model.layers:
+        qkv = layer.self_attention.layernorm_qkv
+        parts = [qkv.query_weight, qkv.key_weight, qkv.value_weight]
+        buf = torch.cat([p.detach() for p in parts])
+        start = 0
+        for name, p in zip(("query_weight", "key_weight", "value_weight"), parts):
+            setattr(qkv, name, torch.nn.Parameter(buf[start:start + p.shape[0]]))
+            start += p.shape[0]
+
+
+def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config):
+    """A TE model's q/k/v weights share one storage; accelerate's load_state (safetensors.load_model)
+    raised "None is covering the entire storage" on every TE checkpoint. load_for_resume loads them
+    in place, the tied head included, and still refuses weights of another shape."""
+    from safetensors.torch import load_model
+
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.config import parse_args
+    from yxanul.models import YxanulForCausalLM
+
+    def build(**kw):
+        torch.manual_seed(0)
+        model = YxanulForCausalLM(tiny_config(**kw))
+        _fuse_qkv_like_te(model)
+        acc = Accelerator(cpu=True)
+        opt = torch.optim.AdamW(model.parameters())
+        return acc, *acc.prepare(model, opt)
+
+    acc, model, opt = build()
+    qkv = model.model.layers[0].self_attention.layernorm_qkv
+    assert qkv.key_weight.untyped_storage().data_ptr() == qkv.query_weight.untyped_storage().data_ptr()
+    model(torch.randint(0, 1000, (2, 16)), labels=torch.randint(0, 1000, (2, 16))).loss.backward()
+    opt.step()
+    save_checkpoint(acc, tmp_path, _state(3), keep_last=3)
+    ckpt = tmp_path / "checkpoints" / "step_3"
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="entire storage"):  # what plain accelerate does with it
+        load_model(model, ckpt / "model.safetensors")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    cfg = parse_args(["--model", "tiny"])
+    load_for_resume(acc, ckpt, cfg)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    assert opt.state_dict()["state"], "optimizer state restored too"
+    assert qkv.key_weight.untyped_storage().data_ptr() == qkv.query_weight.untyped_storage().data_ptr()
+
+    other, _, _ = build(intermediate_size=768)
+    with pytest.raises(UserError, match=r"resume '.*step_3': its weights do not fit this model \(.*size mismatch"):
+        load_for_resume(other, ckpt, cfg)

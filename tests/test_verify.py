@@ -21,7 +21,7 @@ def test_verify_on_cpu_exits_0(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "no CUDA device" in out and "[INFO] fp8 recipe delayed" in out
     assert "[WARN] env NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" in out and "env NVTE_SOMETHING" in out
-    assert "precision report for --model medium" in out and "FP8 requested but off: no CUDA device" in out
+    assert "precision report for --model yxanul-0.6b" in out and "FP8 requested but off: no CUDA device" in out
     assert out.rstrip().endswith("all requirements met")
 
 
@@ -30,12 +30,12 @@ def test_verify_require_fp8_json_exits_1(capsys):
     assert main(["--require_fp8", "--json", "--fp8_recipe", "current"]) == 1
     out = json.loads(capsys.readouterr().out)
     failed = {r["check"] for r in out["checks"] if r["status"] == "FAIL"}
-    assert failed >= {"gpu", "fp8 recipe current", "fp8 in a medium forward"}
+    assert failed >= {"gpu", "fp8 recipe current", "fp8 in a yxanul-0.6b forward"}
     assert "fp8 recipe delayed" not in failed  # only the requested recipe is a requirement
     te_row = next(r for r in out["checks"] if r["check"] == "transformer_engine")
     assert te_row["status"] == ("PASS" if _te.TE_AVAILABLE else "FAIL")
     mlp = out["precision_report"]["layers"]["mlp"]
-    assert mlp["fp8"] == 0 and mlp["bf16"] == 24 and mlp["why"] == out["precision_report"]["fallback_reason"]
+    assert mlp["fp8"] == 0 and mlp["bf16"] == 21 and mlp["why"] == out["precision_report"]["fallback_reason"]
     assert out["failed"] == len(failed)
 
 

@@ -101,12 +101,14 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
 
     from .batching import probe_context
     from .models.configuration_yxanul import config_from_preset, matmul_parameters
-    from .models.modeling_yxanul import YxanulForCausalLM
+    from .models.modeling_yxanul import YxanulForCausalLM, resolve_backend
     from .optim import OptimArgs, build_optimizer
     from .precision import resolve_precision
     from .tracking import flops_per_token, peak_flops
 
-    config = config_from_preset(preset, a.vocab_size, seq, backend=a.backend)
+    # 'auto' resolved before the precision plan, as the trainer does (else every FP8 case is skipped
+    # with "backend is 'auto'", seen on an H100)
+    config = config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend))
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
            "backend": config.backend, "params": None, "status": "ok", "reason": None}
     notes: list[str] = []

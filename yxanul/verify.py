@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="yxanul verify", description=__doc__.split("\n\n")[0])
     p.add_argument("--require_fp8", action="store_true", help="fail (exit 1) unless FP8 works here")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--model", default="medium", help="preset whose FP8 precision report to show (default: medium)")
+    p.add_argument("--model", default="yxanul-0.6b", help="preset whose FP8 precision report to show (default: "
+                   "yxanul-0.6b, the smallest preset whose layers pass the default small-GEMM policy)")
     p.add_argument("--fp8_recipe", default="delayed", choices=list(RECIPES))
     a = p.parse_args(argv)
     from .models import PRESETS

@@ -45,7 +45,7 @@ slow() {  # the GPU tests that train through the CLI / accelerate launch (severa
 parity() {
   local steps=${PARITY_STEPS:-400} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024}
   local common=(--model "${PARITY_MODEL:-medium}" --seq_length "$seq" --micro_batch_size "$micro" --max_steps "$steps"
-                --warmup_steps 40 --max_lr 6e-4 --log_freq 5 --eval_freq 100 --eval_steps 20
+                --warmup_steps 40 --max_lr 6e-4 --log_freq 5 --eval_freq 100 --eval_steps 4 --val_fraction 0.1
                 --checkpoint_freq 0 --sample_tokens 0 --num_workers 2 --backend "${PARITY_BACKEND:-te}" --fp8_min_gemm_dim 0)
   rm -rf /tmp/parity && mkdir -p /tmp/parity
   step parity-bf16 python3 -m yxanul train "${common[@]}" --output_dir /tmp/parity/bf16
@@ -57,9 +57,10 @@ parity() {
 }
 
 bench() {
-  step bench python3 -m yxanul bench --presets "${BENCH_PRESETS:-gpt2-124m,medium,xlarge}" \
-       --seq_lengths "${BENCH_SEQS:-1024,2048}" --time_limit "${BENCH_TIME:-300}" --out "$OUT"
-  step profile python3 -m yxanul bench --presets gpt2-124m --seq_lengths 1024 --precisions bf16,fp8-delayed \
+  step bench python3 -m yxanul bench --backend te --presets "${BENCH_PRESETS:-gpt2-124m,medium,yxanul-0.6b,xlarge}" \
+       --seq_lengths "${BENCH_SEQS:-1024,2048}" --precisions bf16,fp8-delayed,fp8-current,fp8-block,fp8-mxfp8 \
+       --fp8_min_gemm_dim 0 --time_limit "${BENCH_TIME:-300}" --out "$OUT"
+  step profile python3 -m yxanul bench --backend te --presets medium --seq_lengths 1024 --precisions bf16,fp8-delayed \
        --fp8_min_gemm_dim 0 --steps 3 --profile --out /tmp/profile
   cat /tmp/profile/profile-*.txt > "$OUT/profiles.txt" 2>/dev/null || true
 }

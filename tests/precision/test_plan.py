@@ -16,7 +16,7 @@ def facts(**kw):
     return CapabilityFacts(**{**H100.__dict__, **kw})
 
 
-def te_cfg(preset="medium", **kw):
+def te_cfg(preset="large", **kw):  # 1536 wide: FP8 under the default small-GEMM policy
     cfg = config_from_preset(preset, 50257, 1024, **kw)
     cfg.backend = "te"
     return cfg

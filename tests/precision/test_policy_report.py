@@ -18,8 +18,8 @@ def cfg(preset, **kw):
 
 
 @pytest.mark.parametrize("preset,expect", [
-    ("tiny", False), ("gpt2-124m", False), ("small", False),              # 256/768 wide: BF16
-    ("medium", True), ("yxanul-0.6b", True), ("large", True), ("xlarge", True),
+    ("tiny", False), ("gpt2-124m", False), ("small", False), ("medium", False),  # <= 1024 wide: BF16
+    ("yxanul-0.6b", True), ("large", True), ("xlarge", True),                      # >= 1536: FP8 (H100 bench)
 ])
 def test_default_policy_on_every_preset(preset, expect):
     pol = layer_policy(cfg(preset), PrecisionArgs())
@@ -30,7 +30,7 @@ def test_default_policy_on_every_preset(preset, expect):
 def test_policy_threshold_and_reasons():
     assert set(PRESETS) >= {"gpt2-124m", "medium", "xlarge"}
     small = layer_policy(cfg("gpt2-124m"), PrecisionArgs())
-    assert "smallest dim 768 < fp8_min_gemm_dim 1024" in small["proj"][1]
+    assert "smallest dim 768 < fp8_min_gemm_dim 1536" in small["proj"][1]
     forced = layer_policy(cfg("gpt2-124m"), PrecisionArgs(fp8_min_gemm_dim=0))
     assert forced["mlp"][0] and forced["qkv"][0] and not forced["lm_head"][0]
     strict = layer_policy(cfg("yxanul-0.6b"), PrecisionArgs(fp8_min_gemm_dim=2048))   # 1536 wide, GQA
@@ -39,7 +39,7 @@ def test_policy_threshold_and_reasons():
     assert not odd["mlp"][0] and "700 is not a multiple of 16" in odd["mlp"][1]
     assert odd["qkv"][0]
     # 3088 = 16 x 193: fine for delayed/current/block, but MXFP8 needs multiples of 32
-    mx = {r: layer_policy(cfg("medium", intermediate_size=3088), PrecisionArgs(fp8_recipe=r)) for r in ("delayed", "mxfp8")}
+    mx = {r: layer_policy(cfg("medium", intermediate_size=3088), PrecisionArgs(fp8_recipe=r, fp8_min_gemm_dim=0)) for r in ("delayed", "mxfp8")}
     assert mx["delayed"]["mlp"][0] and mx["mxfp8"]["qkv"][0]
     assert not mx["mxfp8"]["mlp"][0] and "3088 is not a multiple of 32 (TE mxfp8" in mx["mxfp8"]["mlp"][1]
 
@@ -85,7 +85,7 @@ def test_label_follows_te_readback_only():
     from yxanul.precision.policy import layer_policy as lp
     from yxanul.precision.report import _finish
 
-    c = cfg("medium")
+    c = cfg("large")
     args = PrecisionArgs(use_fp8=True)
     plan = PrecisionPlan.__new__(PrecisionPlan)
     plan.__dict__.update(args=args, fp8_enabled=True, fallback_reason=None, base="bf16", policy=lp(c, args),

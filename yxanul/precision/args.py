@@ -11,7 +11,7 @@ from ..errors import ConfigError
 # >= this. Published anchors (docs/fp8.md): at 124M parameters (hidden 768) FP8 is at or below BF16
 # speed everywhere, 1-2B models (hidden >= 2048) gain 1.1-1.35x. 1024 keeps every 768-wide model
 # in BF16 and lets hidden >= 1024 presets (medium and up) use FP8; raise it to 2048 to be strict.
-DEFAULT_MIN_GEMM_DIM = 1024
+DEFAULT_MIN_GEMM_DIM = 1536  # measured crossover on an H100 (docs/fp8.md "Small-GEMM policy")
 
 
 @dataclass
