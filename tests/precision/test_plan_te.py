@@ -22,7 +22,8 @@ pytestmark = pytest.mark.te
 RECIPES = ("delayed", "current", "block", "mxfp8")
 HOPPER = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True, device_name="H100 (injected)",
                          compute_capability=(9, 0), bf16_supported=True, recipes={r: (True, "") for r in RECIPES})
-ARGS = dict(use_fp8=True, fp8_margin=1, fp8_amax_history_len=16, fp8_amax_compute_algo="most_recent", fp8_format="e4m3")
+ARGS = dict(use_fp8=True, fp8_margin=1, fp8_amax_history_len=16, fp8_amax_compute_algo="most_recent", fp8_format="e4m3",
+            fp8_min_gemm_dim=0)  # medium (1024 wide) is below the default small-GEMM threshold
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
