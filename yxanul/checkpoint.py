@@ -146,13 +146,11 @@ def _load_models_with_views(models: list, input_dir: str) -> None:
     """
     from safetensors.torch import load_file
 
-    for i, model in enumerate(models):
-        path = Path(input_dir) / f"model{'_' + str(i) if i else ''}.safetensors"
-        if not path.is_file():
-            return  # accelerate's own fallback (pytorch_model.bin) for all of them: the file endings
-        #         # depend on the list positions, so take none off
-    for i, model in enumerate(models):
-        path = Path(input_dir) / f"model{'_' + str(i) if i else ''}.safetensors"
+    paths = [Path(input_dir) / f"model{'_' + str(i) if i else ''}.safetensors" for i in range(len(models))]
+    if not all(p.is_file() for p in paths):
+        return  # accelerate's own fallback (pytorch_model.bin) for all of them: the file names
+        #       # follow the list positions, so take none off
+    for model, path in zip(models, paths):
         device = next((t.device for t in model.parameters() if t.device.type != "meta"), "cpu")
         state = load_file(str(path), device=str(device))
         missing, unexpected = model.load_state_dict(state, strict=False)
