@@ -27,6 +27,9 @@ step() {  # step NAME CMD... : run, log, remember failure, keep going
   "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   echo "=== $name: exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$log"
+  # `timeout` ends pytest only: a `yxanul train` / `accelerate launch` child of a test it cut off
+  # would keep the GPU busy and slow (or stall) every later step of this call
+  pkill -f -- "-m yxanul train" 2>/dev/null; pkill -f -- "accelerate launch" 2>/dev/null; true
   [ "$rc" -eq 0 ] || status=1
 }
 
