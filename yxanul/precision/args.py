@@ -8,10 +8,10 @@ from typing import Literal
 from ..errors import ConfigError
 
 # Default of the small-GEMM policy. A layer runs FP8 only when every dimension of its GEMM(s) is
-# >= this. Published anchors (docs/fp8.md): at 124M parameters (hidden 768) FP8 is at or below BF16
-# speed everywhere, 1-2B models (hidden >= 2048) gain 1.1-1.35x. 1024 keeps every 768-wide model
-# in BF16 and lets hidden >= 1024 presets (medium and up) use FP8; raise it to 2048 to be strict.
-DEFAULT_MIN_GEMM_DIM = 1536  # measured crossover on an H100 (docs/fp8.md "Small-GEMM policy")
+# >= this. Measured on an H100 (docs/benchmarks.md, 2026-11-25, FP8 delayed vs BF16 step time):
+# 768 wide 0.72-0.80x, 1024 wide (medium) 0.76-0.87x, 1536 wide (yxanul-0.6b, large) 1.16-1.19x,
+# 1920 wide 1.24x. So medium and smaller stay BF16; 0 forces FP8 where a faster host wins.
+DEFAULT_MIN_GEMM_DIM = 1536
 
 
 @dataclass
