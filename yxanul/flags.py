@@ -1,0 +1,235 @@
+"""The one CLI builder: dataclass fields -> command-line flags, for every `yxanul` subcommand.
+
+A command declares its arguments as a dataclass (litgpt style: the signature is the schema) and calls
+:func:`parse_command`. Each field becomes ``--name`` with its ``metadata["help"]``; a field with
+``metadata={"positional": True}`` is a positional argument (``list[...]`` ones take one or more).
+Types: int, float, str, bool (a bare ``--flag`` means true; ``--flag false`` works too), ``X | None``,
+``Literal[...]`` (choices), ``list[int|float|str]`` (several values after the flag), and
+``list[dict]``/``dict`` (YAML only). Every mistake is one line (a :class:`~yxanul.errors.UserError`,
+exit code 2) naming the flag and what was expected, with "did you mean" for misspelt flags.
+
+Why not ``HfArgumentParser``: it cannot merge a YAML file under CLI overrides, has no YAML-only fields,
+and prints argparse's multi-line usage on errors. ``yxanul train`` uses the same pieces over all the
+config sections (:mod:`yxanul.config`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from .errors import ConfigError, UserError
+
+T = TypeVar("T")
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+               "off": False}
+
+
+# --------------------------------------------------------------------------- field typing
+def strip_optional(tp) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (tp, False)."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        optional = len(args) < len(get_args(tp))
+        return (args[0] if len(args) == 1 else tp), optional
+    return tp, False
+
+
+def _is_list(tp) -> bool:
+    return get_origin(tp) is list or tp is list
+
+
+def _list_item(tp):
+    args = get_args(tp)
+    return args[0] if args else str
+
+
+def describe(tp) -> str:
+    """What a value of type ``tp`` must be, in words (for error messages and --help)."""
+    base, optional = strip_optional(tp)
+    if get_origin(base) is Literal:
+        s = "one of " + ", ".join(repr(a) for a in get_args(base))
+    elif base is bool:
+        s = "true or false"
+    elif base is int:
+        s = "an integer"
+    elif base is float:
+        s = "a number"
+    elif base is str:
+        s = "a string"
+    elif _is_list(base) and _list_item(base) in (int, float, str):
+        s = f"a list of {describe(_list_item(base)).split(' ', 1)[1]}s"
+    elif _is_list(base):
+        s = "a list (YAML only)"
+    elif get_origin(base) is dict or base is dict:
+        s = "a mapping (YAML only)"
+    else:
+        s = str(base)
+    return s + (" or null" if optional else "")
+
+
+def _scalar(base, value, from_cli: bool):
+    if get_origin(base) is Literal:
+        choices = get_args(base)
+        if value in choices:
+            return value
+        if from_cli or isinstance(value, str):
+            for c in choices:
+                if str(c) == str(value):
+                    return c
+        raise ValueError
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
+        raise ValueError
+    if base is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            f = float(value.replace("_", ""))
+            if f.is_integer():
+                return int(f)
+        raise ValueError
+    if base is float:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    if base is str:
+        if isinstance(value, (dict, list)):
+            raise ValueError
+        return str(value)
+    return value
+
+
+def coerce(key: str, tp, value, from_cli: bool):
+    """Convert/validate ``value`` for a field of type ``tp``; raise ConfigError naming ``key``."""
+    base, optional = strip_optional(tp)
+    if value is None or (from_cli and optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(key, describe(tp), value)
+    try:
+        if _is_list(base):
+            item = _list_item(base)
+            if item in (int, float, str):
+                values = value if isinstance(value, list) else [value]
+                return [_scalar(item, v, from_cli) for v in values]
+            if from_cli:
+                raise ConfigError(key, "a list, which can only be set in the YAML config file")
+            if not isinstance(value, list):
+                raise ValueError
+            return value
+        if get_origin(base) is dict or base is dict:
+            if from_cli:
+                raise ConfigError(key, "a mapping, which can only be set in the YAML config file")
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+        return _scalar(base, value, from_cli)
+    except (ValueError, TypeError):
+        raise ConfigError(key, describe(tp), value) from None
+
+
+def unknown_key(key: str, known, where: str = "see --help", what: str = "config key") -> ConfigError:
+    """A misspelt key or flag: one line with the closest known one."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else where
+    return ConfigError(key, f"a known {what} ({hint})")
+
+
+# --------------------------------------------------------------------------- the parser
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises a one-line :class:`UserError` instead of printing usage and exiting."""
+
+    def error(self, message):
+        raise UserError(f"{self.prog}: {message}")
+
+
+def add_field(parser_or_group, name: str, f: dataclasses.Field, tp) -> None:
+    """One dataclass field as one argparse argument (values stay strings; :func:`coerce` types them)."""
+    base, _ = strip_optional(tp)
+    help_ = f.metadata.get("help", "")
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        default = f.default_factory()  # type: ignore[misc]
+    else:
+        default = None
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+    if f.metadata.get("positional"):
+        kw: dict[str, Any] = {"help": help_, "metavar": f.metadata.get("metavar", name.upper())}
+        if _is_list(base):
+            kw["nargs"] = "+" if required else "*"
+        elif not required:
+            kw["nargs"] = "?"
+        parser_or_group.add_argument(name, **kw)
+        return
+    kw = {"help": f"{help_} ({describe(tp)}; default: {default!r})", "dest": name}
+    if base is bool:
+        kw.update(nargs="?", const="true", metavar="BOOL")
+    elif get_origin(base) is Literal:
+        kw.update(metavar="{" + ",".join(str(c) for c in get_args(base)) + "}")
+    elif _is_list(base) and _list_item(base) in (int, float, str):
+        kw.update(nargs="+")
+    parser_or_group.add_argument(f"--{name}", **kw)
+
+
+def bare_booleans(argv: list[str], bool_flags: set[str]) -> list[str]:
+    """``--flag`` followed by something that is not a boolean word means ``--flag=true`` (so a bare
+    boolean flag never swallows the next positional argument or flag)."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--") and "=" not in a and a[2:] in bool_flags:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is None or nxt.lower() not in _BOOL_WORDS:
+                out.append(f"{a}=true")
+                continue
+        out.append(a)
+    return out
+
+
+def fields_of(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+
+
+def build_parser(cls, prog: str, description: str | None = None) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=description or (cls.__doc__ or "").strip().split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    for name, (f, tp) in fields_of(cls).items():
+        add_field(parser, name, f, tp)
+    return parser
+
+
+def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -> dict[str, Any]:
+    """Parse; a misspelt flag is one line with "did you mean", a stray value one line too."""
+    parsed, extra = parser.parse_known_args(argv)
+    if extra:
+        flag = next((a for a in extra if a.startswith("--")), None)
+        if flag is None:
+            raise UserError(f"{parser.prog}: unexpected argument '{extra[0]}' (flags are --key value)")
+        raise unknown_key(flag[2:].split("=", 1)[0], known_flags, where=f"see `{parser.prog} --help`",
+                          what="config key" if parser.prog == "yxanul train" else "flag")
+    return vars(parsed)
+
+
+def parse_command(cls: type[T], argv: list[str] | None, prog: str, description: str | None = None) -> T:
+    """Parse ``argv`` into an instance of the dataclass ``cls`` (its ``__post_init__`` validates)."""
+    fields = fields_of(cls)
+    bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool and not f.metadata.get("positional")}
+    parser = build_parser(cls, prog, description)
+    ns = parse_known(parser, bare_booleans(list(argv or []), bools), [n for n in fields])
+    values = {k: coerce(k, fields[k][1], v, from_cli=True) for k, v in ns.items()}
+    return cls(**values)
