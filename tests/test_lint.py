@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from yxanul import lint
+from yxanul.errors import UserError
 from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
-from yxanul import lint_rules as R
+from yxanul.lint import accelerate as R_acc, deepspeed as R_ds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DS_FILES = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
@@ -161,9 +162,8 @@ def test_seed_broken_config_and_cli(tmp_path, capsys):
     warn_only = _write(tmp_path, "w.json", {**GOOD_DS, "fp8": {}})
     assert lint.main([warn_only]) == 0  # warnings alone exit 0
     assert lint.main([str(tmp_path / "missing.json")]) == 1
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(UserError, match="FILE"):  # one line, exit code 2 through the CLI
         lint.main([])
-    assert e.value.code == 2
 
 
 def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
@@ -174,6 +174,12 @@ def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
     train = _write(tmp_path, "t.yaml", {"model": "tiny", "use_fp8": True})
     assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train-config", train]) == 0
     assert "use_fp8: true" in capsys.readouterr().out
+    assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train_config", train, "--fix",
+                     "--out", str(tmp_path / "fixed")]) == 0  # a bare --fix does not swallow the next flag
+    assert (tmp_path / "fixed" / "single_gpu_bf16.yaml").is_file()
+    assert cli_main(["lint-config"]) == 2 and capsys.readouterr().err.count("\n") == 1
+    assert cli_main(["lint-config", "x.json", "--fx"]) == 2
+    assert "unknown flag '--fx' (did you mean '--fix'?)" in capsys.readouterr().err
 
 
 def test_sanitize_deepspeed_config():
@@ -230,8 +236,8 @@ def test_check_launch_environment_rules(tmp_path):
            "ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_BACKEND": "te",
            "ACCELERATE_FP8_AMAX_HISTORY_LENGTH": "16", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
     problems = check_launch_environment(env, use_fp8=False, cuda_available=False)
-    assert {"fp8", "amp", "ACCELERATE_CONFIG_DS_FIELDS"} <= _keys(problems, "error") | _keys(problems)
-    assert "amp" in _keys(problems, "error") and "ACCELERATE_CONFIG_DS_FIELDS" in _keys(problems, "error")
+    assert {"amp", "ACCELERATE_CONFIG_DS_FIELDS"} <= _keys(problems, "error")  # the DeepSpeed file is linted too
+    assert "fp8" in _keys(problems, "warning") and "fp8" not in _keys(problems, "error")
     assert {"ACCELERATE_FP8_BACKEND", "ACCELERATE_FP8_AMAX_HISTORY_LENGTH", "ACCELERATE_MIXED_PRECISION",
             "ACCELERATE_USE_CPU"} <= _keys(problems, "warning")
     missing = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "/nope.json"}
@@ -245,13 +251,13 @@ def test_tables_match_accelerate():
     from accelerate.commands.launch import launch_command_parser
     from accelerate.utils import DistributedType
 
-    assert R.ACC_KEYS - {"fp16", "dynamo_backend"} == set(ClusterConfig.__dataclass_fields__)
-    assert R.DISTRIBUTED_TYPES == {d.value for d in DistributedType}
+    assert R_acc.ACC_KEYS - {"fp16", "dynamo_backend"} == set(ClusterConfig.__dataclass_fields__)
+    assert R_acc.DISTRIBUTED_TYPES == {d.value for d in DistributedType}
     dests = {a.dest for a in launch_command_parser()._actions}
-    assert R.DS_YAML_KEYS <= dests
+    assert R_acc.DS_YAML_KEYS <= dests
     fp8_dests = {d[4:] for d in dests if d.startswith("fp8_")}
-    assert fp8_dests <= R.FP8_READ_KEYS, fp8_dests - R.FP8_READ_KEYS
-    assert not set(R.FP8_DEAD_KEYS) & fp8_dests
+    assert fp8_dests <= R_acc.FP8_READ_KEYS, fp8_dests - R_acc.FP8_READ_KEYS
+    assert not set(R_acc.FP8_DEAD_KEYS) & fp8_dests
 
 
 def test_tables_match_deepspeed():
@@ -265,13 +271,13 @@ def test_tables_match_deepspeed():
     def names(model):
         return {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
 
-    assert R.DS_REMOVED_TOP == set(dsc._REMOVED_TOP_LEVEL_CONFIG_KEYS)
-    assert R.DS_REMOVED_ZERO == set(dsc._REMOVED_ZERO_CONFIG_KEYS)
-    assert R.DS_BF16_KEYS == names(DeepSpeedBF16Config)
-    assert R.DS_FP16_KEYS == names(DeepSpeedFP16Config)
-    assert R.DS_ZERO_KEYS == names(DeepSpeedZeroConfig)
-    assert R.DS_OFFLOAD_OPTIMIZER_KEYS == names(DeepSpeedZeroOffloadOptimizerConfig)
-    assert R.DS_OFFLOAD_PARAM_KEYS == names(DeepSpeedZeroOffloadParamConfig)
+    assert R_ds.DS_REMOVED_TOP == set(dsc._REMOVED_TOP_LEVEL_CONFIG_KEYS)
+    assert R_ds.DS_REMOVED_ZERO == set(dsc._REMOVED_ZERO_CONFIG_KEYS)
+    assert R_ds.DS_BF16_KEYS == names(DeepSpeedBF16Config)
+    assert R_ds.DS_FP16_KEYS == names(DeepSpeedFP16Config)
+    assert R_ds.DS_ZERO_KEYS == names(DeepSpeedZeroConfig)
+    assert R_ds.DS_OFFLOAD_OPTIMIZER_KEYS == names(DeepSpeedZeroOffloadOptimizerConfig)
+    assert R_ds.DS_OFFLOAD_PARAM_KEYS == names(DeepSpeedZeroOffloadParamConfig)
 
 
 @pytest.mark.parametrize("path", DS_FILES, ids=os.path.basename)

@@ -12,7 +12,7 @@ COMMANDS = {
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "checkpoints": ("yxanul.checkpoint", "main", "list the checkpoints of a run directory"),
     "verify": ("yxanul.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
-    "lint-config": ("yxanul.lint", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
+    "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
     "plot-lr": ("yxanul.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
     "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),

@@ -2,7 +2,8 @@
 
 A command declares its arguments as a dataclass (litgpt style: the signature is the schema) and calls
 :func:`parse_command`. Each field becomes ``--name`` with its ``metadata["help"]``; a field with
-``metadata={"positional": True}`` is a positional argument (``list[...]`` ones take one or more).
+``metadata={"positional": True}`` is a positional argument (``list[...]`` ones take one or more);
+``metadata={"aliases": ["--old-name"]}`` keeps an old spelling of a flag working.
 Types: int, float, str, bool (a bare ``--flag`` means true; ``--flag false`` works too), ``X | None``,
 ``Literal[...]`` (choices), ``list[int|float|str]`` (several values after the flag), and
 ``list[dict]``/``dict`` (YAML only). Every mistake is one line (a :class:`~yxanul.errors.UserError`,
@@ -141,11 +142,11 @@ def coerce(key: str, tp, value, from_cli: bool):
         raise ConfigError(key, describe(tp), value) from None
 
 
-def unknown_key(key: str, known, where: str = "see --help", what: str = "config key") -> ConfigError:
-    """A misspelt key or flag: one line with the closest known one."""
+def unknown_key(key: str, known, where: str = "see --help") -> ConfigError:
+    """A misspelt config key: one line with the closest known one."""
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f"did you mean '{close[0]}'?" if close else where
-    return ConfigError(key, f"a known {what} ({hint})")
+    return ConfigError(key, f"a known config key ({hint})")
 
 
 # --------------------------------------------------------------------------- the parser
@@ -182,7 +183,7 @@ def add_field(parser_or_group, name: str, f: dataclasses.Field, tp) -> None:
         kw.update(metavar="{" + ",".join(str(c) for c in get_args(base)) + "}")
     elif _is_list(base) and _list_item(base) in (int, float, str):
         kw.update(nargs="+")
-    parser_or_group.add_argument(f"--{name}", **kw)
+    parser_or_group.add_argument(f"--{name}", *f.metadata.get("aliases", ()), **kw)
 
 
 def bare_booleans(argv: list[str], bool_flags: set[str]) -> list[str]:
@@ -220,8 +221,12 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
         flag = next((a for a in extra if a.startswith("--")), None)
         if flag is None:
             raise UserError(f"{parser.prog}: unexpected argument '{extra[0]}' (flags are --key value)")
-        raise unknown_key(flag[2:].split("=", 1)[0], known_flags, where=f"see `{parser.prog} --help`",
-                          what="config key" if parser.prog == "yxanul train" else "flag")
+        name = flag[2:].split("=", 1)[0]
+        if parser.prog == "yxanul train":  # the train flags are config keys, named like the YAML's
+            raise unknown_key(name, known_flags, where="see `yxanul train --help`")
+        close = difflib.get_close_matches(name, list(known_flags), n=1)
+        hint = f"did you mean '--{close[0]}'?" if close else f"see `{parser.prog} --help`"
+        raise UserError(f"{parser.prog}: unknown flag '--{name}' ({hint})")
     return vars(parsed)
 
 

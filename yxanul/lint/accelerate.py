@@ -45,6 +45,29 @@ def _fp8_name(key: str) -> str:
     return key[4:] if key.startswith("fp8_") else key
 
 
+# -- rules shared by the YAML linter and the launch-environment check (lint/launch.py) --------------
+def fp8_key_problem(name: str) -> tuple[str, str] | None:
+    """(message, fix) when the fp8_config key ``name`` (exported as ACCELERATE_FP8_<NAME>) is read by
+    nothing or silently dropped; None when something reads it."""
+    if name in FP8_DEAD_KEYS:
+        return (f"written by `accelerate config` but read by nothing (accelerate reads "
+                f"ACCELERATE_FP8_{FP8_DEAD_KEYS[name].upper()})", f"rename to {FP8_DEAD_KEYS[name]}")
+    if name not in FP8_READ_KEYS and not name.startswith("override_"):
+        return "exported as ACCELERATE_FP8_* but read by nothing", "remove it"
+    if name in FP8_TE_DROPPED:
+        return ("accelerate reads it but Transformer Engine's recipe has no such field any more: silently "
+                "dropped", "remove it")
+    return None
+
+
+def precision_mismatch(mixed_precision: str | None, use_fp8: bool | None, source: str) -> tuple[str, str] | None:
+    """(message, fix) when accelerate's mixed_precision and the yxanul config's use_fp8 disagree."""
+    if use_fp8 is None or mixed_precision not in ("fp8", "bf16", "no") or (mixed_precision == "fp8") == use_fp8:
+        return None
+    return (f"{source} says {mixed_precision} but the yxanul config has use_fp8: {str(use_fp8).lower()}; "
+            "yxanul's own setting wins (it passes mixed_precision to Accelerator itself)", "make them agree")
+
+
 def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
                     ds_file_exists=None) -> list[Problem]:
     """`ds_file_exists(path) -> bool` resolves deepspeed_config_file (None: not checked)."""
@@ -74,17 +97,9 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
         add("fp8_config", ERROR, "must be a mapping", "write fp8_config: {backend: TE}")
         fp8 = {}
     for key in fp8:
-        name = _fp8_name(key)
-        if name in FP8_DEAD_KEYS:
-            add(f"fp8_config.{key}", WARNING, f"written by `accelerate config` but read by nothing "
-                f"(accelerate reads ACCELERATE_FP8_{FP8_DEAD_KEYS[name].upper()})",
-                f"rename to {FP8_DEAD_KEYS[name]}")
-        elif name not in FP8_READ_KEYS:
-            add(f"fp8_config.{key}", WARNING, "exported as ACCELERATE_FP8_* but read by nothing",
-                "remove it")
-        elif name in FP8_TE_DROPPED:
-            add(f"fp8_config.{key}", WARNING, "accelerate reads it but Transformer Engine's recipe "
-                "has no such field any more: silently dropped", "remove it")
+        found = fp8_key_problem(_fp8_name(key))
+        if found:
+            add(f"fp8_config.{key}", WARNING, *found)
     algo = fp8.get("amax_compute_algo", fp8.get("fp8_amax_compute_algo"))
     if isinstance(algo, str) and algo.lower() == "most_recent":
         add("fp8_config.amax_compute_algo", WARNING, "'most_recent' is accelerate's default, so it "
@@ -142,12 +157,10 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
                 add("deepspeed_config.deepspeed_config_file", WARNING, f"{path} not found "
                     "(resolved from the current directory at launch)",
                     "launch from the repository root or give an absolute path")
-    if use_fp8 is not None and mp in ("fp8", "bf16", "no") and not (dt == "DEEPSPEED" and mp is None):
-        says_fp8 = mp == "fp8"
-        if says_fp8 != use_fp8:
-            add("mixed_precision", WARNING, f"accelerate config says {mp} but the yxanul config "
-                f"has use_fp8: {str(use_fp8).lower()}; yxanul's own setting wins (it passes "
-                "mixed_precision to Accelerator itself)", "make them agree")
+    if not (dt == "DEEPSPEED" and mp is None):
+        found = precision_mismatch(mp, use_fp8, source="accelerate config")
+        if found:
+            add("mixed_precision", WARNING, *found)
     return P
 
 

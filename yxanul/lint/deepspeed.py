@@ -3,7 +3,7 @@ and the "auto" values accelerate fills."""
 
 from __future__ import annotations
 
-from .common import ERROR, WARNING, Problem, collector, _delete, _get, _prune, _truthy, _walk
+from .common import ERROR, WARNING, Problem, collector, _delete, _get, _prune, _walk, truthy
 
 # ---------------------------------------------------------------- DeepSpeed
 DS_REMOVED_TOP = {
@@ -64,7 +64,8 @@ def harmful_ds_keys(cfg: dict) -> list[tuple[str, str, str]]:
     """(key, reason, fix) for keys that DeepSpeed accepts but that waste time or mislead:
     removed (with a warning) by `sanitize_deepspeed_config`."""
     out = []
-    low_precision = _truthy(_get(cfg, "bf16.enabled")) or _truthy(_get(cfg, "bfloat16.enabled"))
+    # "auto" counts: accelerate fills bf16.enabled from mixed_precision, which is bf16 or fp8 for yxanul
+    low_precision = any(truthy(v) or v == "auto" for v in (_get(cfg, "bf16.enabled"), _get(cfg, "bfloat16.enabled")))
     if "fp8" in cfg:
         out.append(("fp8", "DeepSpeed has no FP8 section and ignores it silently: FP8 is done by "
                     "accelerate + Transformer Engine (yxanul --use_fp8), DeepSpeed only shards "

@@ -1,4 +1,4 @@
-"""Shared pieces of the lint rules: `Problem` and dotted-path helpers on config dicts."""
+"""Shared pieces of the lint rules: `Problem`, the one truthy helper and dotted-path helpers on config dicts."""
 
 from __future__ import annotations
 
@@ -51,8 +51,11 @@ def _prune(d: dict) -> None:
             del d[k]
 
 
-def _truthy(v) -> bool:
-    return v is True or (isinstance(v, str) and v.lower() in ("true", "1", "yes", "auto"))
+def truthy(v) -> bool:
+    """The one truthiness rule of the linters (env vars and config values): True, or a string
+    "true"/"1"/"yes"/"on" in any case. "auto" is NOT true here: where accelerate fills "auto" with
+    an enabled value (DeepSpeed's bf16.enabled under bf16), the rule says so itself."""
+    return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "on"))
 
 
 def _walk(d: dict, prefix: str = ""):

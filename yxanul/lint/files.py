@@ -1,0 +1,162 @@
+"""Config files: load, tell DeepSpeed from accelerate, lint, fix, and the `yxanul lint-config` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+import yaml
+
+from ..errors import UserError
+from ..flags import parse_command
+from .accelerate import fix_accelerate, lint_accelerate
+from .common import ERROR, WARNING, Problem, _delete
+from .deepspeed import fix_deepspeed, harmful_ds_keys, lint_deepspeed
+
+_ACC_MARKERS = {"distributed_type", "compute_environment", "num_processes", "mixed_precision",
+                "fp8_config", "deepspeed_config"}
+_DS_MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "bf16",
+               "fp16", "gradient_accumulation_steps", "optimizer"}
+
+
+def _load(path: str):
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.endswith(".json"):
+        return json.loads(text)
+    return yaml.safe_load(text)
+
+
+def detect_kind(path: str, data) -> str:
+    """'deepspeed' | 'accelerate' | 'unknown' (by content, the extension breaks ties)."""
+    keys = set(data) if isinstance(data, dict) else set()
+    if keys & {"distributed_type", "compute_environment"}:
+        return "accelerate"
+    if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
+        return "deepspeed"
+    if keys & _ACC_MARKERS and not path.endswith(".json"):
+        return "accelerate"
+    if keys & _DS_MARKERS or path.endswith(".json"):
+        return "deepspeed"
+    return "unknown"
+
+
+def _ds_file_resolver(config_path: str):
+    base = os.path.dirname(os.path.abspath(config_path))
+
+    def exists(p: str) -> bool:
+        return any(os.path.isfile(os.path.join(d, p)) for d in ("", os.getcwd(), base,
+                                                                  os.path.dirname(base)))
+    return exists
+
+
+def lint_file(path: str, *, use_fp8: bool | None = None,
+              world_size: int | None = None) -> list[Problem]:
+    try:
+        data = _load(path)
+    except FileNotFoundError:
+        return [Problem(path, "<file>", ERROR, "file not found", "check the path")]
+    except (ValueError, yaml.YAMLError) as e:
+        msg = " ".join(str(e).split())[:200]
+        return [Problem(path, "<file>", ERROR, f"does not parse: {msg}", "fix the syntax")]
+    kind = detect_kind(path, data)
+    if kind == "deepspeed":
+        return lint_deepspeed(data, path, world_size=world_size)
+    if kind == "accelerate":
+        return lint_accelerate(data, path, use_fp8=use_fp8,
+                               ds_file_exists=_ds_file_resolver(path))
+    return [Problem(path, "<file>", ERROR, "neither a DeepSpeed config (zero_optimization, "
+                    "train_micro_batch_size_per_gpu) nor an accelerate config (distributed_type)",
+                    "pass a DeepSpeed JSON or an accelerate YAML")]
+
+
+def fix_config(path: str, out_path: str) -> list[Problem]:
+    """Write a corrected copy of ``path`` to ``out_path``; returns the problems found in ``path``."""
+    problems = lint_file(path)
+    data = _load(path)
+    kind = detect_kind(path, data)
+    if kind == "deepspeed":
+        fixed = fix_deepspeed(data)
+    elif kind == "accelerate":
+        fixed = fix_accelerate(data)
+    else:
+        raise ValueError(f"{path}: not a DeepSpeed or accelerate config")
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as f:
+        if out_path.endswith(".json"):
+            json.dump(fixed, f, indent=2)
+            f.write("\n")
+        else:
+            yaml.safe_dump(fixed, f, sort_keys=False)
+    return problems
+
+
+def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
+                              ) -> tuple[dict, list[Problem]]:
+    """Copy of ``cfg`` without the keys DeepSpeed accepts but that only cost time; one warning
+    per removed key. Errors (removed/unknown keys, fp16, optimizer blocks) are left for
+    ``lint_deepspeed``: the trainer refuses to start on those."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    problems = []
+    for key, reason, _ in harmful_ds_keys(cfg):
+        _delete(out, key)
+        problems.append(Problem(source, key, WARNING, reason, "removed for this run (sanitized)"))
+    if out.get("data_types") == {}:
+        del out["data_types"]
+    return out, problems
+
+
+def _read_use_fp8(path: str) -> bool:
+    data = _load(path) or {}
+    return bool(data.get("use_fp8", False))
+
+
+@dataclass
+class LintArgs:
+    """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error."""
+
+    files: list[str] = field(metadata={"positional": True, "metavar": "FILE", "help": "DeepSpeed JSON / accelerate YAML files"})
+    fix: bool = field(default=False, metadata={"help": "Write corrected copies (never in place)."})
+    out: str | None = field(default=None, metadata={"help": "Directory for --fix output (default: next to each "
+                                                    "file as NAME.fixed.EXT)."})
+    train_config: str | None = field(default=None, metadata={"aliases": ["--train-config"], "help": "yxanul config "
+                                     "YAML: warn when its use_fp8 disagrees with the accelerate config's mixed_precision."})
+    world_size: int | None = field(default=None, metadata={"aliases": ["--world-size"], "help": "Check "
+                                   "train_batch_size = micro x accumulation x world size."})
+
+
+def _fix_one(path: str, args: LintArgs, use_fp8) -> None:
+    stem, ext = os.path.splitext(os.path.basename(path))
+    out = os.path.join(args.out, stem + ext) if args.out else os.path.join(os.path.dirname(path), f"{stem}.fixed{ext}")
+    if os.path.abspath(out) == os.path.abspath(path):
+        raise UserError(f"{path}: not overwriting the input; choose another --out")
+    fix_config(path, out)
+    left = lint_file(out, use_fp8=use_fp8, world_size=args.world_size)
+    print(f"{path}: fixed copy written to {out} ({len(left)} problem(s) left)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N]`."""
+    args = parse_command(LintArgs, argv, prog="yxanul lint-config")
+    use_fp8 = _read_use_fp8(args.train_config) if args.train_config else None
+    n_err = n_warn = 0
+    for path in args.files:
+        problems = lint_file(path, use_fp8=use_fp8, world_size=args.world_size)
+        for p in problems:
+            print(p.line())
+        n_err += sum(p.severity == ERROR for p in problems)
+        n_warn += sum(p.severity == WARNING for p in problems)
+        if not problems:
+            print(f"{path}: ok")
+        if args.fix and not (len(problems) == 1 and problems[0].key == "<file>"):
+            _fix_one(path, args, use_fp8)
+    print(f"{len(args.files)} file(s): {n_err} error(s), {n_warn} warning(s)")
+    return 1 if n_err else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

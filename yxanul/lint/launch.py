@@ -1,0 +1,63 @@
+"""The start-up check: what `accelerate launch` exported (ACCELERATE_*), with the same rules as the
+YAML linter (:mod:`.accelerate`) and the DeepSpeed file in use linted by :func:`.files.lint_file`."""
+
+from __future__ import annotations
+
+import os
+
+from .accelerate import fp8_key_problem, precision_mismatch
+from .common import ERROR, WARNING, Problem, collector, truthy
+from .files import lint_file
+
+
+def _int(value, default: int | None) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _deepspeed_problems(env, add) -> list[Problem]:
+    fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
+    path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if not path or path == "none":
+        return []
+    if "mixed_precision" in fields:
+        add("ACCELERATE_CONFIG_DS_FIELDS", ERROR, "mixed_precision came from the accelerate YAML together with a "
+            "deepspeed_config_file: accelerate raises ValueError", "remove mixed_precision from the YAML (yxanul sets it)")
+    if not os.path.isfile(path):
+        add("ACCELERATE_DEEPSPEED_CONFIG_FILE", ERROR, f"{path} not found from {os.getcwd()}",
+            "launch from the repository root or use an absolute path")
+        return []
+    return lint_file(path, world_size=_int(env.get("WORLD_SIZE"), 0) or None)
+
+
+def check_launch_environment(env=None, *, use_fp8: bool | None = None,
+                             cuda_available: bool | None = None) -> list[Problem]:
+    """``use_fp8``: the yxanul config's decision (None: not compared). ``cuda_available``: pass
+    ``torch.cuda.is_available()`` (None: not checked). Errors mean: refuse to start."""
+    env = os.environ if env is None else env
+    P, add = collector("environment")
+    for key in sorted(k for k in env if k.startswith("ACCELERATE_FP8_")):
+        found = fp8_key_problem(key[len("ACCELERATE_FP8_"):].lower())
+        if found:
+            add(key, WARNING, *found)
+    backend = env.get("ACCELERATE_FP8_BACKEND")
+    if backend is not None and backend != backend.upper():
+        add("ACCELERATE_FP8_BACKEND", WARNING, f"{backend!r}: FP8BackendType({backend!r}) raises "
+            "in a plain accelerate script; yxanul passes its TE recipe itself, so it goes on",
+            "fp8_config: {backend: TE} (upper case) in the accelerate YAML")
+    mp = env.get("ACCELERATE_MIXED_PRECISION")
+    deepspeed = truthy(env.get("ACCELERATE_USE_DEEPSPEED"))
+    if mp and not (deepspeed and mp == "no"):
+        found = precision_mismatch(mp, use_fp8, source="accelerate launch")
+        if found:
+            add("ACCELERATE_MIXED_PRECISION", WARNING, *found)
+    if deepspeed:
+        P.extend(_deepspeed_problems(env, add))
+    world = _int(env.get("WORLD_SIZE", "1"), 1)
+    if cuda_available is False and world > 1 and "LOCAL_RANK" in env and not truthy(env.get("ACCELERATE_USE_CPU")):
+        add("ACCELERATE_USE_CPU", WARNING, f"{world} processes, no CUDA and ACCELERATE_USE_CPU "
+            "unset: accelerate makes each process 'rank 0 of 1' unless Accelerator(cpu=True)",
+            "launch with ACCELERATE_USE_CPU=1 (accelerate_configs/cpu.yaml)")
+    return P
