@@ -112,8 +112,8 @@ def summarize(root: Path, say=print) -> dict[str, Any] | None:
         plot_param(ranked, p, state["metric"], root / f"{stem}_vs_{p}.png")
     curves = [_curves(r, swept) for r in rows]
     curves = [c for c in curves if c is not None]
-    if curves:
-        plot(curves, root / "loss_curves.png", smooth_points=3)
+    if curves:  # smooth over ~1/10 of the logged points (none for short trials)
+        plot(curves, root / "loss_curves.png", smooth_points=max(1, min(10, min(len(c.train) for c in curves) // 10)))
     say(f"best: {best['trial']} {best['params']} final {state['metric']} {best['final']:.4f} "
         f"({best['run_dir']}); wrote {root / 'summary.md'}, {root / 'best.json'} and PNGs in {root}")
     return best
