@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -115,7 +116,8 @@ def launch_command(spec: SweepSpec, trial: Trial) -> list[str]:
 
 
 def run_trial(cmd: list[str], env: dict[str, str], log_path: Path, prefix: str,
-              on_start: Callable[[subprocess.Popen], None] | None = None) -> tuple[int, bool]:
+              on_start: Callable[[subprocess.Popen], None] | None = None, forward_signals: bool = True
+              ) -> tuple[int, bool]:
     """Run ``cmd``; its output goes to the console (prefixed) and to ``log_path`` (appended, so a
     resumed trial keeps the first part). SIGTERM/SIGUSR1 are forwarded: the trainer checkpoints and
     exits 0 (yxanul.preemption). Returns (exit code, whether a stop signal came)."""
@@ -124,7 +126,9 @@ def run_trial(cmd: list[str], env: dict[str, str], log_path: Path, prefix: str,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)
     if on_start:
         on_start(proc)
-    forwarded = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    # only the main thread may set handlers (wandb.agent runs trials in a thread): online, the sweep forwards
+    own = forward_signals and threading.current_thread() is threading.main_thread()
+    forwarded = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)} if own else {}
     stopped: list[int] = []
 
     def forward(signum, _frame):
