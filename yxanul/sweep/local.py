@@ -59,9 +59,9 @@ def write_state(root: Path, spec: SweepSpec, trials: list[Trial], seed: int, ext
     root.mkdir(parents=True, exist_ok=True)
     state = {"name": spec.name, "file": spec.path, "method": spec.method,
              "method_run": "random" if spec.method == "bayes" else spec.method, "metric": spec.metric,
-             "goal": spec.goal, "seed": seed,
-             "trials": [{"id": t.id, "params": t.params, "config": t.config, "run_dir": str(t.run_dir), "status": t.status(),
-                         "argv": t.argv} for t in trials], **(extra or {})}
+             "goal": spec.goal, "seed": seed, "swept": spec.swept,
+             "trials": [{"id": t.id, "params": t.params, "config": t.config, "run_dir": str(t.run_dir),
+                         "status": t.status(), "argv": t.argv} for t in trials], **(extra or {})}
     tmp = root / (STATE + ".tmp")
     tmp.write_text(json.dumps(state, indent=2))
     os.replace(tmp, root / STATE)

@@ -93,8 +93,7 @@ def summarize(root: Path, say=print) -> dict[str, Any] | None:
     if not state_path.is_file():
         raise UserError(f"yxanul sweep --summary: no sweep under '{root}' (run the sweep first, same --output_root)")
     state = json.loads(state_path.read_text())
-    swept = [k for k in state["trials"][0]["params"] if len({json.dumps(t["params"].get(k)) for t in state["trials"]}) > 1] \
-        if state["trials"] else []
+    swept = state["swept"]  # the file's varying parameters (even when one trial ran)
     rows = [r for r in (trial_row(t, state["metric"]) for t in state["trials"]) if r is not None]
     table = format_table(rows, swept, state["metric"])
     (root / "summary.md").write_text(f"# sweep {state['name']} ({state['method']}, {state['metric']} "
