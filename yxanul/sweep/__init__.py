@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None, client=None) -> int:
     from .spec import load_spec
 
     own, overrides = split_argv(list(argv or []))
-    args = parse_command(SweepArgs, own, prog="yxanul sweep")
+    args = parse_command(SweepArgs, own, prog="yxanul sweep", description=(
+        f"{SweepArgs.__doc__} Any other flag (a `yxanul train` config key: --max_steps 20, --config BASE.yaml) "
+        "goes to every trial. docs/sweeps.md"))
     spec = load_spec(args.file)
     offline, why = (True, "--summary") if args.summary else is_offline(args)
     if args.summary:
