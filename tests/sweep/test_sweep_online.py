@@ -76,6 +76,7 @@ def test_online_sweep_trial_joins_the_run_and_a_preempted_trial_resumes_in_it(tm
     pytest.importorskip("wandb")
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("WANDB_MODE", "offline")  # the trial's own W&B run: offline files, no network
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # pyagent sets it (to the cwd): trials still write in their dir
     monkeypatch.chdir(tmp_path)
     spec = load_spec(str(SWEEP))
     fixed = {k: p["value"] for k, p in spec.parameters.items() if "value" in p}

@@ -81,7 +81,7 @@ def run_offline(spec: SweepSpec, root: Path, trials: list[Trial], seed: int, say
         say(f"sweep {spec.name}: {t.id} {t.params}" + (" resuming from its last checkpoint" if status == "partial"
                                                         else ""))
         # a stable W&B run id per trial: a resumed trial writes to the same W&B run when synced
-        trial_env = dict(env, WANDB_RUN_ID=f"{root.name}-{t.id}"[-64:])
+        trial_env = dict(env, WANDB_RUN_ID=f"{root.name}-{t.id}"[-64:], WANDB_DIR=str(t.run_dir))
         rc, stopped = run_trial(launch_command(spec, t), trial_env, t.run_dir / "train.log", f"[{t.id}]")
         write_state(root, spec, trials, seed)
         if stopped:

@@ -93,7 +93,7 @@ class OnlineSweep:
         (run_dir / MARKER).write_text(json.dumps(marker))
         env = dict(os.environ, WANDB_RUN_ID=run_id, WANDB_SWEEP_ID=self.sweep_id.split("/")[-1],
                    WANDB_SWEEP_PARAM_PATH=str((run_dir / "sweep_params.yaml").absolute()),
-                   WANDB_RESUME="allow", WANDB_PROJECT=self.project)
+                   WANDB_RESUME="allow", WANDB_PROJECT=self.project, WANDB_DIR=str(run_dir))  # agent sets it to cwd
         if self.entity:
             env["WANDB_ENTITY"] = self.entity
         self.say(f"sweep {self.sweep_id}: trial {run_id} {params} in {run_dir}")
