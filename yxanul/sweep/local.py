@@ -76,9 +76,9 @@ def run_offline(spec: SweepSpec, root: Path, trials: list[Trial], seed: int, say
     for t in trials:
         status = t.status()
         if status == "done":
-            say(f"sweep {spec.name}: {t.id} {t.params} already finished, skipped")
+            say(f"sweep {spec.name}: {t.id} {t.config} already finished, skipped")
             continue
-        say(f"sweep {spec.name}: {t.id} {t.params}" + (" resuming from its last checkpoint" if status == "partial"
+        say(f"sweep {spec.name}: {t.id} {t.config}" + (" resuming from its last checkpoint" if status == "partial"
                                                         else ""))
         # a stable W&B run id per trial: a resumed trial writes to the same W&B run when synced
         trial_env = dict(env, WANDB_RUN_ID=f"{root.name}-{t.id}"[-64:], WANDB_DIR=str(t.run_dir))
