@@ -84,6 +84,8 @@ def test_random_is_reproducible_and_respects_distributions(tmp_path):
     ({"method": "grid", "parameters": {"max_lr": {"min": 1e-4, "max": 1e-3}}}, "grid needs `values`"),
     ({"method": "grid", "parameters": {"max_steps": {"values": ["many"]}}},
      "parameters.max_steps: config key 'max_steps': expected an integer"),
+    ({"method": "random", "parameters": {"max_lr": {"values": [1e-3, 2e-3], "probabilities": [1.0]}}},
+     "probabilities: expected one weight"),
     ({"method": "grid", "metric": {"name": "val_loss"}, "parameters": {"max_lr": {"value": 1e-3}}}, "metric.name"),
     ({"method": "grid", "command": ["python", "other.py"], "parameters": {"max_lr": {"value": 1e-3}}},
      "command: expected `yxanul train"),

@@ -112,6 +112,10 @@ def _check_param(path: str, key: str, p: Any, keys: dict) -> None:
         raise _err(path, f"parameters.{key}.distribution: expected one of {', '.join(DISTRIBUTIONS)}, got {dist!r}")
     if "values" in p and not (isinstance(p["values"], list) and p["values"]):
         raise _err(path, f"parameters.{key}.values: expected a non-empty list, got {p['values']!r}")
+    probs = p.get("probabilities")
+    if probs is not None and not (isinstance(probs, list) and len(probs) == len(p.get("values") or [])
+                                  and all(isinstance(x, (int, float)) and x >= 0 for x in probs) and sum(probs) > 0):
+        raise _err(path, f"parameters.{key}.probabilities: expected one weight >= 0 per value, got {probs!r}")
     samples = [p["value"]] if "value" in p else p.get("values") or [v for v in (p.get("min"), p.get("max"))
                                                                    if v is not None]
     for v in samples:
