@@ -81,3 +81,40 @@ def test_offline_sweep_killed_mid_trial_resumes_and_reports(tmp_path):
     r = subprocess.run([sys.executable, "-m", "yxanul", "sweep", str(SWEEP), "--summary", "--output_root",
                         str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "| trial-002 |" in r.stdout and (sweep / "best.json").is_file(), r.stderr
+
+
+ACCEL_SWEEP = """name: accel_check
+method: grid
+metric: {name: eval/val_loss, goal: minimize}
+command:
+  - ${env}
+  - accelerate
+  - launch
+  - --config_file
+  - %s
+  - train.py
+  - ${args}
+parameters:
+  penalty_weight: {values: [0.02]}
+  penalty_type: {value: z_loss}
+"""
+
+
+@pytest.mark.slow
+def test_accelerate_launch_trial_runs_every_rank_with_the_trials_flags(tmp_path):
+    """A sweep file whose command is `accelerate launch ... train.py ${args}`: the trial runs on 2 CPU
+    ranks (accelerate_configs/cpu.yaml), each parsing the trial's flags."""
+    f = tmp_path / "accel.yaml"
+    f.write_text(ACCEL_SWEEP % (ROOT / "accelerate_configs" / "cpu.yaml"))
+    env = dict(os.environ, YXANUL_CACHE=str(tmp_path / "cache"), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    flags = [*TRIAL_FLAGS, "--max_steps", "2", "--eval_freq", "0", "--checkpoint_freq", "0", "--use_wandb", "false"]
+    r = subprocess.run([sys.executable, "-m", "yxanul", "sweep", str(f), "--offline", "--output_root", str(tmp_path),
+                        *flags],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "x world 2 = " in r.stdout  # two ranks
+    run = tmp_path / "sweeps" / "accel_check" / "trial-000"
+    cfg = (run / "config.yaml").read_text()
+    assert "penalty_weight: 0.02" in cfg and "penalty_type: z_loss" in cfg
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2

@@ -72,7 +72,10 @@ def _err(path: str, what: str) -> UserError:
 def load_spec(path: str) -> SweepSpec:
     from ..config import _fields, load_yaml
 
-    raw = load_yaml(path)
+    try:
+        raw = load_yaml(path)
+    except UserError as e:  # the same one-line messages, naming it a sweep file
+        raise UserError(str(e).replace("config file", "sweep file", 1)) from None
     method = raw.get("method")
     if method not in METHODS:
         raise _err(path, f"method: expected one of {', '.join(METHODS)}, got {method!r}")
