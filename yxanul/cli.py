@@ -17,6 +17,7 @@ COMMANDS = {
     "plot-lr": ("yxanul.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
     "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
     "compare": ("yxanul.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
+    "sweep": ("yxanul.sweep", "main", "run a W&B sweep file (sweeps/*.yaml) online with wandb.agent, or offline here"),
 }
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")

@@ -31,6 +31,9 @@ class ModelArgs:
         default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
                                         "folder (model*.safetensors) of the same preset; optimizer, step and data "
                                         "start fresh (use --resume to continue a run)."})
+    penalty_type: Literal["none", "z_loss"] = field(
+        default="none", metadata={"help": "Regulariser added to the training loss (none, z_loss)."})
+    penalty_weight: float = field(default=0.0, metadata={"help": "Weight (lambda >= 0) of penalty_type."})
 
     def __post_init__(self):
         if self.model not in PRESETS:
@@ -39,6 +42,8 @@ class ModelArgs:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
         if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 2:
             raise ConfigError("seq_length", "an integer >= 2", self.seq_length)
+        if self.penalty_weight < 0:
+            raise ConfigError("penalty_weight", "a number >= 0", self.penalty_weight)
         if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
             raise ConfigError("init_from", "a folder path", self.init_from)  # existence: checked at build
 
