@@ -175,7 +175,7 @@ def test_mixture_weights_from_cli_config(tmp_path, capsys):
     a.write_text("\n".join(json.dumps({"text": f"alpha {i}"}) for i in range(600)))
     b.write_text("\n".join(json.dumps({"q": f"beta {i}", "text": None}) for i in range(600)))
     cfg = tmp_path / "mix.yaml"
-    cfg.write_text(f"model: tiny\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
+    cfg.write_text(f"model: nano\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
                    f"datasets:\n  - {{path: {a}, weight: 3}}\n  - {{path: {b}, weight: 1, text_column: q}}\n")
     assert prep.main(["--config", str(cfg)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
