@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 
 _STATE: dict = {}
+LAZY_CHARS = 8 << 20  # start worker processes once this much text was submitted (see Pool)
 
 
 class Encoder:
@@ -73,8 +74,9 @@ class Pool:
     characters were submitted (starting processes costs ~1 s: small corpora, like the bundled one, are
     tokenized in this process); where a batch is tokenized never changes its tokens."""
 
-    def __init__(self, encoder: Encoder, processes: int, lazy_chars: int = 8 << 20):
-        self.encoder, self.processes, self.lazy_chars = encoder, max(1, processes), lazy_chars
+    def __init__(self, encoder: Encoder, processes: int, lazy_chars: int | None = None):
+        self.encoder, self.processes = encoder, max(1, processes)
+        self.lazy_chars = LAZY_CHARS if lazy_chars is None else lazy_chars
         self._queues: dict = {}
         self._chars, self._pool = 0, None
         _init(encoder, single_thread=False)  # in-process: the tokenizer may use its threads
