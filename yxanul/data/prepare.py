@@ -240,9 +240,11 @@ def _pack(args: DataArgs, sources, work, fp: str, tok, dtype, progress: bool):
         work.reset()
     packer = _Packer(args, sources, work, fp, _encoder(args, tok, dtype), state)
     bar = _progress_bar(packer, args, progress)
+    t0 = time.perf_counter()
     try:
         packer.run(bar)
         splits = packer.finish()
+        packer.seconds = time.perf_counter() - t0  # the packing phase alone: read, tokenize, mix, write
     finally:
         bar.close()
         packer.pool.close()
@@ -310,6 +312,8 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
             "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
             "sources": [s.path for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
             "shard_size_tokens": args.shard_size_tokens, "yxanul_version": __version__,
+            "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
+                      "backend": packer.pool.encoder.backend},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
     work.finish()

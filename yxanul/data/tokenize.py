@@ -36,25 +36,40 @@ class Encoder:
     def backend(self) -> str:
         return "tiktoken" if self.tiktoken_spec else "tokenizers"
 
-    def build(self):
+    def build(self, single_thread: bool):
+        """texts -> list of id lists; ``single_thread``: on one core (else the library's threads)."""
         if self.tiktoken_spec:
             from .tiktoken_path import build_encoding
 
             enc = build_encoding(self.tiktoken_spec)
-            return lambda texts: enc.encode_ordinary_batch(texts, num_threads=1)
+            n = 1 if single_thread else (os.cpu_count() or 1)
+            return lambda texts: enc.encode_ordinary_batch(texts, num_threads=n)
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(self.tokenizer_json)
         tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not a boundary
         fast = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster, same ids
-        return lambda texts: [e.ids for e in fast(texts, add_special_tokens=False)]
+
+        def encode(texts):
+            if not single_thread:
+                return [e.ids for e in fast(texts, add_special_tokens=False)]
+            before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by `tokenizers` at every call
+            try:
+                return [e.ids for e in fast(texts, add_special_tokens=False)]
+            finally:
+                if before is None:
+                    del os.environ["TOKENIZERS_PARALLELISM"]
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = before
+        return encode
 
 
 def _init(encoder: Encoder, single_thread: bool) -> None:
     if single_thread:  # one core per process: the processes are the parallelism
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
-    _STATE["encode"], _STATE["encoder"] = encoder.build(), encoder
+    _STATE["encode"], _STATE["encoder"] = encoder.build(single_thread), encoder
 
 
 def encode_docs(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +94,8 @@ class Pool:
         self.lazy_chars = LAZY_CHARS if lazy_chars is None else lazy_chars
         self._queues: dict = {}
         self._chars, self._pool = 0, None
-        _init(encoder, single_thread=False)  # in-process: the tokenizer may use its threads
+        # in this process: one core when asked for one process, else the tokenizer's own threads
+        _STATE["encode"], _STATE["encoder"] = encoder.build(single_thread=self.processes == 1), encoder
 
     def _workers(self):
         if self._pool is None and self.processes > 1 and self._chars >= self.lazy_chars:
