@@ -77,3 +77,19 @@ def test_a_200k_vocabulary_prepares_into_uint32_shards_the_loader_reads(tmp_path
     ids = np.asarray(shard[:300]).astype(np.int64)
     text = load_prepared_tokenizer(out).decode(ids.tolist())
     assert text == load_tokenizer(None)[1].decode((ids - shift).tolist()) and len(text) > 500  # same text, shifted ids
+
+
+def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, capsys):
+    from yxanul.data.bench_data import main as bench_main
+
+    src = tmp_path / "d.jsonl"
+    src.write_text("\n".join(json.dumps({"text": f"Document {i}: " + "words and more words " * (i % 40 + 5)})
+                             for i in range(300)))
+    out = tmp_path / "r.json"
+    assert bench_main(["--dataset", str(src), "--num_procs", "1", "2", "--trials", "1", "--output", str(out)]) == 0
+    r = json.loads(out.read_text())
+    names = [row["what"] for row in r["rows"]]
+    assert "raw tokenizers encode_batch (all threads)" in names and r["documents"] == 300
+    assert {"pipeline: packing phase, 1 process(es)", "pipeline: packing phase, 2 process(es)"} <= set(names)
+    assert r["pipeline_over_raw"] > 0 and r["scaling_1_to_2"] > 0 and all(row["tokens_per_s"] > 0 for row in r["rows"])
+    assert "| raw tokenizers encode_batch (all threads) |" in capsys.readouterr().out

@@ -103,21 +103,23 @@ def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int
     from .args import DataArgs
     from .prepare import prepare, read_meta
 
-    tokenize.LAZY_CHARS = 0  # workers from the first batch, as on a real corpus
+    lazy, tokenize.LAZY_CHARS = tokenize.LAZY_CHARS, 0  # workers from the first batch, as on a real corpus
     out = tmp / f"p{procs}-{trial}"
-    dt = _timed(lambda: prepare(DataArgs(dataset=str(path), tokenizer=args.tokenizer, data_dir=str(out),
-                                         prepare_num_proc=procs, prepare_backend=args.prepare_backend,
-                                         shard_size_tokens=10_000_000), progress=False, say=lambda *a, **k: None))
-    return dt, read_meta(out)["stats"]["pack_seconds"]
+    try:
+        dt = _timed(lambda: prepare(DataArgs(dataset=str(path), tokenizer=args.tokenizer, data_dir=str(out),
+                                             prepare_num_proc=procs, prepare_backend=args.prepare_backend,
+                                             shard_size_tokens=10_000_000), progress=False, say=lambda *a, **k: None))
+    finally:
+        tokenize.LAZY_CHARS = lazy
+    meta = read_meta(out)
+    return dt, meta["stats"]["pack_seconds"], sum(s["tokens"] for s in meta["splits"].values())
 
 
 def run(args: BenchDataArgs, say=print) -> dict:
     from .prepare import load_tokenizer
 
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
         tmp = Path(d)
-        os.environ["YXANUL_CACHE"] = str(tmp / "cache")
         path, docs = _documents(args, tmp)
         _, tok = load_tokenizer(args.tokenizer)
         tokens = sum(len(x) + 1 for x in tok(docs, add_special_tokens=False, split_special_tokens=True)["input_ids"] if x)
@@ -127,7 +129,9 @@ def run(args: BenchDataArgs, say=print) -> dict:
             for name, fn in raw.items():
                 best[name] = min(best.get(name, 1e9), _timed(fn))
             for p in args.num_procs:
-                e2e, pack = _pipeline(args, path, tmp, p, trial)
+                e2e, pack, n = _pipeline(args, path, tmp, p, trial)
+                if n != tokens:  # the pipeline must have tokenized exactly what the raw tokenizer did
+                    raise RuntimeError(f"bench-data: the pipeline wrote {n:,} tokens, the raw tokenizer {tokens:,}")
                 for name, dt in ((f"pipeline: packing phase, {p} process(es)", pack),
                                  (f"pipeline: yxanul prepare end to end, {p} process(es)", e2e)):
                     best[name] = min(best.get(name, 1e9), dt)
