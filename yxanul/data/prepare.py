@@ -342,9 +342,9 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     the process given ``is_main_process`` prepares, then everybody meets at the barrier (it also when
     it failed, so the others don't hang) and the others reuse the folder. The trainer passes each
     node's *local* main process: a node-local cache (the default ``~/.cache/yxanul``) is then
-    prepared on every node, and on a shared filesystem the nodes race safely (each packs into its own
-    temporary folder, the first atomic rename wins, the others reuse it). Without ``wait``, call it
-    inside ``state.main_process_first()``.
+    prepared on every node, and on a shared filesystem the nodes take turns on the work folder's lock
+    (the first prepares, the others reuse its folder). Without ``wait``, call it inside
+    ``state.main_process_first()``.
     """
     quiet = (lambda *a, **k: None)
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
