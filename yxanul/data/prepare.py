@@ -19,7 +19,6 @@ An existing complete folder with the same fingerprint (sources + tokenizer + set
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
