@@ -30,6 +30,6 @@ def tiny_config():
 
     def make(**overrides):
         overrides.setdefault("backend", "torch")
-        return config_from_preset("tiny", 1000, 64, **overrides)
+        return config_from_preset("nano", 1000, 64, **overrides)
 
     return make

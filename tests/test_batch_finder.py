@@ -198,7 +198,7 @@ def _tiny():
     from yxanul.models import YxanulForCausalLM, config_from_preset
 
     torch.manual_seed(0)
-    return YxanulForCausalLM(config_from_preset("tiny", 512, 32, backend="torch"))
+    return YxanulForCausalLM(config_from_preset("nano", 512, 32, backend="torch"))
 
 
 def test_real_probe_on_cpu_trains_and_restores():
@@ -271,7 +271,7 @@ def test_resolve_batch(monkeypatch, tmp_path):
 
 
 def test_find_batch_cli_on_cpu(capsys):
-    rc = bf.main(["--model", "tiny", "--seq_length", "32", "--max_micro_batch_size", "4", "--vocab_size", "512",
+    rc = bf.main(["--model", "nano", "--seq_length", "32", "--max_micro_batch_size", "4", "--vocab_size", "512",
                   "--target_effective_batch_size", "16", "--backend", "torch"])
     out = capsys.readouterr().out
     assert rc == 0

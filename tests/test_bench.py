@@ -7,7 +7,7 @@ import pytest
 from yxanul.bench import BenchArgs, cases, main, markdown, run
 from yxanul.errors import ConfigError
 
-SMALL = dict(presets="tiny", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
+SMALL = dict(presets="nano", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
 
 
 def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
@@ -22,20 +22,20 @@ def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
     assert rows[2]["reason"] == "no CUDA device"
     assert {r["backend"] for r in rows} == {"torch"}  # 'auto' (the default) resolved before the plan, as in training
     table = markdown(rows, env)
-    assert "| tiny | 32 | 2 | bf16 |" in table and "1.00x" in table and "skipped: no CUDA device" in table
+    assert "| nano | 32 | 2 | bf16 |" in table and "1.00x" in table and "skipped: no CUDA device" in table
 
 
 def test_same_micro_batch_for_every_precision_and_order():
-    a = BenchArgs(presets="tiny,gpt2-124m", seq_lengths="1024,2048", precisions="bf16,fp8-current")
+    a = BenchArgs(presets="nano,gpt2-124m", seq_lengths="1024,2048", precisions="bf16,fp8-current")
     got = list(cases(a))
-    assert got[:2] == [("tiny", 1024, 16, "bf16"), ("tiny", 1024, 16, "fp8-current")]
+    assert got[:2] == [("nano", 1024, 16, "bf16"), ("nano", 1024, 16, "fp8-current")]
     assert ("gpt2-124m", 2048, 8, "fp8-current") in got and len(got) == 8
     assert {m for _, _, m, _ in cases(BenchArgs(micro_batch_size=3))} == {3}
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "b"
-    argv = ["--presets", "tiny", "--seq_lengths", "32", "--tokens_per_micro", "64", "--steps", "2",
+    argv = ["--presets", "nano", "--seq_lengths", "32", "--tokens_per_micro", "64", "--steps", "2",
             "--warmup", "0", "--vocab_size", "512", "--precisions", "fp32", "--out", str(out), "--profile"]
     assert main(argv) == 0
     data = json.loads((out / "bench.json").read_text())

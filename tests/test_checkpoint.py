@@ -149,7 +149,7 @@ def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    cfg = parse_args(["--model", "tiny"])
+    cfg = parse_args(["--model", "nano"])
     load_for_resume(acc, ckpt, cfg)
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k]), k

@@ -93,7 +93,7 @@ def test_lr_runs_continuously_over_tokens():
 def test_training_through_stages_and_resume(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("curriculum:\n  - {seq_length: 16, until_steps: 6}\n  - {seq_length: 32}\n")
-    common = ["--config", str(cfg), "--model", "tiny", "--backend", "torch", "--seq_length", "32",
+    common = ["--config", str(cfg), "--model", "nano", "--backend", "torch", "--seq_length", "32",
               "--micro_batch_size", "2", "--log_freq", "1", "--eval_freq", "0", "--eval_steps", "2",
               "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0", "--lr_decay_steps", "12",
               "--warmup_steps", "2", "--checkpoint_freq", "4", "--keep_last", "5"]

@@ -16,7 +16,7 @@ import pytest
 from yxanul.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--model", "tiny", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
+FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
         "--eval_steps", "2", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
         "--warmup_steps", "2", "--lr_decay_steps", "8", "--max_lr", "2e-3"]
 

@@ -171,7 +171,7 @@ def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     assert cli_main(["lint-config", *DS_FILES, *ACC_FILES]) == 0
-    train = _write(tmp_path, "t.yaml", {"model": "tiny", "use_fp8": True})
+    train = _write(tmp_path, "t.yaml", {"model": "nano", "use_fp8": True})
     assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train-config", train]) == 0
     assert "use_fp8: true" in capsys.readouterr().out
     assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train_config", train, "--fix",

@@ -14,7 +14,7 @@ import yaml
 from yxanul.tracking import read_metrics
 
 # Small and fast on 2 cores; the bundled corpus and tokenizer (the real default data path).
-FAST = ["--model", "tiny", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1",
+FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1",
         "--eval_freq", "0", "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "5",
         "--max_lr", "2e-3", "--use_tensorboard", "false", "--num_workers", "0"]
 
@@ -170,7 +170,7 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
     mismatch = yxanul("train", *FAST, "--max_steps", "4", "--output_dir", str(out), "--resume", "latest",
                       "--model", "gpt2-124m", check=False)
-    assert mismatch.returncode == 2 and "its weights do not fit this model (model: 'tiny' -> 'gpt2-124m')" \
+    assert mismatch.returncode == 2 and "its weights do not fit this model (model: 'nano' -> 'gpt2-124m')" \
         in mismatch.stderr, mismatch.stderr[-1500:]
     (tmp_path / "file").write_text("x")
     for args, needle in [(["--resume", "latest"], "set --output_dir or --run_name"),

@@ -43,11 +43,19 @@ def test_shards_round_trip_dtype_and_bad_files(tmp_path):
         write_shard(tmp_path / "s.bin", a)
         m = open_shard(tmp_path / "s.bin")
         assert isinstance(m, np.memmap) and m.dtype == dtype and not m.flags.writeable and np.array_equal(m, a)
-    w = ShardWriter(tmp_path, "t", np.uint32, 1024)
+    w = ShardWriter(tmp_path, "t", np.uint32, 1024, eos=7)
     for i in range(5):
-        w.add(list(range(70_000, 70_000 + 700 + i)))
+        w.add(np.array(list(range(70_000, 70_000 + 699 + i)) + [7], dtype=np.uint32), source=f"s{i % 2}")
     info = w.close()
     assert info["tokens"] == 3510 and len(info["shards"]) == 4 and open_shard(tmp_path / info["shards"][0])[0] == 70_000
+    import hashlib
+
+    man = info["manifest"]
+    assert [m["tokens"] for m in man] == [1024, 1024, 1024, 438] and sum(m["documents"] for m in man) == 5
+    assert [m["documents"] for m in man] == [1, 1, 2, 1]  # documents ending in each shard: 700, 1401, 2103+2806, 3510
+    assert man[0]["sources"] == {"s0": 700, "s1": 324} and all(sum(m["sources"].values()) == m["tokens"] for m in man)
+    for m in man:
+        assert m["sha256"] == hashlib.sha256((tmp_path / m["file"]).read_bytes()[32:]).hexdigest()
     (tmp_path / "bad.bin").write_bytes(b"nope" * 20)
     with pytest.raises(DataError, match="shard '.*bad.bin': not a yxanul token shard"):
         open_shard(tmp_path / "bad.bin")
@@ -111,9 +119,12 @@ def test_parquet_glob_csv_and_text_column(tmp_path):
     assert sorted(split_docs(out, "train") + split_docs(out, "val")) == ["general kenobi", "hello there", "quoted, text"]
 
 
-def test_map_with_processes_gives_the_same_shards(tmp_path, docs_file):
-    path, _ = docs_file(200)
-    a = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "a")), **Q)
+def test_worker_processes_give_the_same_shards(tmp_path, docs_file, monkeypatch):
+    from yxanul.data import tokenize
+
+    path, _ = docs_file(2000)
+    a = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "a"), prepare_num_proc=1), **Q)
+    monkeypatch.setattr(tokenize, "LAZY_CHARS", 0)  # start the worker processes at once
     b = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "b"), prepare_num_proc=2), **Q)
     assert (a / "train_00000.bin").read_bytes() == (b / "train_00000.bin").read_bytes()
     assert (a / "val_00000.bin").read_bytes() == (b / "val_00000.bin").read_bytes()
@@ -121,6 +132,7 @@ def test_map_with_processes_gives_the_same_shards(tmp_path, docs_file):
 
     assert sorted(p.name for p in b.iterdir()) == ["meta.json", "tokenizer", "train_00000.bin", "val_00000.bin"]
     assert not Path(datasets.config.HF_DATASETS_CACHE).exists()
+    assert not list(tmp_path.glob("*.partial"))  # the work folder became the output
 
 
 @pytest.mark.parametrize("make,needle", [
@@ -175,7 +187,7 @@ def test_mixture_weights_from_cli_config(tmp_path, capsys):
     a.write_text("\n".join(json.dumps({"text": f"alpha {i}"}) for i in range(600)))
     b.write_text("\n".join(json.dumps({"q": f"beta {i}", "text": None}) for i in range(600)))
     cfg = tmp_path / "mix.yaml"
-    cfg.write_text(f"model: tiny\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
+    cfg.write_text(f"model: nano\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
                    f"datasets:\n  - {{path: {a}, weight: 3}}\n  - {{path: {b}, weight: 1, text_column: q}}\n")
     assert prep.main(["--config", str(cfg)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

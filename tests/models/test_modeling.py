@@ -238,13 +238,13 @@ def test_backend_resolution(tiny_config):
 
 
 def test_model_args_build_describe_and_init_from(tmp_path):
-    with pytest.raises(ConfigError, match="tiny"):
+    with pytest.raises(ConfigError, match="nano"):
         ModelArgs(model="huge")
     with pytest.raises(ConfigError, match="seq_length"):
         ModelArgs(seq_length=1)
     with pytest.raises(ConfigError, match="backend"):
         ModelArgs(backend="cuda")
-    args = ModelArgs(model="tiny", backend="torch", seq_length=32, tie_word_embeddings=False)
+    args = ModelArgs(model="nano", backend="torch", seq_length=32, tie_word_embeddings=False)
     m = build_model(args, vocab_size=1000)
     assert m.config.vocab_size == 1024 and m.config.max_position_embeddings == 32 and not m.config.tie_word_embeddings
     line = describe(m.config)

@@ -24,7 +24,7 @@ def build(monkeypatch):
     if not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
-    def make(preset="tiny", backend="te", **kw):
+    def make(preset="nano", backend="te", **kw):
         with torch.device("meta"):
             return YxanulForCausalLM(config_from_preset(preset, 8192, 256, backend=backend, **kw))
 
@@ -96,7 +96,7 @@ def test_te_backend_without_a_gpu_is_a_one_line_config_error():
     """TE imports on a CPU machine, but its modules raise "TransformerEngine needs CUDA." deep inside
     their constructors; yxanul says what to do instead."""
     with pytest.raises(ConfigError, match="backend.*need a CUDA device.*backend='torch'"):
-        YxanulForCausalLM(config_from_preset("tiny", 1000, 64, backend="te"))
+        YxanulForCausalLM(config_from_preset("nano", 1000, 64, backend="te"))
 
 
 def test_te_model_saves_pretrained_and_loads_into_the_torch_backend(build, tmp_path):

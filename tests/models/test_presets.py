@@ -32,10 +32,22 @@ def test_count_parameters_equals_the_built_model(name):
         assert count_parameters(cfg) == built_count(cfg), (name, vocab, tied)
 
 
+# seed 004's model table: name -> (params in millions, layers, hidden)
+SEED_004 = {"tiny": (85, 12, 512), "small": (178, 16, 768), "medium": (374, 24, 1024),
+            "medium-large": (401, 20, 1152), "large": (763, 24, 1536), "xlarge": (1460, 32, 1920)}
+CPU_DEMO = "nano"  # the embedded default's 5M model (was `tiny` before the seed table took the name)
+
+
+def test_seed_004_table_by_name_and_size():
+    for name, (millions, layers, hidden) in SEED_004.items():
+        n = count_parameters(config_from_preset(name, 50304, 2048)) / 1e6
+        assert abs(n - millions) / millions < 0.015, (name, n)
+        assert (PRESETS[name]["num_hidden_layers"], PRESETS[name]["hidden_size"]) == (layers, hidden), name
+
+
 def test_seed_sizes_at_vocab_50304():
     n = {k: count_parameters(config_from_preset(k, 50304, 2048)) / 1e6 for k in PRESETS}
-    for name, target in {"gpt2-124m": 124, "small": 178, "medium": 374, "large": 763, "xlarge": 1460,
-                         "yxanul-0.6b": 600}.items():
+    for name, target in {"gpt2-124m": 124, "yxanul-0.6b": 600}.items():
         assert abs(n[name] - target) / target < 0.02, (name, n[name])
     assert (PRESETS["xlarge"]["num_hidden_layers"], PRESETS["xlarge"]["hidden_size"]) == (32, 1920)
     assert (PRESETS["small"]["num_hidden_layers"], PRESETS["small"]["hidden_size"]) == (16, 768)
@@ -46,8 +58,11 @@ def test_seed_sizes_at_vocab_50304():
     assert config_from_preset("gpt2-124m", 50257, 1024).tie_word_embeddings
 
 
-def test_tiny_is_a_cpu_demo():
-    cfg = config_from_preset("tiny", 8192, 256)
+def test_nano_is_the_cpu_demo_of_the_default_config():
+    from yxanul.cli import DEFAULT_CONFIG
+
+    assert f"model: {CPU_DEMO}" in Path(DEFAULT_CONFIG).read_text().splitlines()
+    cfg = config_from_preset(CPU_DEMO, 8192, 256)
     assert cfg.num_hidden_layers == 4 and cfg.hidden_size == 256 and cfg.num_key_value_heads < cfg.num_attention_heads
     assert count_parameters(cfg) < 6e6
 
@@ -67,13 +82,13 @@ def test_pad_vocab():
 
 
 def test_config_from_preset_overrides_and_errors():
-    cfg = config_from_preset("tiny", 1000, 128, num_key_value_heads=1, tie_word_embeddings=None, backend="torch")
+    cfg = config_from_preset("nano", 1000, 128, num_key_value_heads=1, tie_word_embeddings=None, backend="torch")
     assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.num_key_value_heads) == (1024, 128, 1)
     assert cfg.tie_word_embeddings is True                      # None = keep the preset's default
-    with pytest.raises(ConfigError, match="expected one of tiny, gpt2-124m"):
+    with pytest.raises(ConfigError, match="expected one of nano, tiny, gpt2-124m"):
         config_from_preset("huge", 1000, 128)
     with pytest.raises(ConfigError, match="seq_length"):
-        config_from_preset("tiny", 1000, 0)
+        config_from_preset("nano", 1000, 0)
 
 
 @pytest.mark.parametrize("kw,key", [

@@ -51,7 +51,7 @@ def fake_te(monkeypatch):
 
 
 def tiny():
-    return YxanulForCausalLM(config_from_preset("tiny", 1000, 32))
+    return YxanulForCausalLM(config_from_preset("nano", 1000, 32))
 
 
 def test_unwrap_removes_accelerates_fp8_wrapper(fake_te):

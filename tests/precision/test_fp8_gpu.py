@@ -54,7 +54,7 @@ def _step(model, plan, micro=0, seq=256):
 
 
 def test_te_backend_has_the_torch_state_dict_names_and_no_pickles():
-    ref, te_model = _pair("tiny")
+    ref, te_model = _pair("nano")
     names = lambda m: {k for k in m.state_dict() if not k.endswith("_extra_state")}  # noqa: E731
     assert names(ref) == names(te_model)
     assert all(v.numel() == 0 for k, v in te_model.state_dict().items() if k.endswith("_extra_state"))

@@ -43,7 +43,7 @@ def test_fp8_on_when_possible_and_reasons_for_recipe_backend_and_dims():
     assert not ok and "mxfp8" in why and "10.0" in why
     ok, why = decide(PrecisionArgs(use_fp8=True), config_from_preset("medium", 50257, 1024), H100)
     assert not ok and "backend is 'torch'" in why
-    ok, why = decide(PrecisionArgs(use_fp8=True, fp8_min_gemm_dim=0), te_cfg("tiny", intermediate_size=700,
+    ok, why = decide(PrecisionArgs(use_fp8=True, fp8_min_gemm_dim=0), te_cfg("nano", intermediate_size=700,
                                                                             hidden_size=264, num_attention_heads=4), H100)
     assert not ok and "not a multiple of 16" in why
     assert decide(PrecisionArgs(use_fp8=False), te_cfg(), H100) == (False, None)

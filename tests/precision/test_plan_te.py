@@ -50,7 +50,7 @@ def test_accelerate_builds_a_real_te_recipe_from_our_kwargs(monkeypatch, recipe)
 
     monkeypatch.setattr(te_fp8, "check_mxfp8_support", lambda: (True, ""))   # hardware fact: Blackwell
     args = PrecisionArgs(fp8_recipe=recipe, **ARGS)
-    model = YxanulForCausalLM(config_from_preset("tiny", 1000, 32, backend="torch"))
+    model = YxanulForCausalLM(config_from_preset("nano", 1000, 32, backend="torch"))
     ate.apply_fp8_autowrap(model, TERecipeKwargs(**te_recipe_kwargs(args)))
     built = inspect.getclosurevars(model.forward.__func__).nonlocals["fp8_recipe"]
     if recipe == "mxfp8":

@@ -18,7 +18,8 @@ def cfg(preset, **kw):
 
 
 @pytest.mark.parametrize("preset,expect", [
-    ("tiny", False), ("gpt2-124m", False), ("small", False), ("medium", False),  # <= 1024 wide: BF16
+    ("nano", False), ("tiny", False), ("gpt2-124m", False), ("small", False), ("medium", False),
+    ("medium-large", False),                                                       # <= 1152 wide: BF16
     ("yxanul-0.6b", True), ("large", True), ("xlarge", True),                      # >= 1536: FP8 (H100 bench)
 ])
 def test_default_policy_on_every_preset(preset, expect):
@@ -35,7 +36,7 @@ def test_policy_threshold_and_reasons():
     assert forced["mlp"][0] and forced["qkv"][0] and not forced["lm_head"][0]
     strict = layer_policy(cfg("yxanul-0.6b"), PrecisionArgs(fp8_min_gemm_dim=2048))   # 1536 wide, GQA
     assert not strict["qkv"][0] and "2560x1536" in strict["qkv"][1]
-    odd = layer_policy(cfg("tiny", intermediate_size=700), PrecisionArgs(fp8_min_gemm_dim=0))
+    odd = layer_policy(cfg("nano", intermediate_size=700), PrecisionArgs(fp8_min_gemm_dim=0))
     assert not odd["mlp"][0] and "700 is not a multiple of 16" in odd["mlp"][1]
     assert odd["qkv"][0]
     # 3088 = 16 x 193: fine for delayed/current/block, but MXFP8 needs multiples of 32
@@ -45,7 +46,7 @@ def test_policy_threshold_and_reasons():
 
 
 def test_module_decisions_and_keep_bf16_patterns():
-    model = YxanulForCausalLM(cfg("tiny"))
+    model = YxanulForCausalLM(cfg("nano"))
     pol = layer_policy(model.config, PrecisionArgs(fp8_min_gemm_dim=0))
     d = module_decisions(model, pol, ["model.layers.0.*", "*.layers.3.layernorm_mlp"])
     assert len(d) == 3 * model.config.num_hidden_layers
@@ -56,7 +57,7 @@ def test_module_decisions_and_keep_bf16_patterns():
 
 
 def test_report_from_a_torch_model_says_why():
-    model = YxanulForCausalLM(cfg("tiny"))
+    model = YxanulForCausalLM(cfg("nano"))
     lines = []
     plan = resolve_precision(PrecisionArgs(use_fp8=True), model.config, CPU, say=lines.append)
     plan.prepare_model(model)
@@ -72,7 +73,7 @@ def test_report_from_a_torch_model_says_why():
 
 
 def test_report_without_fp8_request():
-    model = YxanulForCausalLM(cfg("tiny"))
+    model = YxanulForCausalLM(cfg("nano"))
     plan = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config, CPU)
     rep = precision_report(model, plan)
     assert rep["precision"] == "BF16" and rep["layers"]["mlp"]["why"] == "FP8 not requested"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import ConfigError
 
-MIXTURE_KEYS = ("path", "weight", "split", "text_column", "name")
+MIXTURE_KEYS = ("path", "weight", "split", "text_column", "name", "max_tokens")
 
 
 @dataclass
@@ -18,8 +19,19 @@ class DataArgs:
                                         ".jsonl/.json/.parquet/.csv = one per row; .gz ok) or a Hub dataset name. "
                                         "Default: the bundled Shakespeare corpus."})
     datasets: list[dict] | None = field(
-        default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column, name}] "
-                                        "(weights are normalised; documents are interleaved)."})
+        default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column, name, "
+                                        "max_tokens}] (weights are normalised; mix_by says whether a weight is a "
+                                        "share of tokens or of documents)."})
+    mix_by: Literal["tokens", "documents"] = field(
+        default="tokens", metadata={"help": "What a mixture weight is a share of: 'tokens' (of the prepared training "
+                                            "tokens, the default) or 'documents'."})
+    max_tokens: int | None = field(default=None, metadata={"help": "Stop preparing after this many tokens in total "
+                                                                   "(train + val, EOS included)."})
+    shuffle_buffer: int = field(default=0, metadata={"help": "Streamed sources: shuffle documents through a buffer of "
+                                                             "this many (datasets' IterableDataset.shuffle; seed 004 "
+                                                             "uses 10000). 0 = source order."})
+    data_seed: int = field(default=0, metadata={"help": "Seed of the shuffle buffer (the prepared data is a pure "
+                                                        "function of sources, settings and this seed)."})
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset config name (e.g. sample-10BT)."})
     dataset_split: str = field(default="train", metadata={"help": "Split of the source to read."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text (jsonl/parquet/csv/Hub)."})
@@ -34,9 +46,13 @@ class DataArgs:
     streaming: bool = field(default=False, metadata={"help": "Stream the source while preparing (large Hub datasets)."})
     max_documents: int | None = field(default=None, metadata={"help": "Stop preparing after this many documents."})
     num_workers: int = field(default=1, metadata={"help": "DataLoader worker processes feeding training batches."})
-    prepare_num_proc: int | None = field(default=None, metadata={"help": "Processes for a batched datasets.map when "
-                                                                         "tokenizing (non-streamed sources). Default: "
-                                                                         "none, a fast tokenizer uses all cores itself."})
+    prepare_num_proc: int | None = field(default=None, metadata={"help": "Tokenizing processes of `yxanul prepare` "
+                                                                         "(one core each). Default: every core this "
+                                                                         "process may use."})
+    prepare_backend: Literal["auto", "tokenizers", "tiktoken"] = field(
+        default="auto", metadata={"help": "Tokenizer implementation for preparing: 'tiktoken' (GPT-2-family byte-level "
+                                          "BPE only, ids checked identical), 'tokenizers', or 'auto' (tiktoken when "
+                                          "installed and identical on the first documents)."})
     shard_size_tokens: int = field(default=100_000_000, metadata={"help": "Tokens per shard file."})
 
     def __post_init__(self):
@@ -57,6 +73,14 @@ class DataArgs:
             raise ConfigError("num_workers", "an integer >= 0", self.num_workers)
         if self.prepare_num_proc is not None and self.prepare_num_proc < 1:
             raise ConfigError("prepare_num_proc", "an integer >= 1 or null", self.prepare_num_proc)
+        for key in ("max_tokens",):
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+                raise ConfigError(key, "an integer >= 2 or null", v)
+        if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
+            raise ConfigError("shuffle_buffer", "an integer >= 0", self.shuffle_buffer)
+        if self.mix_by not in ("tokens", "documents"):
+            raise ConfigError("mix_by", "one of 'tokens', 'documents'", self.mix_by)
         if self.shard_size_tokens < 1024:
             raise ConfigError("shard_size_tokens", "an integer >= 1024", self.shard_size_tokens)
 
@@ -70,6 +94,9 @@ class DataArgs:
             unknown = set(d) - set(MIXTURE_KEYS)
             if unknown:
                 raise ConfigError("datasets", f"entries with keys {', '.join(MIXTURE_KEYS)}", sorted(unknown))
+            cap = d.get("max_tokens")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise ConfigError("datasets", f"a positive integer as max_tokens of '{d['path']}'", cap)
             weight = d.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
                 raise ConfigError("datasets", f"a positive number as weight of '{d['path']}'", weight)

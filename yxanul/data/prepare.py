@@ -1,44 +1,42 @@
-"""`yxanul prepare`: tokenize documents, append EOS, pack into flat token shards + a validation split.
+"""`yxanul prepare`: tokenize documents, append EOS, pack into fixed-size token shards + a validation split.
 
 Output folder::
 
-    meta.json              tokenizer, vocab_size, eos_token_id, dtype, per-split token/document counts,
-                           fingerprint, yxanul version
+    meta.json              tokenizer, vocab_size, eos_token_id, dtype, per split: tokens, documents, shard
+                           names and manifest (per shard: tokens, documents, tokens per source, sha256),
+                           per source: documents, tokens, achieved shares; fingerprint, yxanul version
     tokenizer/             a copy of the tokenizer (the folder is self-contained)
-    train_00000.bin ...    shards (see shards.py)
+    train_00000.bin ...    shards of exactly shard_size_tokens tokens, the last one shorter (shards.py)
     val_00000.bin
 
-The folder is written as ``<dir>.tmp-<pid>`` and renamed when complete, so a killed prepare never
-leaves a folder that looks finished; an existing complete folder with the same fingerprint
-(sources + tokenizer + settings) is reused.
+Pipeline: sources are read in batches of documents, tokenized by ``prepare_num_proc`` worker processes
+(tokenize.py), mixed by weight (mixture.py) and written by the main process. The folder is built
+in ``<dir>.partial`` (workdir.py) and renamed when complete, so a folder named ``<dir>`` is always
+complete; killed at any moment, the next run continues from the last checkpoint (after every
+completed shard and at least every ``CHECKPOINT_SECONDS``) and produces byte-identical files.
+An existing complete folder with the same fingerprint (sources + tokenizer + settings) is reused.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import shutil
-import tempfile
 import time
-import typing
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DataError
 from .args import DataArgs
 from .shards import ShardWriter, dtype_for_vocab
-from .sources import (
-    BUNDLED_TOKENIZER,
-    check_source,
-    fingerprint,
-    mixed_dataset,
-    resolve_sources,
-)
+from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
 
-FORMAT = 2  # 2: special-token strings inside documents are plain text (split_special_tokens)
+# 2: special-token strings inside documents are plain text (split_special_tokens)
+# 3: fixed-size shards with a manifest, exact mixing by tokens or documents (mixture.py)
+FORMAT = 3
+CHECKPOINT_SECONDS = 30.0
 GPT2_OFFLINE = "gpt2-offline"
 
 
@@ -105,17 +103,20 @@ def is_val(doc_index: int, val_fraction: float) -> bool:
     return (zlib.crc32(doc_index.to_bytes(8, "little")) % 1_000_000) < val_fraction * 1_000_000
 
 
-def _settings(args: DataArgs, n_sources: int, seed: int) -> dict:
+def _settings(args: DataArgs, n_sources: int) -> dict:
+    """Everything besides sources and tokenizer that changes the prepared bytes."""
     s = {"format": FORMAT, "val_fraction": args.val_fraction, "max_documents": args.max_documents,
-         "shard_size_tokens": args.shard_size_tokens}
-    return s | ({"mix_seed": seed, "mix_streaming": args.streaming} if n_sources > 1 else {})
+         "shard_size_tokens": args.shard_size_tokens, "max_tokens": args.max_tokens}
+    if args.streaming and args.shuffle_buffer:
+        s |= {"shuffle_buffer": args.shuffle_buffer, "data_seed": args.data_seed}
+    return s | ({"mix_by": args.mix_by} if n_sources > 1 else {})
 
 
-def target_dir(args: DataArgs, out_dir=None, seed: int = 0):
+def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
     tok_name, tok = load_tokenizer(args.tokenizer)
-    fp = fingerprint(sources, tok_name, _settings(args, len(sources), seed))
+    fp = fingerprint(sources, tok_name, _settings(args, len(sources)))
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)
 
@@ -129,117 +130,210 @@ def read_meta(out: Path, fp: str | None = None) -> dict | None:
     return meta if fp is None or meta.get("fingerprint") == fp else None
 
 
-def _texts(batch) -> list[str]:
-    return [t if isinstance(t, str) else "" for t in batch["text"]]
+def _num_proc(args: DataArgs) -> int:
+    if args.prepare_num_proc:
+        return args.prepare_num_proc
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _tokenized(ds, tok, args: DataArgs):
-    """Lists of token ids, batch by batch. By default in this process: a fast tokenizer encodes each
-    batch on all cores itself. ``prepare_num_proc > 1``: a batched ``datasets.map`` with processes
-    (for slow Python tokenizers; it writes an Arrow cache of the ids in the datasets cache)."""
-    n_proc = args.prepare_num_proc or 1
-    if not args.streaming and n_proc > 1:
-        ds = ds.map(lambda b: {"ids": tok(_texts(b), add_special_tokens=False, split_special_tokens=True)["input_ids"]}, batched=True,
-                    num_proc=n_proc, remove_columns=["text"], desc="tokenizing (map)")
-        return (b["ids"] for b in ds.iter(batch_size=1000))
-    # the fast tokenizer parallelises a batch across threads itself
-    return (tok(_texts(b), add_special_tokens=False, split_special_tokens=True)["input_ids"] for b in ds.iter(batch_size=1000))
+def _encoder(args: DataArgs, tok, dtype):
+    from .tiktoken_path import tiktoken_spec
+    from .tokenize import Encoder
+
+    spec = None if args.prepare_backend == "tokenizers" else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken")
+    return Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.__name__, spec)
 
 
-def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, seed: int = 0, say=print,
-            create: bool = True) -> Path:
+class _Packer:
+    """The main loop: mixed documents -> train/val writers, checkpointing into the work folder."""
+
+    def __init__(self, args: DataArgs, sources, work, fp: str, encoder, state: dict | None):
+        from .mixture import Mixture, SourceStream
+        from .tokenize import Pool
+
+        st = state or {}
+        self.args, self.work, self.fp, self.names = args, work, fp, [s.path for s in sources]
+        self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"))
+        dtype = __import__("numpy").dtype(encoder.dtype)
+        self.writers = {s: ShardWriter(work.path, s, dtype, args.shard_size_tokens, encoder.eos,
+                                       st.get("writers", {}).get(s)) for s in ("train", "val")}
+        self.doc_index = self.start_index = int(st.get("doc_index", 0))
+        self.tokens0 = sum(w.tokens for w in self.writers.values())
+        self.pool = Pool(encoder, _num_proc(args))
+        cache = work.arrow_cache
+        self.streams = [SourceStream(i, s, self.pool, args.streaming, self.mix.docs[i], args.shuffle_buffer,
+                                     args.data_seed, cache, prefetch=2 * self.pool.processes + 1)
+                        for i, s in enumerate(sources)]
+        self.pending = None  # (split, ids, source): one document of lag, see finish()
+        self._saved_at, self._shards_at_save = time.time(), self._shards()
+
+    def _shards(self) -> int:
+        return sum(w.shards_done for w in self.writers.values())
+
+    def checkpoint(self) -> None:
+        """Save the state as of just before the pending document (it is read again on resume)."""
+        for w in self.writers.values():
+            w.flush()
+        mix = self.mix.state()
+        if self.pending is not None:
+            i, n = self.pending[2], len(self.pending[1])
+            mix["docs"][i] -= 1
+            mix["tokens"][i] -= n
+        self.work.save({"fingerprint": self.fp, "doc_index": self.doc_index, "mix": mix,
+                        "writers": {s: w.state() for s, w in self.writers.items()}})
+        self._saved_at, self._shards_at_save = time.time(), self._shards()
+
+    def run(self, bar) -> None:
+        a = self.args
+        while a.max_documents is None or self.doc_index < a.max_documents:
+            i = self.mix.pick()
+            ids = None if i is None else self.streams[i].next_doc()
+            if ids is None:
+                break
+            self.mix.took(i, len(ids))
+            if len(ids):
+                if self.pending is not None:
+                    self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
+                split = "val" if is_val(self.doc_index, a.val_fraction) else "train"
+                self.pending = (split, ids, i)
+                if self._shards() != self._shards_at_save or time.time() - self._saved_at > CHECKPOINT_SECONDS:
+                    self.checkpoint()
+                bar.update(len(ids))
+            self.doc_index += 1
+
+    def finish(self) -> dict:
+        """Write the last document (to the split that is still empty, if one is) and close the shards."""
+        if self.pending is not None:
+            split, tr, va = self.pending[0], self.writers["train"], self.writers["val"]
+            if va.documents == 0 and tr.documents:
+                split = "val"
+            elif tr.documents == 0 and va.documents:
+                split = "train"  # every earlier document was held out: the last one trains
+            self.writers[split].add(self.pending[1], self.names[self.pending[2]])
+        return {s: w.close() for s, w in self.writers.items()}
+
+
+def _progress_bar(packer: _Packer, args: DataArgs, enabled: bool):
+    from tqdm.auto import tqdm
+
+    rows = [s.num_rows for s in packer.streams]
+    total = args.max_tokens
+    bar = tqdm(desc="tokenizing", unit="tok", unit_scale=True, total=total, initial=packer.tokens0,
+               disable=not enabled, mininterval=1.0, smoothing=0.1)
+    if total is None and len(rows) == 1 and rows[0]:  # estimate the total from the share of documents read
+        docs = rows[0] if args.max_documents is None else min(rows[0], args.max_documents)
+        update = bar.update
+
+        def estimating(n):
+            done = max(packer.doc_index, 1)
+            bar.total = max(int(bar.n * docs / done), bar.n)
+            update(n)
+        bar.update = estimating
+    return bar
+
+
+def _pack(args: DataArgs, sources, work, fp: str, tok, dtype, progress: bool):
+    """Run (or continue) the packing in ``work``; returns (splits, mixture report, packer)."""
+    state = work.progress(fp)
+    if state is None:
+        work.reset()
+    packer = _Packer(args, sources, work, fp, _encoder(args, tok, dtype), state)
+    bar = _progress_bar(packer, args, progress)
+    t0 = time.perf_counter()
+    try:
+        packer.run(bar)
+        splits = packer.finish()
+        packer.seconds = time.perf_counter() - t0  # the packing phase alone: read, tokenize, mix, write
+    finally:
+        bar.close()
+        packer.pool.close()
+    return splits, packer
+
+
+def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, create: bool = True) -> Path:
     """Tokenize + pack ``args``' sources into ``out_dir`` (default ``args.data_dir``, else the cache);
     reuse the folder if it is complete with the same fingerprint. Returns the folder."""
-    out, sources, fp, (tok_name, tok) = target_dir(args, out_dir, seed)
+    from .workdir import WorkDir, clean_stale
+
+    out, sources, fp, (tok_name, tok) = target_dir(args, out_dir)
     if read_meta(out, fp):
         say(f"data: reusing prepared shards in {out}")
         return out
     if not create:
         raise DataError(f"data_dir '{out}': not prepared (this node's main process failed to prepare it; see its error)")
+    _check_target(out)
+    for src in sources:  # every file's text is checked before anything is written
+        check_source(src)
+    check_hub_reachable(sources)
+    work = WorkDir(out)
+    work.acquire()  # another process preparing the same folder: wait for it, then reuse its result
+    try:
+        if read_meta(out, fp):
+            work.discard()
+            say(f"data: reusing prepared shards in {out}")
+            return out
+        _check_target(out)
+        clean_stale(out.parent, keep=work.path)
+        resumed = work.progress(fp)
+        if resumed:
+            say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")
+        t0, dtype = time.time(), dtype_for_vocab(len(tok))
+        splits, packer = _pack(args, sources, work, fp, tok, dtype, progress)
+        _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer)
+    except DataError:
+        work.discard()  # bad input: nothing worth resuming
+        raise
+    except BaseException:
+        work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
+        work.release()
+        raise
+    _report(say, out, splits, packer, time.time() - t0)
+    return out
+
+
+def _check_target(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if read_meta(out):
             raise DataError(f"data_dir '{out}': holds shards prepared from other sources/tokenizer/settings; "
                             "choose another data_dir or delete it")
         raise DataError(f"data_dir '{out}': exists and is not a prepared data folder")
-    for src in sources:  # every file's text is checked before anything is written
-        check_source(src)
-    from tqdm.auto import tqdm
 
-    t0 = time.time()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # unique per process, thread and host: several nodes may prepare the same folder on a shared FS
-    tmp = Path(tempfile.mkdtemp(prefix=f"{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make a shared cache unreadable to other users
-    vocab, eos = len(tok), tok.eos_token_id
-    dtype = dtype_for_vocab(vocab)
-    writers = {s: ShardWriter(tmp, s, dtype, args.shard_size_tokens) for s in ("train", "val")}
-    hf_cache = tmp / ".datasets-cache"  # Arrow copies of local files: removed before the folder is complete
-    ds = mixed_dataset(sources, args.streaming, seed, cache_dir=hf_cache)
-    total = getattr(ds, "num_rows", None)
-    if args.max_documents is not None:
-        total = min(total, args.max_documents) if total else args.max_documents
-    bar = tqdm(desc="tokenizing", unit="doc", total=total, disable=not progress, mininterval=1.0)
-    doc_index, pending = 0, None  # a one-document lag: the last document goes to the split that is empty
-    try:
-        for ids_batch in _tokenized(ds, tok, args):
-            before = doc_index
-            for ids in ids_batch:
-                if args.max_documents is not None and doc_index >= args.max_documents:
-                    break
-                if ids:
-                    if pending is not None:
-                        writers[pending[0]].add(pending[1])
-                    pending = ("val" if is_val(doc_index, args.val_fraction) else "train", ids + [eos])
-                doc_index += 1
-            bar.update(doc_index - before)
-            if args.max_documents is not None and doc_index >= args.max_documents:
-                break
-        bar.close()
-        if pending is not None:
-            split = pending[0]
-            if writers["val"].documents == 0 and writers["train"].documents:
-                split = "val"
-            elif writers["train"].documents == 0 and writers["val"].documents:
-                split = "train"  # every earlier document was held out: the last one trains
-            writers[split].add(pending[1])
-        splits = {s: w.close() for s, w in writers.items()}
-        del ds
-        shutil.rmtree(hf_cache, ignore_errors=True)
-        if not splits["train"]["documents"] or not splits["val"]["documents"]:
-            n = splits["train"]["documents"] + splits["val"]["documents"]
-            what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
-            raise DataError(f"dataset '{sources[0].path}': {what}")
-        tok.save_pretrained(tmp / "tokenizer")
-        from .. import __version__
 
-        meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
-                "vocab_size": vocab, "eos_token_id": eos, "dtype": dtype.__name__, "splits": splits,
-                "sources": [s.path for s in sources], "yxanul_version": __version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))  # written last: marks the folder complete
-        try:
-            if out.exists():
-                out.rmdir()  # an empty folder the user created
-            os.rename(tmp, out)
-        except OSError:  # another process finished the same folder first
-            if not read_meta(out, fp):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    dt = time.time() - t0
+def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> None:
+    if not splits["train"]["documents"] or not splits["val"]["documents"]:
+        n = splits["train"]["documents"] + splits["val"]["documents"]
+        what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
+        raise DataError(f"dataset '{sources[0].path}': {what}")
+    tok.save_pretrained(work.path / "tokenizer")
+    from .. import __version__
+
+    meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
+            "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
+            "sources": [s.path for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
+            "shard_size_tokens": args.shard_size_tokens, "yxanul_version": __version__,
+            "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
+                      "backend": packer.pool.encoder.backend},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
+    work.finish()
+
+
+def _report(say, out: Path, splits: dict, packer: _Packer, dt: float) -> None:
     tr, va = splits["train"], splits["val"]
-    say(f"data: {doc_index:,} documents -> train {tr['tokens']:,} tokens ({tr['documents']:,} docs) / val "
-        f"{va['tokens']:,} tokens ({va['documents']:,} docs), {dtype.__name__}, in {dt:.1f}s "
-        f"({(tr['tokens'] + va['tokens']) / max(dt, 1e-9):,.0f} tok/s) -> {out}")
-    return out
-
+    new = tr["tokens"] + va["tokens"] - packer.tokens0
+    procs = packer.pool.processes
+    say(f"data: {packer.doc_index:,} documents -> train {tr['tokens']:,} tokens ({tr['documents']:,} docs, "
+        f"{len(tr['shards'])} shards) / val {va['tokens']:,} tokens ({va['documents']:,} docs), "
+        f"{packer.pool.encoder.dtype} -> {out}")
+    if len(packer.names) > 1:
+        for name, r in packer.mix.report().items():
+            say(f"data:   {name}: {r['tokens']:,} tokens ({100 * r['token_share']:.2f} % of tokens, "
+                f"{100 * r['document_share']:.2f} % of documents; weight {100 * r['weight']:.2f} %)")
+    say(f"data: {new:,} tokens in {dt:.1f}s = {new / max(dt, 1e-9):,.0f} tokens/s with {procs} tokenizing "
+        f"process(es) ({packer.pool.encoder.backend}) = {new / max(dt, 1e-9) / procs:,.0f} tokens/s per core")
 
 def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable[[], None] | None = None,
-                    *, seed: int = 0, say=print) -> Path:
+                    *, say=print) -> Path:
     """The prepared folder for ``args``, preparing it if needed (used by the trainer).
 
     A ``data_dir`` holding a complete prepared folder, given without ``dataset``/``datasets``/
@@ -247,9 +341,9 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     the process given ``is_main_process`` prepares, then everybody meets at the barrier (it also when
     it failed, so the others don't hang) and the others reuse the folder. The trainer passes each
     node's *local* main process: a node-local cache (the default ``~/.cache/yxanul``) is then
-    prepared on every node, and on a shared filesystem the nodes race safely (each packs into its own
-    temporary folder, the first atomic rename wins, the others reuse it). Without ``wait``, call it
-    inside ``state.main_process_first()``.
+    prepared on every node, and on a shared filesystem the nodes take turns on the work folder's lock
+    (the first prepares, the others reuse its folder). Without ``wait``, call it inside
+    ``state.main_process_first()``.
     """
     quiet = (lambda *a, **k: None)
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
@@ -260,7 +354,7 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
                             "--data_dir ...` first, or set dataset/datasets to prepare it here")
     else:
         def get(**kw):
-            return prepare(args, seed=seed, **kw)
+            return prepare(args, **kw)
     if wait is None:
         return get(progress=is_main_process, say=say if is_main_process else quiet)
     if is_main_process:  # every rank meets at the barrier exactly once, whatever happens
@@ -272,42 +366,38 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     return get(progress=False, say=quiet, create=False)
 
 
-def _parser() -> argparse.ArgumentParser:
-    from ..config import _OneLineParser
+@dataclass
+class PrepareArgs(DataArgs):
+    """Tokenize and pack a dataset into token shards (docs/data.md)."""
 
-    parser = _OneLineParser(prog="yxanul prepare", argument_default=argparse.SUPPRESS,
-                            description="Tokenize and pack a dataset into token shards (see docs/data.md).")
-    parser.add_argument("--config", help="YAML file; its data keys are used (e.g. a 'datasets' mixture), "
-                                         "other keys are ignored. Flags override it.")
-    for f in dataclasses.fields(DataArgs):
-        if f.name not in ("datasets", "num_workers"):
-            parser.add_argument(f"--{f.name}", help=f.metadata.get("help"))
-    return parser
+    config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
+                                                                "'datasets' mixture); flags override it."})
+
+
+def parse_prepare_args(argv: list[str] | None) -> DataArgs:
+    """Flags (yxanul.flags.parse_command) over the data keys of ``--config``."""
+    from ..config import load_yaml
+    from ..flags import coerce, fields_of, parse_command
+
+    argv = list(argv or [])
+    cli = parse_command(PrepareArgs, argv, prog="yxanul prepare")
+    data_fields = fields_of(DataArgs)
+    given = {k for k in data_fields for a in argv if a == f"--{k}" or a.startswith(f"--{k}=")}
+    values = {}
+    if cli.config:  # only the data keys: a training config can be prepared ahead of `yxanul train`
+        values = {k: coerce(k, data_fields[k][1], v, from_cli=False) for k, v in load_yaml(cli.config).items()
+                  if k in data_fields}
+    values |= {k: getattr(cli, k) for k in given}
+    if "dataset" in given and cli.dataset is not None:
+        values.pop("datasets", None)  # a flag replaces the file's mixture
+    return DataArgs(**values)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul prepare [--config FILE] [--dataset ...] [--tokenizer ...] [--data_dir ...]`."""
-    import yaml
-
-    from ..config import _coerce
-
-    ns = vars(_parser().parse_args(argv))
-    hints = typing.get_type_hints(DataArgs)
-    names = {f.name for f in dataclasses.fields(DataArgs)}
-    values: dict = {}
-    if "config" in ns:  # only the data keys: a training config can be prepared ahead of `yxanul train`
-        try:
-            loaded = yaml.safe_load(Path(ns.pop("config")).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise DataError(f"--config: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise DataError("--config: expected a YAML mapping of flat keys")
-        values = {k: _coerce(k, hints[k], v, from_cli=False) for k, v in loaded.items() if k in names}
-    values |= {k: _coerce(k, hints[k], v, from_cli=True) for k, v in ns.items()}
-    if "dataset" in values and values["dataset"] is not None:
-        values.pop("datasets", None)  # a flag replaces the file's mixture
-    out = prepare(DataArgs(**values))
+    out = prepare(parse_prepare_args(argv))
     meta = read_meta(out)
     print(json.dumps({k: meta[k] for k in ("tokenizer", "vocab_size", "eos_token_id", "dtype")} |
-                     {s: {k: v for k, v in d.items() if k != "shards"} for s, d in meta["splits"].items()}))
+                     {s: {k: v for k, v in d.items() if k not in ("shards", "manifest")}
+                      for s, d in meta["splits"].items()} | {"mixture": meta["mixture"]}))
     return 0

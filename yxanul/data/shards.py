@@ -6,6 +6,7 @@ token count (u64), 12 bytes reserved.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from pathlib import Path
@@ -50,35 +51,93 @@ def open_shard(path: str | os.PathLike) -> np.memmap:
 
 
 class ShardWriter:
-    """Accumulates tokens and writes ``{prefix}_{i:05d}.bin`` shards of ``shard_size`` tokens."""
+    """Streams documents into ``{prefix}_{i:05d}.bin`` shards of exactly ``shard_size`` tokens (the last
+    one shorter), hashing each shard's token bytes while writing, and resumes from :meth:`state`.
 
-    def __init__(self, out_dir: Path, prefix: str, dtype, shard_size: int):
-        self.out_dir, self.prefix, self.dtype, self.shard_size = out_dir, prefix, dtype, shard_size
-        self.buf: list[np.ndarray] = []
-        self.buffered = 0
-        self.files: list[str] = []
-        self.tokens = 0
-        self.documents = 0
+    A shard is written in place; its header's token count is filled in when it is complete. The
+    manifest entry of a complete shard: file, tokens, documents (EOS tokens in it, i.e. documents that
+    end in it), tokens per source, sha256 of its token bytes (after the 32-byte header).
+    ``state()`` (after ``flush()``) + the files on disk are enough to continue exactly: the current
+    shard is truncated back to the recorded length and later files are removed."""
 
-    def add(self, ids: list[int]) -> None:
-        self.buf.append(np.asarray(ids, dtype=self.dtype))
-        self.buffered += len(ids)
+    def __init__(self, out_dir: Path, prefix: str, dtype, shard_size: int, eos: int, state: dict | None = None):
+        self.out_dir, self.prefix, self.dtype, self.shard_size, self.eos = Path(out_dir), prefix, np.dtype(dtype), shard_size, eos
+        st = state or {}
+        self.entries: list[dict] = list(st.get("entries", []))
+        self.tokens, self.documents = int(st.get("tokens", 0)), int(st.get("documents", 0))
+        self._cur = {"tokens": 0, "documents": 0, "sources": {}} | dict(st.get("current", {}))
+        self._cur["sources"] = dict(self._cur["sources"])
+        self._f, self._hash = None, hashlib.sha256()
+        self._reopen()
+
+    def _path(self, i: int) -> Path:
+        return self.out_dir / f"{self.prefix}_{i:05d}.bin"
+
+    def _reopen(self) -> None:
+        """Open the current shard at its recorded length (re-hashing what it holds); drop later files."""
+        i, n = len(self.entries), self._cur["tokens"]
+        for stale in self.out_dir.glob(f"{self.prefix}_*.bin"):
+            if int(stale.stem.rsplit("_", 1)[1]) > i or (int(stale.stem.rsplit("_", 1)[1]) == i and not n):
+                stale.unlink()
+        if not n:
+            return
+        self._f = open(self._path(i), "r+b")
+        self._f.truncate(HEADER + n * self.dtype.itemsize)
+        self._f.seek(HEADER)
+        left = n * self.dtype.itemsize
+        while left:
+            chunk = self._f.read(min(left, 64 << 20))
+            if not chunk:
+                raise DataError(f"shard '{self._path(i)}': shorter than its recorded progress; delete the folder")
+            self._hash.update(chunk)
+            left -= len(chunk)
+
+    def add(self, ids: np.ndarray, source: str = "") -> None:
+        """One document's tokens, EOS included (a 1-D array of this writer's dtype)."""
         self.tokens += len(ids)
         self.documents += 1
-        if self.buffered >= self.shard_size:
-            self._flush(final=False)
+        while len(ids):
+            if self._f is None:
+                self._f = open(self._path(len(self.entries)), "w+b")
+                self._f.write(struct.pack("<4sIIQ12x", MAGIC, VERSION, self.dtype.itemsize, 0))
+            room = self.shard_size - self._cur["tokens"]
+            part, ids = ids[:room], ids[room:]
+            data = part.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
+            self._f.write(data)
+            self._hash.update(data)
+            self._cur["tokens"] += len(part)
+            self._cur["sources"][source] = self._cur["sources"].get(source, 0) + len(part)
+            if not len(ids) and len(part) and part[-1] == self.eos:
+                self._cur["documents"] += 1
+            if self._cur["tokens"] == self.shard_size:
+                self._finish()
 
-    def _flush(self, final: bool) -> None:
-        if not self.buf:
-            return
-        data = np.concatenate(self.buf)
-        while data.size >= self.shard_size or (final and data.size):
-            chunk, data = data[: self.shard_size], data[self.shard_size:]
-            name = f"{self.prefix}_{len(self.files):05d}.bin"
-            write_shard(self.out_dir / name, chunk)
-            self.files.append(name)
-        self.buf, self.buffered = ([data] if data.size else []), int(data.size)
+    def _finish(self) -> None:
+        i, f = len(self.entries), self._f
+        f.seek(0)
+        f.write(struct.pack("<4sIIQ12x", MAGIC, VERSION, self.dtype.itemsize, self._cur["tokens"]))
+        f.close()
+        self.entries.append({"file": self._path(i).name, "tokens": self._cur["tokens"],
+                             "documents": self._cur["documents"], "sources": self._cur["sources"],
+                             "sha256": self._hash.hexdigest()})
+        self._f, self._hash = None, hashlib.sha256()
+        self._cur = {"tokens": 0, "documents": 0, "sources": {}}
+
+    @property
+    def shards_done(self) -> int:
+        return len(self.entries)
+
+    def flush(self) -> None:
+        if self._f is not None:
+            self._f.flush()
+
+    def state(self) -> dict:
+        return {"entries": list(self.entries), "tokens": self.tokens, "documents": self.documents,
+                "current": {"tokens": self._cur["tokens"], "documents": self._cur["documents"],
+                            "sources": dict(self._cur["sources"])}}
 
     def close(self) -> dict:
-        self._flush(final=True)
-        return {"tokens": self.tokens, "documents": self.documents, "shards": self.files}
+        if self._f is not None:
+            self._finish()
+        return {"tokens": self.tokens, "documents": self.documents,
+                "shards": [e["file"] for e in self.entries], "manifest": self.entries}

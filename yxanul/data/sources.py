@@ -29,14 +29,16 @@ class Source:
     split: str = "train"
     text_column: str = "text"
     name: str | None = None   # Hub config name
+    max_tokens: int | None = None  # this source's cap in a mixture
 
     def fingerprint(self) -> dict:
+        cap = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
         if self.files is None:
             return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column,
-                    "weight": self.weight}
+                    "weight": self.weight} | cap
         # absolute path, size and mtime in ns: a file rewritten within the same second is seen as changed
         return {"files": [(os.path.abspath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in self.files],
-                "column": self.text_column, "weight": self.weight}
+                "column": self.text_column, "weight": self.weight} | cap
 
 
 def _suffix(path: str) -> str:
@@ -118,8 +120,11 @@ def check_source(src: Source) -> None:
 
 def resolve_sources(args) -> list[Source]:
     if args.datasets:
-        return [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
-                               d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
+        out = [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
+                              d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
+        for src, d in zip(out, args.datasets):
+            src.max_tokens = d.get("max_tokens")
+        return out
     if args.dataset:
         return [resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)]
     return [resolve_source(str(BUNDLED_CORPUS))]
@@ -137,7 +142,7 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     local = {} if cache_dir is None else {"cache_dir": str(cache_dir)}
     try:
         if src.files is None:
-            ds = datasets.load_dataset(src.path, src.name, split=src.split, streaming=streaming)
+            ds = datasets.load_dataset(hub_path(src.path), src.name, split=src.split, streaming=streaming)
         elif src.builder == "text":
             ds = datasets.load_dataset("text", data_files=src.files, split="train", streaming=streaming,
                                        sample_by="document", **local)
@@ -146,7 +151,9 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
                                        **local)
     except DataError:
         raise
-    except Exception as e:  # noqa: BLE001 -- Hub unreachable, bad parquet, ...: any failure becomes one line
+    except ConnectionError as e:  # datasets: "Couldn't reach 'X' on the Hub (OfflineModeIsEnabled)"
+        raise DataError(hub_unreachable(src.path, str(e).splitlines()[0][:120] if str(e) else "")) from None
+    except Exception as e:  # noqa: BLE001 -- bad parquet, unknown config, ...: any failure becomes one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
     cols = list(ds.column_names or [])
@@ -162,19 +169,44 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
 
 
-def mixed_dataset(sources: list[Source], streaming: bool, seed: int, cache_dir=None):
-    """One source, or several interleaved by weight (documents, not lines, are mixed).
+HUB_MIRROR = "YXANUL_HUB_MIRROR"
 
-    The mixture stops when its first source runs out ('first_exhausted'): the weights hold exactly
-    and no document is repeated (a repeat could land in both train and validation)."""
-    loaded = [load_source(s, streaming, cache_dir) for s in sources]
-    if len(loaded) == 1:
-        return loaded[0]
-    import datasets
 
-    total = sum(s.weight for s in sources)
-    return datasets.interleave_datasets(loaded, probabilities=[s.weight / total for s in sources], seed=seed,
-                                        stopping_strategy="first_exhausted")
+def hub_path(name: str) -> str:
+    """What `load_dataset` gets for a Hub name: the name itself, or ``$YXANUL_HUB_MIRROR/<name>`` when that
+    folder exists (a local copy of the dataset repository, e.g. from ``huggingface-cli download
+    --repo-type dataset NAME --local-dir MIRROR/NAME``): the same `load_dataset(path, name, split,
+    streaming)` call reads it, configs (README ``configs:``) included."""
+    mirror = os.environ.get(HUB_MIRROR)
+    if mirror and (Path(mirror) / name).is_dir():
+        return str(Path(mirror) / name)
+    return name
+
+
+def hub_unreachable(name: str, why: str = "") -> str:
+    return (f"dataset '{name}': the Hugging Face Hub is unreachable from here{f' ({why})' if why else ''}; to prepare "
+            f"offline, download it where the Hub is reachable (huggingface-cli download --repo-type dataset {name} "
+            f"--local-dir MIRROR/{name}) and set {HUB_MIRROR}=MIRROR, or point dataset/datasets at its local "
+            "parquet/jsonl files")
+
+
+def check_hub_reachable(sources: list[Source], timeout: float = 3.0) -> None:
+    """Hub sources need the Hub: say so in one line at once, instead of datasets' 25 s of retries and a
+    multi-line log. Skipped in offline mode (datasets then fails fast) and for mirrored names."""
+    hub = [s for s in sources if s.files is None and hub_path(s.path) == s.path]
+    if not hub or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
+            os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError as e:
+        raise DataError(hub_unreachable(hub[0].path, f"{url.hostname}: {e.strerror or type(e).__name__}")) from None
 
 
 def fingerprint(sources: list[Source], tokenizer: str, extra: dict) -> str:

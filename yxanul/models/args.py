@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class ModelArgs:
     """Model architecture and backend."""
 
-    model: str = field(default="tiny", metadata={"help": "Preset: " + ", ".join(PRESETS) + " (docs/models.md)."})
+    model: str = field(default="nano", metadata={"help": "Preset: " + ", ".join(PRESETS) + " (docs/models.md)."})
     backend: Literal["auto", "te", "torch"] = field(
         default="auto", metadata={"help": "Layer implementation: te (Transformer Engine), torch, or auto "
                                           "(te when it imports and a CUDA GPU is present, else torch)."})

@@ -1,0 +1,95 @@
+"""`yxanul tokenizer train` and large-vocabulary (SuperBPE-sized) tokenizers through prepare + loader."""
+
+import json
+
+import numpy as np
+import pytest
+
+from yxanul.data.args import DataArgs
+from yxanul.data.loader import WindowLoader
+from yxanul.data.prepare import load_prepared_tokenizer, prepare
+from yxanul.data.shards import open_shard
+from yxanul.data.tokenizer_train import main as tokenizer_main
+from yxanul.errors import ConfigError
+
+Q = {"progress": False, "say": lambda *a, **k: None}
+
+
+def test_tokenizer_train_is_autotokenizer_loadable_and_reports_bytes_per_token(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "tok"
+    assert tokenizer_main(["train", "--out", str(out), "--vocab_size", "600", "--sample_bytes", "300000",
+                           "--special_tokens", "<|endoftext|>", "<|pad|>", "--held_out_documents", "5"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) == 600 and tok.eos_token == "<|endoftext|>" and tok.convert_tokens_to_ids("<|pad|>") == 1
+    text = "ROMEO: But soft, what light through yonder window breaks? naïve 東京"
+    assert tok.decode(tok(text)["input_ids"]) == text  # byte-level: every string round-trips
+    report = json.loads((out / "yxanul_tokenizer_report.json").read_text())
+    assert report["held_out_documents"] == 5 and 0 < report["sample_bytes"] <= 300000 + 200_000
+    bpt = report["bytes_per_token"]
+    assert 1.5 < bpt["trained"] < bpt["bundled"]  # a 600-token vocabulary compresses less than the 8k one
+    assert "bytes/token on held-out text: trained" in capsys.readouterr().out
+    # the trained folder prepares and its ids are the tokenizer's
+    data = prepare(DataArgs(tokenizer=str(out), max_documents=20, val_fraction=0.1), **Q)
+    assert load_prepared_tokenizer(data).get_vocab() == tok.get_vocab()
+
+
+def test_tokenizer_train_bad_flags_are_one_line():
+    with pytest.raises(ConfigError, match="vocab_size"):
+        tokenizer_main(["train", "--out", "x", "--vocab_size", "100"])
+    with pytest.raises(ConfigError, match="out"):
+        tokenizer_main(["train"])
+
+
+def _superbpe_shaped(tmp_path, vocab: int = 200_005):
+    """A byte-level BPE with SuperBPE's vocabulary size (200K): the bundled 8k BPE with its tokens moved
+    to the top ids and fillers below, so the ids in use are > 65,535 and need uint32 shards."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from yxanul.data.sources import BUNDLED_TOKENIZER
+
+    data = json.loads((BUNDLED_TOKENIZER / "tokenizer.json").read_text())
+    old = data["model"]["vocab"]
+    shift = vocab - len(old)
+    fill = {f"<filler_{i}>": i for i in range(shift)}
+    data["model"]["vocab"] = fill | {t: i + shift for t, i in old.items()}
+    for t in data["added_tokens"]:
+        t["id"] += shift
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), eos_token="<|endoftext|>")
+    tok.save_pretrained(tmp_path / "superbpe-shaped")
+    return tmp_path / "superbpe-shaped"
+
+
+def test_a_200k_vocabulary_prepares_into_uint32_shards_the_loader_reads(tmp_path):
+    path = _superbpe_shaped(tmp_path)
+    out = prepare(DataArgs(tokenizer=str(path), max_documents=40, val_fraction=0.1, shard_size_tokens=4096), **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 200_005 and meta["eos_token_id"] > 65_535
+    shard = open_shard(out / meta["splits"]["train"]["shards"][0])
+    assert shard.dtype == np.uint32 and int(shard.min()) > 65_535  # every id in use is above uint16
+    x, y = next(iter(WindowLoader(out, "train", 64, 2, seed=0)))
+    assert int(x.min()) > 65_535 and x.max() < 200_005
+    from yxanul.data.prepare import load_tokenizer
+
+    shift = 200_005 - 8192
+    ids = np.asarray(shard[:300]).astype(np.int64)
+    text = load_prepared_tokenizer(out).decode(ids.tolist())
+    assert text == load_tokenizer(None)[1].decode((ids - shift).tolist()) and len(text) > 500  # same text, shifted ids
+
+
+def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, capsys):
+    from yxanul.data.bench_data import main as bench_main
+
+    src = tmp_path / "d.jsonl"
+    src.write_text("\n".join(json.dumps({"text": f"Document {i}: " + "words and more words " * (i % 40 + 5)})
+                             for i in range(300)))
+    out = tmp_path / "r.json"
+    assert bench_main(["--dataset", str(src), "--num_procs", "1", "2", "--trials", "1", "--output", str(out)]) == 0
+    r = json.loads(out.read_text())
+    names = [row["what"] for row in r["rows"]]
+    assert "raw tokenizers encode_batch (all threads)" in names and r["documents"] == 300
+    assert {"pipeline: packing phase, 1 process(es)", "pipeline: packing phase, 2 process(es)"} <= set(names)
+    assert r["pipeline_over_raw"] > 0 and r["scaling_1_to_2"] > 0 and all(row["tokens_per_s"] > 0 for row in r["rows"])
+    assert "| raw tokenizers encode_batch (all threads) |" in capsys.readouterr().out

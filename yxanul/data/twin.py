@@ -1,0 +1,64 @@
+"""Local stand-ins for seed 004's four sources, cut from the bundled corpus (no Hub, no download).
+
+``python -m yxanul.data.twin DIR`` writes what examples/configs/seed004_cpu_twin.yaml reads:
+
+    fineweb_edu.jsonl   speeches (a speaker's turn: tens of tokens), like short web pages
+    cosmopedia.jsonl    scenes' first 40 lines (hundreds of tokens), like generated textbook sections
+    finepdfs.parquet    whole scenes (thousands of tokens), like long PDF extractions
+    qa.jsonl            "Question: who says ...? Answer: SPEAKER." pairs, like a QA set as one text column
+
+Document lengths differ by two orders of magnitude between sources, as between the real ones: what
+makes a share of tokens (``mix_by: tokens``) differ from a share of documents.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+
+from .sources import BUNDLED_CORPUS
+
+_SPEAKER = re.compile(r"^([A-Z][A-Z .']+):$")
+
+
+def _scenes() -> list[str]:
+    with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def _speeches(scene: str) -> list[tuple[str, str]]:
+    out = []
+    for block in scene.split("\n\n"):
+        lines = block.split("\n")
+        m = _SPEAKER.match(lines[0])
+        if m and len(lines) > 1:
+            out.append((m.group(1).title(), "\n".join(lines[1:])))
+    return out
+
+
+def write_twin(out_dir: str | Path) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scenes = _scenes()
+    speeches = [s for scene in scenes for s in _speeches(scene)]
+    paths = {k: out / f for k, f in (("fineweb_edu", "fineweb_edu.jsonl"), ("cosmopedia", "cosmopedia.jsonl"),
+                                       ("finepdfs", "finepdfs.parquet"), ("qa", "qa.jsonl"))}
+
+    def jsonl(path, texts):
+        path.write_text("\n".join(json.dumps({"text": t}) for t in texts) + "\n")
+    jsonl(paths["fineweb_edu"], [f"{who}: {text}" for who, text in speeches])
+    jsonl(paths["cosmopedia"], ["\n".join(s.split("\n")[:40]) for s in scenes])
+    pq.write_table(pa.table({"text": scenes, "id": list(range(len(scenes)))}), paths["finepdfs"])
+    jsonl(paths["qa"], [f"Question: who says \"{text.splitlines()[0]}\"? Answer: {who}." for who, text in speeches])
+    return paths
+
+
+if __name__ == "__main__":
+    for name, path in write_twin(sys.argv[1] if len(sys.argv) > 1 else "data/twin").items():
+        print(f"{name}: {path}")

@@ -1,0 +1,129 @@
+"""The resumable working folder of `yxanul prepare`: ``<out>.partial/``.
+
+It holds the shards written so far, ``progress.json`` (the exact state after the last checkpoint,
+written atomically) and, for non-streamed local sources, ``.datasets-cache/`` (datasets' Arrow copy of
+the input). A process holds an exclusive ``flock`` on ``.lock`` while it works, so several processes
+(nodes on a shared filesystem, threads) preparing the same folder take turns: the first one prepares,
+the others find the finished folder. When complete the folder is renamed to ``<out>`` (atomic), so a
+folder named ``<out>`` is always complete.
+
+Cleaning (issue 17): on failure the Arrow copy is removed at once; a kill -9 leaves it, and the next
+`yxanul prepare` in the same parent folder removes it from every ``*.partial`` no process holds (the
+written shards stay: they are what a restart resumes from) and removes legacy ``*.tmp-*`` folders of
+older versions (not resumable).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+ARROW_CACHE = ".datasets-cache"
+PROGRESS = "progress.json"
+LOCK = ".lock"
+
+
+def _locked_by_someone(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock we took
+
+
+def clean_stale(parent: Path, keep: Path | None = None) -> list[Path]:
+    """Remove Arrow copies left in unlocked ``*.partial`` folders and legacy ``*.tmp-*`` folders."""
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for p in parent.iterdir():
+        if p == keep or not p.is_dir():
+            continue
+        if p.name.endswith(".partial") and (p / ARROW_CACHE).exists() and not _locked_by_someone(p):
+            shutil.rmtree(p / ARROW_CACHE, ignore_errors=True)
+            removed.append(p / ARROW_CACHE)
+        elif ".tmp-" in p.name and not (p / LOCK).exists():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+class WorkDir:
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.path = self.out.with_name(self.out.name + ".partial")
+        self._fd: int | None = None
+
+    @property
+    def arrow_cache(self) -> Path:
+        return self.path / ARROW_CACHE
+
+    def acquire(self) -> None:
+        """Block until this process holds the folder's lock (creating the folder if needed)."""
+        while True:
+            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:  # removed (renamed away) between mkdir and open: try again
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.stat(self.path / LOCK).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._fd = fd
+                return
+            os.close(fd)  # the folder we waited on was finished or discarded meanwhile
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def progress(self, fingerprint: str) -> dict | None:
+        try:
+            state = json.loads((self.path / PROGRESS).read_text())
+        except (OSError, ValueError):
+            return None
+        return state if state.get("fingerprint") == fingerprint else None
+
+    def save(self, state: dict) -> None:
+        tmp = self.path / (PROGRESS + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.path / PROGRESS)  # atomic: a kill leaves the old or the new state
+
+    def reset(self) -> None:
+        """Start over (no usable progress): every file but the lock goes."""
+        for p in self.path.iterdir():
+            if p.name != LOCK:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    def drop_arrow_cache(self) -> None:
+        shutil.rmtree(self.arrow_cache, ignore_errors=True)
+
+    def finish(self) -> None:
+        """Rename the complete folder to ``out`` (bookkeeping files removed first; the lock last)."""
+        self.drop_arrow_cache()
+        for name in (PROGRESS, PROGRESS + ".tmp"):
+            (self.path / name).unlink(missing_ok=True)
+        (self.path / LOCK).unlink()
+        if self.out.exists():
+            self.out.rmdir()  # an empty folder the user created
+        os.rename(self.path, self.out)
+        self.release()
+
+    def discard(self) -> None:
+        """Remove the whole folder (nothing worth resuming)."""
+        (self.path / LOCK).unlink(missing_ok=True)
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.release()
