@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "sweeps" / "penalty_weight_tinyshakespeare.yaml"
-PRESET = "tiny"  # the 5M CPU preset (to be renamed `nano`)
+PRESET = "nano"  # the 5M CPU preset
 TRIAL_FLAGS = ["--model", PRESET, "--seq_length", "32", "--micro_batch_size", "4", "--eval_steps", "2",
                "--sample_tokens", "0", "--warmup_steps", "2", "--use_tensorboard", "false", "--num_workers", "0",
                "--max_steps", "6", "--eval_freq", "3", "--checkpoint_freq", "2", "--log_freq", "1"]
