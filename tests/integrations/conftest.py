@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-PRESET = "tiny"  # the 5M CPU preset (to be renamed `nano`): one place to change it
 
 
 @pytest.fixture(scope="session")
