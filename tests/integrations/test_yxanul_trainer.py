@@ -86,6 +86,9 @@ def test_fp8_request_falls_back_with_one_line_report_and_parity_with_yxanul_trai
     assert sorted(hf) == sorted(ours) == list(range(1, STEPS + 1))
     assert max(abs(hf[s] - ours[s]) for s in ours) < PARITY_TOL, (hf, ours)
     assert ours[STEPS] < ours[1] - 0.5  # and the shared curve is a learning one
+    val = torch.utils.data.Subset(ShardWindowDataset(data_dir, T, split="val", seed=None), range(2 * B))
+    assert trainer.label_names == ["shift_labels"]  # else Trainer's evaluation computes no loss
+    assert 0 < trainer.evaluate(eval_dataset=val)["eval_loss"] < hf[1]
 
 
 def test_require_fp8_is_one_line_and_no_fp8_is_plain_trainer(small_data, tmp_path):

@@ -48,7 +48,7 @@ class PrecisionCallback(TrainerCallback):
         self._logged_with_readback = False
         self._logged_once = False
 
-    def _write(self, args, state, model) -> dict:
+    def _write(self, args, state, model, show: bool = True) -> dict:
         from ..precision import format_report, precision_report
 
         self.report = precision_report(model, self.plan)
@@ -56,7 +56,8 @@ class PrecisionCallback(TrainerCallback):
             os.makedirs(args.output_dir, exist_ok=True)
             with open(os.path.join(args.output_dir, REPORT), "w") as f:
                 json.dump(self.report, f, indent=2, default=str)
-            self.say(format_report(self.report))
+            if show:
+                self.say(format_report(self.report))
         return self.report
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -70,7 +71,8 @@ class PrecisionCallback(TrainerCallback):
             logs.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(model).items()})
         readback = self.plan.readback is not None
         if not self._logged_once or (readback and not self._logged_with_readback):
-            logs.update(flat_numbers(self._write(args, state, model), "precision"))
+            rep = self._write(args, state, model, show=readback and not self._logged_with_readback)
+            logs.update(flat_numbers(rep, "precision"))
             self._logged_once, self._logged_with_readback = True, readback
 
     def on_save(self, args, state, control, model=None, **kwargs):

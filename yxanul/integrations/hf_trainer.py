@@ -89,6 +89,8 @@ class YxanulTrainer(Trainer):
         self._yx_prepared: set[int] = set()
         self._yx_prev_sync, self._yx_first_micro = True, None
         super().__init__(model=model, args=args, **kwargs)
+        if args.label_names is None:
+            self.label_names = _present_labels(self.label_names, self.train_dataset, self.eval_dataset)
         # first, so that the FP8 statistics it adds to a log reach every report_to logger after it
         self.callback_handler.callbacks.insert(0, PrecisionCallback(self.plan))
 
@@ -142,3 +144,19 @@ class YxanulTrainer(Trainer):
 
 def _quiet(*_a, **_k) -> None:
     pass
+
+
+def _present_labels(names: list[str], *datasets) -> list[str]:
+    """Trainer's default label names are every forward argument named like ``*labels`` (``labels`` and
+    ``shift_labels`` here), and its evaluation computes a loss only if an item has ALL of them: keep those
+    a map-style dataset's first item actually has (`ShardWindowDataset` yields one of the two)."""
+    for ds in datasets:
+        ds = next(iter(ds.values()), None) if isinstance(ds, dict) else ds
+        try:
+            keys = set(ds[0].keys()) if ds is not None and len(ds) else set()
+        except Exception:  # noqa: BLE001 - iterable or exotic datasets: keep Trainer's names
+            continue
+        present = [n for n in names if n in keys]
+        if present:
+            return present
+    return names
