@@ -4,8 +4,8 @@
     python examples/trainer_fp8.py                         # CPU: FP8 falls back to FP32 and says why
     accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml examples/trainer_fp8.py \
         --model medium --fp8_min_gemm_dim 0 --fp8_margin 1 --fp8_amax_history_len 16
-    accelerate launch --use_deepspeed --deepspeed_config_file ds_configs/zero1.json --num_processes 1 \
-        examples/trainer_fp8.py --deepspeed ds_configs/zero1.json --model medium --fp8_min_gemm_dim 0
+    accelerate launch --num_processes 1 examples/trainer_fp8.py --deepspeed ds_configs/zero1.json \
+        --model medium --fp8_min_gemm_dim 0                # DeepSpeed ZeRO-1 (TrainingArguments(deepspeed=...))
 
 Everything that is not marked "# New: ..." is a plain Trainer script. docs/trainer.md says when to
 use this instead of `yxanul train` and what differs.
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         per_device_eval_batch_size=a.micro_batch_size, gradient_accumulation_steps=a.gradient_accumulation_steps,
         learning_rate=a.max_lr, lr_scheduler_type="cosine", warmup_steps=max(1, a.max_steps // 10),
         weight_decay=0.1, adam_beta2=0.95, max_grad_norm=1.0, bf16=bf16, seed=a.seed,
-        gradient_checkpointing=a.gradient_checkpointing, deepspeed=a.deepspeed,
+        deepspeed=a.deepspeed, **({"gradient_checkpointing": True} if a.gradient_checkpointing else {}),
         train_sampling_strategy="sequential",  # the dataset is already shuffled, deterministically
         label_names=["shift_labels"],  # its targets (Trainer's default also wants `labels` before it evaluates)
         logging_steps=5, eval_strategy="steps", eval_steps=max(1, a.max_steps // 2), save_steps=a.max_steps,
