@@ -26,6 +26,7 @@ Without FP8 requested it behaves exactly as `transformers.Trainer`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from transformers import Trainer
@@ -82,7 +83,7 @@ class YxanulTrainer(Trainer):
             raise ConfigError("fp16", "False with use_fp8 (accelerate runs every non-FP8 layer in BF16: use bf16=True)",
                               True)
         if precision.use_fp8 and args.bf16 and precision.mixed_precision == "auto":
-            precision.mixed_precision = "bf16"
+            precision = dataclasses.replace(precision, mixed_precision="bf16")  # the fallback keeps the user's bf16
         main = args.process_index == 0
         self.plan = resolve_precision(precision, model.config, facts=facts, say=print if main else _quiet)
         self.plan.prepare_model(model, say=print if main else _quiet)
