@@ -4,8 +4,8 @@
     python examples/trainer_fp8.py                         # CPU: FP8 falls back to FP32 and says why
     accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml examples/trainer_fp8.py \
         --model medium --fp8_min_gemm_dim 0 --fp8_margin 1 --fp8_amax_history_len 16
-    accelerate launch --num_processes 1 examples/trainer_fp8.py --deepspeed ds_configs/zero1.json \
-        --model medium --fp8_min_gemm_dim 0                # DeepSpeed ZeRO-1 (TrainingArguments(deepspeed=...))
+    accelerate launch --use_deepspeed --deepspeed_config_file ds_configs/zero1.json --num_processes 1 \
+        examples/trainer_fp8.py --deepspeed ds_configs/zero1.json --model medium --fp8_min_gemm_dim 0
 
 Everything that is not marked "# New: ..." is a plain Trainer script. docs/trainer.md says when to
 use this instead of `yxanul train` and what differs.

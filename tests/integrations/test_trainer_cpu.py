@@ -55,6 +55,7 @@ def losses(trainer) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in trainer.state.log_history if "loss" in r}
 
 
+@pytest.mark.slow  # ~12 Trainer steps with gradient checkpointing, two checkpoints, a reload: 15-75 s here
 def test_plain_trainer_trains_saves_reloads_and_resumes_exactly_with_te_qkv_views(small_data, tmp_path):
     """A plain Trainer (nothing yxanul-specific but the model): HF `labels`, gradient checkpointing,
     checkpoints and save_model of a model whose q/k/v are views of one buffer (TE's layout: a save

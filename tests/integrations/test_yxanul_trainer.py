@@ -68,6 +68,7 @@ def trainer_run(data_dir, vocab, out, precision):
     return trainer, rec
 
 
+@pytest.mark.slow  # two 8-step runs, one through the CLI: 10-45 s here
 def test_fp8_request_falls_back_with_one_line_report_and_parity_with_yxanul_train(small_data, tmp_path, capsys):
     data_dir, vocab = small_data
     trainer, rec = trainer_run(data_dir, vocab, tmp_path / "hf", PrecisionArgs(use_fp8=True))
