@@ -27,12 +27,15 @@ from yxanul.data.hf_dataset import ShardWindowDataset
 from yxanul.data.prepare import ensure_prepared
 from yxanul.flags import parse_command
 from yxanul.models import ModelArgs, build_model
+from yxanul.precision.args import DEFAULT_MIN_GEMM_DIM
 
 CPU_PRESET = "tiny"  # the 5M-parameter CPU preset
 
 
 @dataclass
 class ExampleArgs:
+    """Trainer + yxanul model + prepared shards + FP8 (falls back with one line where FP8 is impossible)."""
+
     model: str = field(default=CPU_PRESET, metadata={"help": "yxanul preset (docs/models.md)."})
     seq_length: int = field(default=128, metadata={"help": "Tokens per training window."})
     max_steps: int = field(default=30, metadata={"help": "Optimizer steps."})
@@ -45,9 +48,11 @@ class ExampleArgs:
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
     seed: int = field(default=0, metadata={"help": "Seed of the model init and of the window order."})
     fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed", metadata={"help": "TE recipe."})
-    fp8_margin: int = field(default=0, metadata={"help": "DelayedScaling/MXFP8 margin."})
-    fp8_amax_history_len: int = field(default=1024, metadata={"help": "DelayedScaling amax history length."})
-    fp8_min_gemm_dim: int = field(default=1536, metadata={"help": "Small-GEMM policy threshold (0: every layer)."})
+    fp8_margin: int | None = field(default=None, metadata={"help": "DelayedScaling/MXFP8 margin (default: the "
+                                                                   "launch config's fp8_config, else 0)."})
+    fp8_amax_history_len: int | None = field(default=None, metadata={"help": "DelayedScaling amax history length "
+                                                                             "(default: launch config, else 1024)."})
+    fp8_min_gemm_dim: int = field(default=DEFAULT_MIN_GEMM_DIM, metadata={"help": "Small-GEMM policy threshold (0: every layer)."})
     require_fp8: bool = field(default=False, metadata={"help": "Fail instead of falling back when FP8 is impossible."})
 
 
@@ -77,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     # New: FP8 through yxanul's precision plan (Trainer alone drops the TE recipe: docs/trainer.md)
     from yxanul.integrations import YxanulTrainer, precision_args_from_env
 
+    given = {k: v for k, v in (("fp8_margin", a.fp8_margin), ("fp8_amax_history_len", a.fp8_amax_history_len))
+             if v is not None}  # else what `accelerate launch`'s fp8_config exported
     precision = precision_args_from_env(use_fp8=True, require_fp8=a.require_fp8, fp8_recipe=a.fp8_recipe,
-                                        fp8_margin=a.fp8_margin, fp8_amax_history_len=a.fp8_amax_history_len,
-                                        fp8_min_gemm_dim=a.fp8_min_gemm_dim)
+                                        fp8_min_gemm_dim=a.fp8_min_gemm_dim, **given)
     trainer = YxanulTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                             precision=precision)
 
