@@ -52,7 +52,8 @@ class ExampleArgs:
                                                                    "launch config's fp8_config, else 0)."})
     fp8_amax_history_len: int | None = field(default=None, metadata={"help": "DelayedScaling amax history length "
                                                                              "(default: launch config, else 1024)."})
-    fp8_min_gemm_dim: int = field(default=DEFAULT_MIN_GEMM_DIM, metadata={"help": "Small-GEMM policy threshold (0: every layer)."})
+    fp8_min_gemm_dim: int = field(default=DEFAULT_MIN_GEMM_DIM,
+                                  metadata={"help": "Small-GEMM policy threshold (0: every layer)."})
     require_fp8: bool = field(default=False, metadata={"help": "Fail instead of falling back when FP8 is impossible."})
 
 
