@@ -92,7 +92,7 @@ def test_fp8_request_falls_back_with_one_line_report_and_parity_with_yxanul_trai
     assert 0 < trainer.evaluate(eval_dataset=val)["eval_loss"] < hf[1]
 
 
-def test_require_fp8_is_one_line_and_no_fp8_is_plain_trainer(small_data, tmp_path):
+def test_require_fp8_is_one_line_and_no_fp8_is_plain_trainer(small_data, tmp_path, capsys):
     data_dir, vocab = small_data
     model = build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab)
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1)
@@ -104,6 +104,10 @@ def test_require_fp8_is_one_line_and_no_fp8_is_plain_trainer(small_data, tmp_pat
     plain = YxanulTrainer(model=model, args=args, precision=PrecisionArgs())
     assert plain.accelerator.mixed_precision == "no" and not plain.plan.args.use_fp8
     assert plain.accelerator.te_recipe_handler is None
+    bf16 = YxanulTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), bf16=True, use_cpu=True,
+                                                            report_to=[]), precision=PrecisionArgs(use_fp8=True))
+    assert bf16.accelerator.mixed_precision == "bf16"  # the fallback keeps the user's bf16, and says so
+    assert capsys.readouterr().out.count("FP8 off: no CUDA device; training in BF16") == 1
 
 
 def test_precision_args_from_the_accelerate_launch_environment():
@@ -116,3 +120,19 @@ def test_precision_args_from_the_accelerate_launch_environment():
         precision_args_from_env({"ACCELERATE_FP8_MARGIN": "one"})
     with pytest.raises(ConfigError, match="fp8_amax_compute_algo"):
         precision_args_from_env({"ACCELERATE_FP8_AMAX_COMPUTE_ALGO": "mean"})
+
+
+def test_fp8_launch_config_without_fp8_hardware_trains_in_the_plans_precision(small_data, tmp_path, monkeypatch,
+                                                                              capsys):
+    """`accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml` exports
+    ACCELERATE_MIXED_PRECISION=fp8; a plain Trainer hands that to Accelerator, which raises without TE.
+    YxanulTrainer reads it as the FP8 request, decides, and builds the Accelerator with its fallback."""
+    data_dir, vocab = small_data
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    monkeypatch.setenv("ACCELERATE_FP8_MARGIN", "1")
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1)
+    assert args.mixed_precision == "fp8"  # what Trainer alone would pass to Accelerator
+    trainer = YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args)
+    assert trainer.plan.args.use_fp8 and trainer.plan.args.fp8_margin == 1
+    assert trainer.accelerator.mixed_precision == "no"
+    assert capsys.readouterr().out.count("FP8 off: no CUDA device; training in FP32") == 1
