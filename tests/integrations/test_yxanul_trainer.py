@@ -136,3 +136,21 @@ def test_fp8_launch_config_without_fp8_hardware_trains_in_the_plans_precision(sm
     assert trainer.plan.args.use_fp8 and trainer.plan.args.fp8_margin == 1
     assert trainer.accelerator.mixed_precision == "no"
     assert capsys.readouterr().out.count("FP8 off: no CUDA device; training in FP32") == 1
+
+
+def test_whole_precision_report_reaches_tensorboard(small_data, tmp_path):
+    """report_to=["tensorboard"] (a real, offline logger): the report's numbers as scalars and the whole
+    report, strings included (the fallback reason), as text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data_dir, vocab = small_data
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=["tensorboard"], max_steps=1,
+                             per_device_train_batch_size=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args,
+                  train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True)).train()
+    events = sorted({p.parent for p in tmp_path.rglob("events.out.tfevents.*")})
+    acc = EventAccumulator(str(events[0]), size_guidance={"tensors": 0, "scalars": 0}).Reload()
+    assert acc.Scalars("train/precision/fp8")[0].value == 0.0
+    assert acc.Scalars("train/precision/fp8_requested")[0].value == 1.0
+    text = acc.Tensors("precision_report/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"fallback_reason": "no CUDA device"' in text and '"precision": "FP32"' in text

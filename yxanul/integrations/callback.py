@@ -7,8 +7,9 @@
   arrives, the report goes to ``output_dir`` again and, flattened to numbers under ``precision/*``
   (``precision/fp8``, ``precision/te_readback/fp8_confirmed``, ``precision/configured_recipe/kwargs/
   margin``, ...), into the same ``logs`` dict: every ``report_to`` logger after this callback (W&B,
-  TensorBoard, MLflow, ...) and ``trainer_state.json``'s log history receive it. Strings (recipe
-  names, the fallback reason) stay in the JSON: TensorBoard drops non-numbers with a warning.
+  TensorBoard, MLflow, ...) and ``trainer_state.json``'s log history receive it. The whole report,
+  strings included (recipe, fallback reason), goes to TensorBoard as text and to the W&B run config
+  (`report_to` loggers that hold text; scalars-only logs would drop strings with a warning).
 - ``on_save``: the delayed-scaling state next to Trainer's checkpoint (``fp8_state.safetensors``,
   tensors only: TE's own extra state is a pickle, precision/state.py).
 
@@ -42,8 +43,9 @@ def flat_numbers(d: dict, prefix: str) -> dict[str, float]:
 class PrecisionCallback(TrainerCallback):
     """Reports what a `PrecisionPlan` decided and what TE says ran (see the module docstring)."""
 
-    def __init__(self, plan, say=print):
+    def __init__(self, plan, say=print, loggers=None):
         self.plan, self.say = plan, say
+        self.loggers = loggers  # the other callbacks (YxanulTrainer passes Trainer's list), for the whole report
         self.report: dict | None = None
         self._logged_with_readback = False
         self._logged_once = False
@@ -73,7 +75,22 @@ class PrecisionCallback(TrainerCallback):
         if not self._logged_once or (readback and not self._logged_with_readback):
             rep = self._write(args, state, model, show=readback and not self._logged_with_readback)
             logs.update(flat_numbers(rep, "precision"))
+            if state.is_world_process_zero:
+                self._whole_report(rep, state.global_step)
             self._logged_once, self._logged_with_readback = True, readback
+
+    def _whole_report(self, rep: dict, step: int) -> None:
+        """The whole report, strings included, where a logger can hold it: TensorBoard text
+        (``precision_report``), the W&B run config (``precision_report``)."""
+        text = "```\n" + json.dumps(rep, indent=2, default=str) + "\n```"  # markdown code block in TensorBoard
+        for cb in self.loggers or ():
+            writer = getattr(cb, "tb_writer", None)
+            if writer is not None and hasattr(writer, "add_text"):
+                writer.add_text("precision_report", text, global_step=step)
+                writer.flush()
+            run = getattr(getattr(cb, "_wandb", None), "run", None)
+            if run is not None:
+                run.config.update({"precision_report": rep}, allow_val_change=True)
 
     def on_save(self, args, state, control, model=None, **kwargs):
         if not (self.plan.fp8_enabled and state.is_world_process_zero and model is not None):

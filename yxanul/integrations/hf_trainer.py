@@ -93,7 +93,8 @@ class YxanulTrainer(Trainer):
         if args.label_names is None:
             self.label_names = _present_labels(self.label_names, self.train_dataset, self.eval_dataset)
         # first, so that the FP8 statistics it adds to a log reach every report_to logger after it
-        self.callback_handler.callbacks.insert(0, PrecisionCallback(self.plan))
+        self.callback_handler.callbacks.insert(0, PrecisionCallback(self.plan, say=print if main else _quiet,
+                                                                     loggers=self.callback_handler.callbacks))
 
     # -- the Accelerator -------------------------------------------------------------------------
     def _build_accelerator_args(self, **kwargs) -> dict:
