@@ -138,16 +138,37 @@ def test_fp8_launch_config_without_fp8_hardware_trains_in_the_plans_precision(sm
     assert capsys.readouterr().out.count("FP8 off: no CUDA device; training in FP32") == 1
 
 
-def test_whole_precision_report_reaches_tensorboard(small_data, tmp_path):
+class WandbStandIn(TrainerCallback):
+    """Stands in for transformers' WandbCallback (``self._wandb`` = the wandb module with a live run):
+    records what the real client would send as run config."""
+
+    class _Config:
+        def __init__(self):
+            self.sent = []
+
+        def update(self, d, allow_val_change=False):
+            self.sent.append(d)
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self._wandb = SimpleNamespace(run=SimpleNamespace(config=self._Config()))
+
+
+def test_whole_precision_report_reaches_tensorboard_and_wandb(small_data, tmp_path):
     """report_to=["tensorboard"] (a real, offline logger): the report's numbers as scalars and the whole
-    report, strings included (the fallback reason), as text."""
+    report, strings included (the fallback reason), as text; the W&B run config gets it too."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     data_dir, vocab = small_data
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=["tensorboard"], max_steps=1,
                              per_device_train_batch_size=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
+    wandb = WandbStandIn()
     YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args,
-                  train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True)).train()
+                  train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True),
+                  callbacks=[wandb]).train()
+    [sent] = wandb._wandb.run.config.sent
+    assert sent["precision_report"]["fallback_reason"] == "no CUDA device"
     events = sorted({p.parent for p in tmp_path.rglob("events.out.tfevents.*")})
     acc = EventAccumulator(str(events[0]), size_guidance={"tensors": 0, "scalars": 0}).Reload()
     assert acc.Scalars("train/precision/fp8")[0].value == 0.0
