@@ -1,0 +1,92 @@
+"""GPU + TE: under transformers.Trainer (YxanulTrainer), TE itself reports FP8 with the configured recipe
+(delayed, margin 1, amax_history_len 16), alone and under DeepSpeed ZeRO-1; FP8 statistics reach the
+loggers; the delayed-scaling state travels with Trainer checkpoints and comes back on resume."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerCallback, TrainingArguments, set_seed
+
+pytestmark = [pytest.mark.gpu, pytest.mark.te]
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_PRESET, T = "medium", 256  # 1024 wide: FP8 only with fp8_min_gemm_dim=0 (the policy keeps it BF16 otherwise)
+RECIPE = dict(use_fp8=True, require_fp8=True, fp8_recipe="delayed", fp8_margin=1, fp8_amax_history_len=16,
+              fp8_min_gemm_dim=0)
+
+
+class Recorder(TrainerCallback):
+    """Stands in for a report_to logger: records every logs dict it would send."""
+
+    def __init__(self):
+        self.sent = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.sent.append(dict(logs))
+
+
+def check_readback(rep: dict) -> None:
+    rb = rep["te_readback"]
+    assert rep["fp8"] and rep["precision"] == "FP8" and rb["fp8_confirmed"], rep
+    assert rb["recipe"] == "DelayedScaling" and rb["module_recipes"] == ["DelayedScaling"]
+    assert "margin=1" in rb["recipe_repr"] and "amax_history_len=16" in rb["recipe_repr"], rb["recipe_repr"]
+    assert rb["fp8_modules"] == rb["fp8_modules_planned"] > 0
+
+
+def test_trainer_runs_the_configured_fp8_recipe_and_resumes_its_scales(small_data, tmp_path):
+    from yxanul.data.hf_dataset import ShardWindowDataset
+    from yxanul.integrations import YxanulTrainer
+    from yxanul.models import ModelArgs, build_model
+    from yxanul.precision import PrecisionArgs
+    from yxanul.precision.state import FILE
+
+    data_dir, vocab = small_data
+    ds = ShardWindowDataset(data_dir, T, seed=0)
+
+    def run(resume=None):
+        set_seed(0)
+        model = build_model(ModelArgs(model=GPU_PRESET, seq_length=T, backend="te"), vocab)
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                                 gradient_accumulation_steps=2, bf16=True, logging_steps=1, save_steps=2,
+                                 report_to=[], disable_tqdm=True, train_sampling_strategy="sequential")
+        rec = Recorder()
+        trainer = YxanulTrainer(model=model, args=args, train_dataset=ds, callbacks=[rec],
+                                precision=PrecisionArgs(**RECIPE))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, rec
+
+    trainer, rec = run()
+    assert trainer.accelerator.mixed_precision == "fp8"
+    check_readback(json.loads((tmp_path / "precision_report.json").read_text()))
+    train_logs = [logs for logs in rec.sent if "loss" in logs]
+    assert train_logs[0]["precision/te_readback/fp8_confirmed"] == 1.0
+    assert all(logs["fp8/tensors"] > 0 and logs["fp8/nonfinite"] == 0 for logs in train_logs)
+    assert (tmp_path / "checkpoint-2" / FILE).is_file()
+    resumed, _ = run(resume=str(tmp_path / "checkpoint-2"))
+    check_readback(json.loads((tmp_path / "precision_report.json").read_text()))
+    assert resumed.state.global_step == 4
+
+
+@pytest.mark.slow
+def test_trainer_fp8_recipe_under_deepspeed_zero1(tmp_path):
+    """accelerate ignores TERecipeKwargs under DeepSpeed; TE must still run the configured recipe."""
+    if shutil.which("accelerate") is None:
+        pytest.skip("needs the accelerate CLI")
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--deepspeed_config_file",
+           str(ROOT / "ds_configs" / "zero1.json"), "--num_processes", "1", "--num_machines", "1",
+           "--main_process_port", "0", str(ROOT / "examples" / "trainer_fp8.py"),
+           "--deepspeed", str(ROOT / "ds_configs" / "zero1.json"), "--model", GPU_PRESET, "--seq_length", str(T),
+           "--max_steps", "4", "--micro_batch_size", "4", "--fp8_min_gemm_dim", "0", "--fp8_margin", "1",
+           "--fp8_amax_history_len", "16", "--require_fp8", "--output_dir", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    check_readback(json.loads((out / "precision_report.json").read_text()))
+    assert "in FP8;" in r.stdout
