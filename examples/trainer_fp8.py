@@ -29,7 +29,7 @@ from yxanul.flags import parse_command
 from yxanul.models import ModelArgs, build_model
 from yxanul.precision.args import DEFAULT_MIN_GEMM_DIM
 
-CPU_PRESET = "tiny"  # the 5M-parameter CPU preset
+CPU_PRESET = "nano"  # the 5M-parameter CPU preset
 
 
 @dataclass

@@ -17,7 +17,7 @@ from yxanul.models import ModelArgs, build_model
 from yxanul.optim import OptimArgs, build_optimizer, lr_at
 from yxanul.precision import PrecisionArgs
 
-PRESET = "tiny"  # the 5M CPU preset (to be renamed `nano`): the one place to change it
+PRESET = "nano"  # the 5M CPU preset: the one place to change it
 T, B, STEPS, SEED = 32, 4, 8, 0
 OPT = OptimArgs(max_lr=2e-3, warmup_steps=3, lr_decay_steps=STEPS, min_lr_ratio=0.1, weight_decay=0.1,
                 max_grad_norm=1.0)
