@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from yxanul import lint
-from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
+from yxanul.launch import check_launch_environment
+from yxanul.lint import fix_config, lint_file, sanitize_deepspeed_config
 from yxanul import lint_rules as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -3,8 +3,7 @@
 API (also used by the trainer at start-up):
 - ``lint_file(path, *, use_fp8=None, world_size=None) -> list[Problem]``
 - ``fix_config(path, out_path) -> list[Problem]`` writes a corrected copy, returns what it fixed
-- ``check_launch_environment(env=os.environ, *, use_fp8=None, cuda_available=None) -> list[Problem]``
-  reads what ``accelerate launch`` exported (ACCELERATE_*) and lints the DeepSpeed file in use
+- ``check_launch_environment`` moved to :mod:`yxanul.launch` (launch-level checks at training start)
 - ``sanitize_deepspeed_config(cfg) -> (cfg_copy, list[Problem])`` drops keys that DeepSpeed
   accepts but that only cost time (``fp8`` block, fp32 communication / grad accumulation)
 Policy (docs/distributed.md): severity "error" = the run would fail or silently train wrong ->
@@ -20,10 +19,10 @@ import sys
 
 import yaml
 
-from .lint_rules import (ERROR, WARNING, FP8_DEAD_KEYS, FP8_READ_KEYS, Problem, fix_accelerate,
+from .lint_rules import (ERROR, WARNING, Problem, fix_accelerate,
                          fix_deepspeed, harmful_ds_keys, lint_accelerate, lint_deepspeed, _delete)
 
-__all__ = ["Problem", "lint_file", "fix_config", "check_launch_environment",
+__all__ = ["Problem", "lint_file", "fix_config",
            "sanitize_deepspeed_config", "main", "ERROR", "WARNING"]
 
 _ACC_MARKERS = {"distributed_type", "compute_environment", "num_processes", "mixed_precision",
@@ -119,74 +118,6 @@ def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
     if out.get("data_types") == {}:
         del out["data_types"]
     return out, problems
-
-
-def _truthy(v: str | None) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes", "on")
-
-
-def check_launch_environment(env=None, *, use_fp8: bool | None = None,
-                             cuda_available: bool | None = None) -> list[Problem]:
-    """What training checks at start: the ACCELERATE_* variables `accelerate launch` exported.
-
-    ``use_fp8``: the yxanul config's decision (None: not compared). ``cuda_available``: pass
-    ``torch.cuda.is_available()`` (None: not checked). Errors mean: refuse to start."""
-    env = os.environ if env is None else env
-    src = "environment"
-    P = []
-
-    def add(key, sev, msg, fix):
-        P.append(Problem(src, key, sev, msg, fix))
-
-    for key in sorted(env):
-        if not key.startswith("ACCELERATE_FP8_"):
-            continue
-        name = key[len("ACCELERATE_FP8_"):].lower()
-        if name in FP8_DEAD_KEYS:
-            add(key, WARNING, "read by nothing (the `accelerate config` questionnaire's name)",
-                f"use fp8_config.{FP8_DEAD_KEYS[name]} (ACCELERATE_FP8_{FP8_DEAD_KEYS[name].upper()})")
-        elif name not in FP8_READ_KEYS and not name.startswith("override_"):
-            add(key, WARNING, "read by nothing", "remove it from fp8_config")
-    backend = env.get("ACCELERATE_FP8_BACKEND")
-    if backend is not None and backend != backend.upper():
-        add("ACCELERATE_FP8_BACKEND", WARNING, f"{backend!r}: FP8BackendType({backend!r}) raises "
-            "in a plain accelerate script; yxanul passes its TE recipe itself, so it goes on",
-            "fp8_config: {backend: TE} (upper case) in the accelerate YAML")
-    mp = env.get("ACCELERATE_MIXED_PRECISION")
-    deepspeed = _truthy(env.get("ACCELERATE_USE_DEEPSPEED"))
-    if use_fp8 is not None and mp and not (deepspeed and mp == "no"):
-        if (mp == "fp8") != use_fp8:
-            add("ACCELERATE_MIXED_PRECISION", WARNING, f"accelerate launch says {mp}, the yxanul "
-                f"config says use_fp8: {str(use_fp8).lower()}; yxanul's setting is used",
-                "make the accelerate YAML and the yxanul config agree")
-    if deepspeed:
-        fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
-        path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-        if path and path != "none":
-            if "mixed_precision" in fields:
-                add("ACCELERATE_CONFIG_DS_FIELDS", ERROR, "mixed_precision came from the "
-                    "accelerate YAML together with a deepspeed_config_file: accelerate raises "
-                    "ValueError", "remove mixed_precision from the YAML (yxanul sets it)")
-            if not os.path.isfile(path):
-                add("ACCELERATE_DEEPSPEED_CONFIG_FILE", ERROR, f"{path} not found from "
-                    f"{os.getcwd()}", "launch from the repository root or use an absolute path")
-            else:
-                try:
-                    world = int(env.get("WORLD_SIZE", "0")) or None
-                except ValueError:
-                    world = None
-                for p in lint_file(path, world_size=world):
-                    P.append(p)
-    try:
-        world = int(env.get("WORLD_SIZE", "1"))
-    except ValueError:
-        world = 1
-    if cuda_available is False and world > 1 and "LOCAL_RANK" in env \
-            and not _truthy(env.get("ACCELERATE_USE_CPU")):
-        add("ACCELERATE_USE_CPU", WARNING, f"{world} processes, no CUDA and ACCELERATE_USE_CPU "
-            "unset: accelerate makes each process 'rank 0 of 1' unless Accelerator(cpu=True)",
-            "launch with ACCELERATE_USE_CPU=1 (accelerate_configs/cpu.yaml)")
-    return P
 
 
 def _read_use_fp8(path: str) -> bool:
