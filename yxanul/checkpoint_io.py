@@ -11,9 +11,15 @@ from .errors import UserError
 def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
     """`accelerator.load_state`, with one line naming the model settings that differ from the
     checkpoint's ``config.yaml`` when its weights do not fit this model."""
+    import pickle
+
     handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
     try:
         accelerator.load_state(str(ckpt))
+    except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met a pickle that would run code
+        what = " ".join(str(e).split())[:160]
+        raise UserError(f"resume '{ckpt}': a file holds a pickle that would run code; refused, nothing was "
+                        f"executed ({what})") from None
     except RuntimeError as e:
         if "state_dict" not in str(e):
             raise
