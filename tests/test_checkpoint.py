@@ -305,3 +305,34 @@ def test_disk_full_is_one_line_removes_the_partial_save_and_keeps_the_previous(t
     assert "needs about " in msg and " bytes" in msg and "step_10 is intact" in msg
     assert not (root / ".tmp-step_20").exists() and [c["step"] for c in list_checkpoints(tmp_path)] == [10]
     assert (root / "step_10" / "model.safetensors").read_bytes() == before and verify_checkpoint(root / "step_10") == []
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "random_states_0.pkl"])
+def test_every_file_resume_unpickles_refuses_a_code_pickle(tmp_path, acc_model, name):
+    """load_for_resume (what `--resume` runs) on a checkpoint whose manifest was rewritten to match."""
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.config import parse_args
+    from yxanul.manifest import write_manifest
+
+    acc, _, _ = acc_model
+    ckpt = save_checkpoint(acc, tmp_path, _state(1), keep_last=2)
+    marker = tmp_path / "pwned"
+    torch.save({"state": _Payload(marker), "param_groups": []}, ckpt / name)
+    write_manifest(ckpt, lambda p, text: p.write_text(text))
+    assert verify_checkpoint(ckpt) == []
+    with pytest.raises(UserError, match="holds a pickle that would run code; refused, nothing was executed"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert not marker.exists()
+    (ckpt / "random_states_0.pkl").write_bytes(b"garbage")  # accelerate swallows this one silently
+    with pytest.raises(UserError, match="random_states_0.pkl is unreadable|not a readable torch file"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))

@@ -15,11 +15,14 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
 
     handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
     try:
+        _check_random_states(ckpt)
         accelerator.load_state(str(ckpt))
     except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met a pickle that would run code
-        what = " ".join(str(e).split())[:160]
+        if "global" not in str(e).lower():  # not an import of code: a damaged file
+            raise UserError(f"resume '{ckpt}': a state file is not a readable torch file ({str(e)[:80]})") from None
+        what = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
         raise UserError(f"resume '{ckpt}': a file holds a pickle that would run code; refused, nothing was "
-                        f"executed ({what})") from None
+                        f"executed ({what[:160]})") from None
     except RuntimeError as e:
         if "state_dict" not in str(e):
             raise
@@ -89,3 +92,23 @@ def _load_models_with_views(models: list, input_dir: str) -> None:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: "
                                f"missing keys {missing[:5]}, unexpected keys {list(unexpected)[:5]}")
     models.clear()
+
+
+def _check_random_states(ckpt) -> None:
+    """accelerate's load_state swallows ANY error loading ``random_states_*.pkl`` (a garbage or
+    refused file resumed silently with fresh RNG, so not exactly). Load them first, with torch's
+    weights-only unpickler (a pickle that would run code raises UnpicklingError, caught above), through
+    accelerate's own ``load`` so that the same allow-list (numpy RNG state) applies as in load_state."""
+    import pickle
+
+    from accelerate.utils import load
+
+    for f in sorted(Path(ckpt).glob("random_states_*.pkl")):
+        try:
+            load(f, map_location="cpu")
+        except pickle.UnpicklingError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any unreadable file is one line
+            raise UserError(f"resume '{ckpt}': {f.name} is unreadable ({type(e).__name__}); the run cannot resume "
+                            "exactly from it") from None
+
