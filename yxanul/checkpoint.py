@@ -250,17 +250,39 @@ def _clean_leftovers(root: Path) -> None:
             os.rename(old, whole)
 
 
-def _disk_full(root: Path, tmp: Path, step: int, err: OSError) -> UserError:
-    """Remove the partial save; a one-line error naming the directory and the bytes needed."""
+LOW_SPACE = 64 << 20  # free bytes under which a failed write is taken for a full disk
+
+
+def _need_bytes(root: Path, tmp: Path, step: int) -> tuple[int, int, list]:
     written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if tmp.exists() else 0
-    shutil.rmtree(tmp, ignore_errors=True)
     prev = [c for c in list_checkpoints(root.parent) if c["step"] != step]
-    need = max([written] + [checkpoint_bytes(c["path"]) for c in prev[-1:]])
+    return written, max([written] + [checkpoint_bytes(c["path"]) for c in prev[-1:]]), prev
+
+
+def _is_disk_full(e: Exception, root: Path, tmp: Path, step: int) -> bool:
+    """ENOSPC/EDQUOT; or any write error while the file system is (nearly) full: torch.save reports
+    ENOSPC as ``RuntimeError: basic_ios::clear: iostream error`` / ``unexpected pos`` (seen on tmpfs)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, (OSError, RuntimeError)):
+        return False
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return False
+    written, need, _ = _need_bytes(root, tmp, step)
+    return free < LOW_SPACE or free + written < need
+
+
+def _disk_full(root: Path, tmp: Path, step: int) -> UserError:
+    """Remove the partial save; a one-line error naming the directory and the bytes needed."""
+    _, need, prev = _need_bytes(root, tmp, step)
+    shutil.rmtree(tmp, ignore_errors=True)
     free = shutil.disk_usage(root).free if root.exists() else 0
     kept = f"; {Path(prev[-1]['path']).name} is intact" if prev else ""
     return UserError(f"disk full: saving checkpoint step_{step} into {root} needs about {need:,} bytes, "
-                     f"{free:,} free ({os.strerror(err.errno)}); the partial save was removed{kept}: free space "
-                     "or choose another --output_dir, then --resume latest")
+                     f"{free:,} free; the partial save was removed{kept}: free space or choose another "
+                     "--output_dir, then --resume latest")
 
 
 def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, Any], *,
@@ -283,10 +305,10 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
     accelerator.wait_for_everyone()
     try:
         _write_state(accelerator, tmp, state, config_yaml, extra, _fault)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as e:
+        if not _is_disk_full(e, root, tmp, step):
             raise
-        raise _disk_full(root, tmp, step, e) from None
+        raise _disk_full(root, tmp, step) from None
     if accelerator.is_main_process:
         old = root / f".old-{final.name}"
         if final.exists():  # re-saving a step (a resume from an older checkpoint): swap, then delete
