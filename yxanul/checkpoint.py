@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from .errors import ConfigError, UserError
 from .checkpoint_io import _own_storage_for_views, load_for_resume  # noqa: F401 (re-exported)
-from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest, read_manifest,
+from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
                        read_state_checked, verify_checkpoint, write_manifest)
 
 
@@ -393,46 +393,7 @@ def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
 
 
 def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
-    """The checkpoints of a run, one per row, with whether each verifies (``verify=False``: sizes only)."""
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
-        return f"no checkpoints under {checkpoints_dir(run_dir)}"
-    latest, best = _pointer(run_dir, "latest"), _pointer(run_dir, "best")
-    rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "verified", "path")]
-    for c in ckpts:
-        tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
-        val = c.get("val_loss")
-        problems = verify_checkpoint(c["path"], state_only=not verify)
-        m = read_manifest(c["path"])
-        ok = ("ok" + (f" ({m['hash_seconds']:.2f}s sha256)" if m and "hash_seconds" in m else "")
-              if has_manifest(c["path"]) else "ok (no manifest: basic checks)")
-        rows.append((str(c["step"]), f"{c.get('tokens_seen', 0):,}",
-                     f"{val:.4f}" if isinstance(val, (int, float)) else "-",
-                     str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
-                     tags, "DAMAGED: " + "; ".join(problems) if problems else ok, c["path"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-    for name in ("latest", "best"):
-        problem = _pointer_name(run_dir, name)[1]
-        if problem:
-            lines.append(f"warning: {problem}")
-    return "\n".join(lines)
+    """The listing table (checkpoint_table.py), kept importable from here."""
+    from .checkpoint_table import format_table as table
 
-
-@dataclass
-class CheckpointsCommand:
-    """`yxanul checkpoints RUN_DIR`: the checkpoints of a run and whether each verifies."""
-
-    run_dir: str = field(metadata={"help": "the run's --output_dir", "positional": True})
-    quick: bool = field(default=False, metadata={"help": "check sizes against the manifest, not the sha256"})
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
-    from .flags import parse_command
-
-    args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
-    if not Path(args.run_dir).is_dir():
-        raise UserError(f"run directory '{args.run_dir}': no such directory")
-    print(format_table(args.run_dir, verify=not args.quick))
-    return 0
+    return table(run_dir, verify)
