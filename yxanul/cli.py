@@ -11,7 +11,7 @@ import sys
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
-    "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory"),
+    "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
