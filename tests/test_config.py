@@ -12,10 +12,10 @@ from yxanul.errors import ConfigError, UserError
 def test_defaults_yaml_then_cli(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("max_lr: 0.001\nmodel: nano\nseq_length: 64\nuse_fp8: true\n")
-    cfg = parse_args(["--config", str(p), "--seq_length", "32", "--max_steps", "7"])
+    cfg = parse_args(["--config", str(p), "--seq_length", "32", "--max_steps", "700"])
     assert cfg.optim.max_lr == 0.001          # from YAML
     assert cfg.model.seq_length == 32         # CLI wins over YAML
-    assert cfg.train.max_steps == 7
+    assert cfg.train.max_steps == 700
     assert cfg.precision.use_fp8 is True
     assert cfg.optim.warmup_steps == 100      # dataclass default
     flat = cfg.to_flat_dict()

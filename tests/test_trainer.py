@@ -99,7 +99,8 @@ def test_wandb_offline_without_key(tmp_path):
     out = tmp_path / "wb"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path))  # no ~/.netrc, no API key
-    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "3", "--output_dir", str(out),
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "3", "--warmup_steps", "1",
+                        "--output_dir", str(out),
                         "--use_wandb", "--checkpoint_freq", "0", "--save_final", "false"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -128,7 +129,8 @@ sys.exit(rc)
 
 def _events(*args) -> str:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-c", _HOOKED, "train", *args], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", _HOOKED, "train", *args, "--warmup_steps", "1"], capture_output=True,
+                       text=True, env=env,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return next(line.split()[1] for line in r.stdout.splitlines() if line.startswith("EVENTS"))
@@ -164,11 +166,12 @@ def test_divergence_stops_without_saving_over_good_checkpoints(tmp_path):
 
 def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
     out = tmp_path / "r"
-    yxanul("train", *FAST, "--max_steps", "2", "--output_dir", str(out))
-    again = yxanul("train", *FAST, "--max_steps", "2", "--output_dir", str(out), check=False)
+    short = [*FAST, "--warmup_steps", "1"]  # warmup must fit in max_steps
+    yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out))
+    again = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), check=False)
     assert again.returncode == 2 and "already holds checkpoints (newest: step 2)" in again.stderr
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
-    mismatch = yxanul("train", *FAST, "--max_steps", "4", "--output_dir", str(out), "--resume", "latest",
+    mismatch = yxanul("train", *short, "--max_steps", "4", "--output_dir", str(out), "--resume", "latest",
                       "--model", "gpt2-124m", check=False)
     assert mismatch.returncode == 2 and "its weights do not fit this model (model: 'nano' -> 'gpt2-124m')" \
         in mismatch.stderr, mismatch.stderr[-1500:]
@@ -177,7 +180,7 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
                          (["--output_dir", str(tmp_path / "file" / "run")], "is not a directory"),
                          (["--beta1", "1.5"], "'beta1'"), (["--adam_eps", "-1"], "'adam_eps'"),
                          (["--max_lr", "nan"], "'max_lr'"), (["--seed", "-1"], "'seed'")]:
-        r = yxanul("train", *FAST, "--max_steps", "1", *args, check=False, cwd=tmp_path)
+        r = yxanul("train", *short, "--max_steps", "1", *args, check=False, cwd=tmp_path)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
 
 

@@ -9,15 +9,19 @@ Layout of one checkpoint (everything accelerate's ``save_state`` writes, plus ou
       config.yaml          # the resolved config of the run that wrote it
 
 Atomicity: every rank writes into ``.tmp-step_N``; after a barrier the main process writes
-``trainer_state.json`` last and renames the folder to ``step_N`` (one ``rename`` on one file
-system), then replaces the ``latest`` pointer with ``os.replace``. A crash at any moment leaves
-either the old checkpoint set or the new one, never a half-written ``step_N``. Re-saving an
-existing step moves the old copy to ``.old-step_N`` first and deletes it only after the new one is
-in place; until then listings and ``resume`` use the old copy, and the next save restores it.
+``trainer_state.json``, then ``manifest.json`` (names, sizes, sha256 of every file: manifest.py) last,
+renames the folder to ``step_N`` (one ``rename`` on one file system), then replaces the ``latest``
+pointer (a NAME inside checkpoints/, never a path) with ``os.replace``. A crash at any moment leaves
+either the old checkpoint set or the new one. Re-saving a step moves the old copy to
+``.old-step_N`` and deletes it only after the new one is in place. Pruning renames a folder to
+``.del-step_N`` before deleting it. Before use (resume, init_from) a checkpoint is verified against
+its manifest; a damaged ``latest`` falls back to the newest checkpoint that verifies, with one line.
+A full disk removes the partial save and is one line naming the directory and the bytes needed.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -28,8 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError, UserError
-
-STATE_FILE = "trainer_state.json"
+from .checkpoint_io import _own_storage_for_views, load_for_resume  # noqa: F401 (re-exported)
+from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
+                       read_state_checked, verify_checkpoint, write_manifest)
 
 
 @dataclass
@@ -86,83 +91,6 @@ def prepare_run_dir(cfg) -> Path:
     return run_dir
 
 
-def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
-    """`accelerator.load_state`, with one line naming the model settings that differ from the
-    checkpoint's ``config.yaml`` when its weights do not fit this model."""
-    handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
-    try:
-        accelerator.load_state(str(ckpt))
-    except RuntimeError as e:
-        if "state_dict" not in str(e):
-            raise
-        import dataclasses
-
-        import yaml
-
-        path = Path(ckpt) / "config.yaml"
-        theirs = yaml.safe_load(path.read_text()) if path.is_file() else {}
-        ours = cfg.to_flat_dict()
-        diff = [f"{f.name}: {theirs[f.name]!r} -> {ours.get(f.name)!r}" for f in dataclasses.fields(cfg.model)
-                if f.name in theirs and theirs[f.name] != ours.get(f.name)]
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        first = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]  # torch's header line
-        first = first if len(first) <= 300 else first[:297] + "..."
-        raise UserError(f"resume '{ckpt}': its weights do not fit this model ("
-                        + ("; ".join(diff) if diff else first) + ")") from None
-    finally:
-        handle.remove()
-
-
-def _own_storage_for_views(models: list, weights: list, output_dir: str) -> None:
-    """accelerate's save-state pre-hook: give every tensor that is a *part* of a larger storage a
-    storage of its own, in the state dicts about to be written.
-
-    Before safetensors, accelerate drops every tensor that shares a storage with an earlier one
-    (``clean_state_dict_for_safetensors``), meant for tied weights. TE's ``query_weight``,
-    ``key_weight`` and ``value_weight`` are views of one fused buffer, so ``key_weight`` and
-    ``value_weight`` were silently left out of every TE checkpoint. A tied head is the same whole
-    tensor as the embedding: it is left shared and dropped as intended (the load restores it)."""
-    import torch
-
-    for state in weights:
-        for name, t in state.items():
-            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() and (
-                    t.data_ptr() != t.untyped_storage().data_ptr()
-                    or t.numel() * t.element_size() != t.untyped_storage().nbytes()):
-                state[name] = t.clone()
-
-
-def _load_models_with_views(models: list, input_dir: str) -> None:
-    """accelerate's load-state pre-hook: load each ``model[_i].safetensors`` ourselves and take the
-    models off accelerate's list (the hook's documented use).
-
-    accelerate loads with ``safetensors.torch.load_model``, which refuses any parameter that is a view
-    into a larger storage ("None is covering the entire storage"). TE's ``LayerNormLinear`` with
-    ``parameters_split`` registers ``query_weight``/``key_weight``/``value_weight`` as views of ONE
-    fused buffer, so every TE checkpoint failed to resume that way (seen on an H100, 2026-11-25).
-    ``load_state_dict`` copies into the views in place. Missing keys are forgiven only where the
-    model's own state dict aliases them to a loaded tensor (a tied head that the save dropped) or
-    they are TE ``_extra_state`` (the model's load hooks); anything else raises, as strict loading did.
-    """
-    from safetensors.torch import load_file
-
-    paths = [Path(input_dir) / f"model{'_' + str(i) if i else ''}.safetensors" for i in range(len(models))]
-    if not all(p.is_file() for p in paths):
-        return  # accelerate's own fallback (pytorch_model.bin) for all of them: the file names
-        #       # follow the list positions, so take none off
-    for model, path in zip(models, paths):
-        device = next((t.device for t in model.parameters() if t.device.type != "meta"), "cpu")
-        state = load_file(str(path), device=str(device))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        own = model.state_dict()
-        loaded_ptrs = {own[k].data_ptr() for k in state if k in own}
-        missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
-        if missing or unexpected:
-            raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: "
-                               f"missing keys {missing[:5]}, unexpected keys {list(unexpected)[:5]}")
-    models.clear()
-
-
 def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -189,56 +117,172 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _step_of(name: str) -> int | None:
+    name = name[len(".old-"):] if name.startswith(".old-") else name
+    return int(name[5:]) if STEP_NAME.match(name) else None
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Complete checkpoints (with a trainer_state.json) sorted by step."""
+    """Every committed checkpoint folder (``step_N``; an ``.old-step_N`` whose replacement never
+    completed), sorted by step: its trainer_state.json plus ``path``, or, when that file is not a
+    valid state, ``step`` (from the name), ``path`` and ``state_problem``. Folders being written
+    (``.tmp-*``) or deleted (``.del-*``) are never listed."""
     root = checkpoints_dir(run_dir)
     out = []
     if not root.is_dir():
         return out
     for d in root.iterdir():
-        if d.name.startswith(".old-step_") and not (root / d.name[len(".old-"):] / STATE_FILE).is_file():
-            pass  # a crash while this step was being replaced: the old copy is the checkpoint
-        elif not d.name.startswith("step_"):
+        step = _step_of(d.name)
+        if step is None or not d.is_dir() or not any(d.iterdir()):
             continue
-        if d.is_dir() and (d / STATE_FILE).is_file():
-            try:
-                state = json.loads((d / STATE_FILE).read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            state["path"] = str(d)
-            out.append(state)
-    return sorted(out, key=lambda s: s["step"])
+        if d.name.startswith(".old-") and (root / d.name[len(".old-"):] / STATE_FILE).is_file():
+            continue  # the replacement is whole: the old copy is garbage of a finished swap
+        state, problem = read_state_checked(d)
+        entry = dict(state) if state else {"state_problem": problem}
+        entry.update(step=step, path=str(d))
+        out.append(entry)
+    return sorted(out, key=lambda s: (s["step"], s["path"].endswith(f"step_{s['step']}")))
+
+
+def _pointer_name(run_dir, name: str) -> tuple[str | None, str | None]:
+    """(target folder name, None), (None, None) when there is no pointer file, or (None, problem).
+    A pointer is a checkpoint NAME inside the run's checkpoints folder, never a path out of it."""
+    p = checkpoints_dir(run_dir) / name
+    if not p.is_file():
+        return None, None
+    try:
+        target = p.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None, f"'{name}' pointer is not text"
+    if not STEP_NAME.match(target):
+        return None, f"'{name}' pointer {target[:60]!r} is not a checkpoint name (step_N)"
+    return target, None
 
 
 def _pointer(run_dir, name: str) -> Path | None:
-    p = checkpoints_dir(run_dir) / name
-    if not p.is_file():
+    target, _ = _pointer_name(run_dir, name)
+    if target is None:
         return None
-    name = p.read_text().strip()
-    for target in (checkpoints_dir(run_dir) / name, checkpoints_dir(run_dir) / f".old-{name}"):
-        if (target / STATE_FILE).is_file():
-            return target
+    for d in (checkpoints_dir(run_dir) / target, checkpoints_dir(run_dir) / f".old-{target}"):
+        if (d / STATE_FILE).is_file():
+            return d
     return None
 
 
-def resolve_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
-    """'latest' -> newest complete checkpoint of run_dir (None if there is none); else a path."""
+def latest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
+    """The checkpoint to resume a run from: the one ``latest`` names if it verifies, else the newest
+    that verifies, saying in one line per skipped checkpoint what is wrong with it. None when the run
+    has no checkpoint at all; a UserError when it has some and none verifies."""
+    say = say or (lambda *_: None)
+    target, problem = _pointer_name(run_dir, "latest")
+    if problem:
+        say(f"warning: {problem}; using the newest checkpoint that verifies")
+    ckpts = list_checkpoints(run_dir)
+    first = _pointer(run_dir, "latest")
+    order = ([first] if first is not None else []) + [Path(c["path"]) for c in reversed(ckpts)]
+    seen, damaged = set(), []
+    for ckpt in order:
+        if ckpt in seen:
+            continue
+        seen.add(ckpt)
+        problems = verify_checkpoint(ckpt)
+        if not problems:
+            if damaged:
+                say(f"warning: {'; '.join(damaged)}: resuming from {ckpt.name}, the newest checkpoint that verifies")
+            return ckpt
+        damaged.append(f"{ckpt.name} is damaged ({'; '.join(problems)})")
+    if damaged:
+        raise UserError(f"no checkpoint under {checkpoints_dir(run_dir)} verifies: " + "; ".join(damaged))
+    return None
+
+
+def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
+    """'latest' -> the checkpoint of run_dir to resume from (`latest_good_checkpoint`; None if the run
+    has none); a run directory -> the same for it; a checkpoint folder -> itself if it verifies, else
+    a one-line UserError (a checkpoint named explicitly is never swapped for another)."""
     if resume == "latest":
-        latest = _pointer(run_dir, "latest")
-        if latest is not None:
-            return latest
-        ckpts = list_checkpoints(run_dir)
-        return Path(ckpts[-1]["path"]) if ckpts else None
+        return _checked(latest_good_checkpoint(run_dir, say), say)
     p = Path(resume)
-    if (p / STATE_FILE).is_file():
-        return p
+    if p.is_dir() and (_step_of(p.name) is not None or (p / STATE_FILE).exists() or (p / MANIFEST).exists()):
+        problems = verify_checkpoint(p)
+        if problems:
+            raise UserError(f"resume '{resume}': damaged checkpoint ({'; '.join(problems)})")
+        return _checked(p, say)
     if (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p):
-        return resolve_resume("latest", p)
+        return resolve_resume("latest", p, say)
     raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
 
 
+def _checked(ckpt: Path | None, say) -> Path | None:
+    if ckpt is not None and not has_manifest(ckpt) and say:
+        say(f"note: {ckpt} has no {MANIFEST} (saved by an older yxanul): loading it with basic checks only")
+    return ckpt
+
+
+def verified_weights_dir(path: str | os.PathLike, what: str = "init_from") -> Path:
+    """For ``init_from``/export: a checkpoint folder (has a trainer_state.json or a manifest) must
+    verify, else a one-line UserError naming ``what``; other folders (save_pretrained) pass as they are."""
+    p = Path(path)
+    if p.is_dir() and ((p / STATE_FILE).exists() or (p / MANIFEST).exists()):
+        problems = verify_checkpoint(p)
+        if problems:
+            raise UserError(f"{what} '{path}': damaged checkpoint ({'; '.join(problems)})")
+    return p
+
+
 def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(ckpt) / STATE_FILE).read_text())
+    state, problem = read_state_checked(ckpt)
+    if problem:
+        raise UserError(f"checkpoint '{ckpt}': {problem}")
+    return state
+
+
+def _clean_leftovers(root: Path) -> None:
+    """Before a save (main process): remove what a crash left behind, keeping whichever copy is whole."""
+    for stale in [*root.glob(".tmp-step_*"), *root.glob(".del-step_*")]:  # a crashed save / prune
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in root.glob(".old-step_*"):  # a crash while replacing a step
+        whole = root / old.name[len(".old-"):]
+        if (whole / MANIFEST).is_file() or (whole / STATE_FILE).is_file():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            shutil.rmtree(whole, ignore_errors=True)
+            os.rename(old, whole)
+
+
+LOW_SPACE = 64 << 20  # free bytes under which a failed write is taken for a full disk
+
+
+def _need_bytes(root: Path, tmp: Path, step: int) -> tuple[int, int, list]:
+    written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if tmp.exists() else 0
+    prev = [c for c in list_checkpoints(root.parent) if c["step"] != step]
+    return written, max([written] + [checkpoint_bytes(c["path"]) for c in prev[-1:]]), prev
+
+
+def _is_disk_full(e: Exception, root: Path, tmp: Path, step: int) -> bool:
+    """ENOSPC/EDQUOT; or any write error while the file system is (nearly) full: torch.save reports
+    ENOSPC as ``RuntimeError: basic_ios::clear: iostream error`` / ``unexpected pos`` (seen on tmpfs)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, (OSError, RuntimeError)):
+        return False
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return False
+    written, need, _ = _need_bytes(root, tmp, step)
+    return free < LOW_SPACE or free + written < need
+
+
+def _disk_full(root: Path, tmp: Path, step: int) -> UserError:
+    """Remove the partial save; a one-line error naming the directory and the bytes needed."""
+    _, need, prev = _need_bytes(root, tmp, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(root).free if root.exists() else 0
+    kept = f"; {Path(prev[-1]['path']).name} is intact" if prev else ""
+    return UserError(f"disk full: saving checkpoint step_{step} into {root} needs about {need:,} bytes, "
+                     f"{free:,} free; the partial save was removed{kept}: free space or choose another "
+                     "--output_dir, then --resume latest")
 
 
 def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, Any], *,
@@ -248,24 +292,42 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
     """Save ``accelerator`` state + ``state`` as ``checkpoints/step_{state['step']}`` atomically.
 
     Must be called on every process (DeepSpeed saves are collective). ``_fault`` is a test hook
-    called with a stage name ("after_state", "after_swap") to simulate a crash mid-save. ``extra(tmp_dir)`` writes
-    more files (main process) before the folder is committed.
+    called with a stage name ("after_state", "after_manifest", "after_swap", "in_prune") to simulate
+    a crash mid-save. ``extra(tmp_dir)`` writes more files (main process) before the folder is
+    committed. A full disk (ENOSPC/EDQUOT) removes the partial save and raises a one-line UserError.
     """
     root = checkpoints_dir(run_dir)
     step = int(state["step"])
     final, tmp = root / f"step_{step}", root / f".tmp-step_{step}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-step_*"):  # leftovers of a crashed save
-            shutil.rmtree(stale, ignore_errors=True)
-        for old in root.glob(".old-step_*"):  # a crash while replacing a step: keep whichever is whole
-            whole = root / old.name[len(".old-"):]
-            if (whole / STATE_FILE).is_file():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                shutil.rmtree(whole, ignore_errors=True)
-                os.rename(old, whole)
+        _clean_leftovers(root)
     accelerator.wait_for_everyone()
+    try:
+        _write_state(accelerator, tmp, state, config_yaml, extra, _fault)
+    except Exception as e:
+        if not _is_disk_full(e, root, tmp, step):
+            raise
+        raise _disk_full(root, tmp, step) from None
+    if accelerator.is_main_process:
+        old = root / f".old-{final.name}"
+        if final.exists():  # re-saving a step (a resume from an older checkpoint): swap, then delete
+            os.rename(final, old)
+            if _fault:
+                _fault("after_swap")
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
+        _write_atomic(root / "latest", final.name + "\n")
+        _update_best(run_dir, state, final)
+        _prune(run_dir, keep_last, keep=final, _fault=_fault)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> None:
+    """Everything of one checkpoint into ``tmp``: accelerate's state, config, extras, the trainer
+    state, and last the manifest over all of them."""
     # accelerate warns "Removed shared tensor {'lm_head.weight'}" at every save of a tied model;
     # expected here (the tie is restored on load, which the resume tests check), so keep it quiet.
     quiet = logging.getLogger("accelerate.utils.other")
@@ -287,66 +349,51 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
             extra(tmp)
         state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
         _write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
-        old = root / f".old-{final.name}"
-        if final.exists():  # re-saving a step (a resume from an older checkpoint): swap, then delete
-            os.rename(final, old)
-            if _fault:
-                _fault("after_swap")
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        shutil.rmtree(old, ignore_errors=True)
-        _write_atomic(root / "latest", final.name + "\n")
-        _update_best(run_dir, state, final)
-        _prune(run_dir, keep_last)
-    accelerator.wait_for_everyone()
-    return final
+        write_manifest(tmp, _write_atomic)  # last: a folder with a manifest is whole
+        _fsync_dir(tmp)
+        if _fault:
+            _fault("after_manifest")
 
 
 def _update_best(run_dir, state, final: Path) -> None:
+    """Point ``best`` at ``final`` if its val loss beats the current best's. A best without a val
+    loss (re-saved without an eval), damaged or gone, is beaten by any val loss."""
     val = state.get("val_loss")
-    if val is None:
+    if not isinstance(val, (int, float)) or val != val:
         return
     best = _pointer(run_dir, "best")
-    if best is None or val < read_state(best).get("val_loss", float("inf")):
+    theirs = read_state_checked(best)[0] if best is not None else None
+    old = theirs.get("val_loss") if theirs else None
+    if not isinstance(old, (int, float)) or old != old or val < old or best == final:
         _write_atomic(checkpoints_dir(run_dir) / "best", final.name + "\n")
 
 
-def _prune(run_dir, keep_last: int) -> None:
+def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
+    """Delete all but the newest ``keep_last``, ``best``, ``latest`` and ``keep`` (the checkpoint just
+    saved and verified: the last good one). Each folder is first renamed to ``.del-step_N`` (one
+    atomic rename: never listed again), then deleted, so a crash never leaves a half-deleted folder
+    that lists as complete; the next save removes ``.del-*`` leftovers."""
     ckpts = list_checkpoints(run_dir)
-    keep = {c["path"] for c in ckpts[-keep_last:]}
+    kept = {str(keep)} | {c["path"] for c in ckpts[-keep_last:]}
     for name in ("best", "latest"):
         p = _pointer(run_dir, name)
         if p is not None:
-            keep.add(str(p))
+            kept.add(str(p))
+    root = checkpoints_dir(run_dir)
     for c in ckpts:
-        if c["path"] not in keep:
-            shutil.rmtree(c["path"], ignore_errors=True)
+        if c["path"] in kept:
+            continue
+        doomed = root / f".del-step_{c['step']}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.rename(c["path"], doomed)
+        _fsync_dir(root)
+        if _fault:
+            _fault("in_prune")
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
-def format_table(run_dir: str | os.PathLike) -> str:
-    ckpts = list_checkpoints(run_dir)
-    if not ckpts:
-        return f"no checkpoints under {checkpoints_dir(run_dir)}"
-    latest, best = _pointer(run_dir, "latest"), _pointer(run_dir, "best")
-    rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "path")]
-    for c in ckpts:
-        tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
-        val = c.get("val_loss")
-        rows.append((str(c["step"]), f"{c.get('tokens_seen', 0):,}", f"{val:.4f}" if val is not None else "-",
-                     str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
-                     tags, c["path"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
+    """The listing table (checkpoint_table.py), kept importable from here."""
+    from .checkpoint_table import format_table as table
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`yxanul checkpoints RUN_DIR`: print the checkpoint table of a run."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="yxanul checkpoints", description=main.__doc__)
-    parser.add_argument("run_dir", help="the run's --output_dir")
-    args = parser.parse_args(argv)
-    if not Path(args.run_dir).is_dir():
-        raise UserError(f"run directory '{args.run_dir}': no such directory")
-    print(format_table(args.run_dir))
-    return 0
+    return table(run_dir, verify)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -12,7 +13,7 @@ COMMANDS = {
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main", "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
-    "checkpoints": ("yxanul.checkpoint", "main", "list the checkpoints of a run directory"),
+    "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
@@ -33,16 +34,42 @@ def train_main(argv: list[str] | None = None) -> int:
     if "--config" not in argv and not any(a.startswith("--config=") for a in argv) \
             and not {"-h", "--help"} & set(argv):
         argv = ["--config", DEFAULT_CONFIG, *argv]
-    cfg = parse_args(argv)
-    if cfg.checkpoint.list_checkpoints:
-        from .checkpoint import format_table, run_dir_of
+    _stop_before_training()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over before its loop
+    try:
+        cfg = parse_args(argv)
+        if cfg.checkpoint.list_checkpoints:
+            from .checkpoint import format_table, run_dir_of
 
-        print(format_table(run_dir_of(cfg)))
-        return 0
-    from .trainer import train
+            print(format_table(run_dir_of(cfg)))
+            return 0
+        from .launch import preflight
 
-    train(cfg)
+        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None))
+        from .trainer import train
+
+        train(cfg)
+    except StoppedBeforeTraining as e:
+        print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
+
+
+class StoppedBeforeTraining(BaseException):
+    """SIGTERM/SIGUSR1 before the training loop's own handler exists (data preparation, model
+    build, resume load): nothing to save, so the run ends at once with exit code 0 (preemption)."""
+
+
+def _stop_before_training() -> None:
+    import signal
+
+    def handler(signum, _frame):
+        raise StoppedBeforeTraining(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        if sig is not None:
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread
+                pass
 
 
 def _usage() -> str:
@@ -52,18 +79,80 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+EXIT_BUG = 1
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `cmd | head` killed by the signal
+EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long whatever hangs
+
+
 def run(func, argv) -> int:
-    """Call a command; a UserError becomes one line on stderr and exit code 2."""
+    """Call a command. Every way it can end is an exit code, within seconds:
+    a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk -> one
+    line naming the file, 2; a closed stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other
+    exception -> its traceback (a bug: report it), then one line, 1. On every error a watchdog ends
+    the process after ``EXIT_GRACE_S`` if something (a thread, a child) would keep it alive."""
     from .errors import UserError
 
     try:
         return int(func(argv) or 0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _fail("interrupted", 130)
+    except BrokenPipeError:
+        _detach_stdout()
+        return _fail("error: standard output was closed (broken pipe, e.g. `| head`); stopping", EXIT_BROKEN_PIPE)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing '{e.filename}'" if e.filename else ""
+            return _fail(f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, "
+                         "then --resume latest", 2)
+        return _bug(e)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
+        return _bug(e)
+
+
+def _bug(e: BaseException) -> int:
+    import traceback
+
+    traceback.print_exc(file=sys.stderr)
+    line = " ".join(str(e).split())[:300]
+    return _fail(f"error: internal error {type(e).__name__}: {line} (a bug in yxanul or a library: please report "
+                 "it with the traceback above)", EXIT_BUG)
+
+
+def _fail(line: str, code: int) -> int:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+    _exit_watchdog(code)
+    return code
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _exit_watchdog(code: int) -> None:
+    """A daemon timer that hard-exits with ``code`` if the normal exit (joining threads, atexit
+    handlers, DataLoader workers) has not finished after ``EXIT_GRACE_S``."""
+    import threading
+
+    def hard_exit():
+        try:
+            sys.stderr.write(f"exit took more than {EXIT_GRACE_S:.0f}s: forcing it\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+    t = threading.Timer(EXIT_GRACE_S, hard_exit)
+    t.daemon = True
+    t.start()
 
 
 def main(argv: list[str] | None = None) -> int:

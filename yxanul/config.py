@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .errors import ConfigError, UserError
 from .flags import OneLineParser, add_field, bare_booleans, coerce, parse_known, strip_optional, unknown_key
 
 
@@ -95,12 +95,33 @@ def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
     return parser
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (lines {seen[key]} and {line}; the last would win silently)",
+                    key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str) -> dict[str, Any]:
+    """A flat ``key: value`` YAML file; an empty file, a key given twice or a non-mapping is one line."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file '{path}': no such file")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.constructor.ConstructorError as e:
+        mark = e.problem_mark
+        raise UserError(f"config file '{path}': line {mark.line + 1}: {e.problem}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -108,7 +129,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise UserError(f"config file '{path}': not UTF-8 text") from None
     if data is None:
-        return {}
+        raise UserError(f"config file '{path}': empty (expected flat `key: value` lines, e.g. `max_steps: 100`)")
     if not isinstance(data, dict):
         raise UserError(f"config file '{path}': expected a mapping of `key: value` at the top level")
     return data
@@ -128,7 +149,17 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
     for key, value in merged.items():
         per_section[fields[key][0]][key] = value
     built = {name: cls(**per_section[name]) for name, cls in _sections()}
-    return Config(**built, source=source)
+    cfg = Config(**built, source=source)
+    _cross_checks(cfg)
+    return cfg
+
+
+def _cross_checks(cfg: Config) -> None:
+    """Values that are each valid but wrong together (one section cannot see the other)."""
+    warmup, max_steps = cfg.optim.warmup_steps, cfg.train.max_steps
+    if cfg.optim.lr_decay_steps is None and warmup > max_steps:
+        raise ConfigError("warmup_steps", f"at most max_steps ({max_steps}): the learning rate would never reach "
+                          f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)", warmup)
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Config:

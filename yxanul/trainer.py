@@ -15,6 +15,7 @@ import yaml
 
 from .checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
 from .errors import TrainingDiverged, UserError
+from .guards import CollapseGuard, check_val_loss
 from .optim import build_optimizer, lr_at
 from .preemption import StopRequest
 from .tracking import (MetricsLog, flat_tracker_config, flops_per_token, format_step_line, peak_flops,
@@ -105,9 +106,8 @@ def train(cfg) -> dict[str, Any]:
     from accelerate import Accelerator, PartialState
     from accelerate.utils import ProjectConfiguration, set_seed
 
-    from . import lint
     from .batch_finder import resolve_batch, torch_reduce_min
-    from .data.loader import WindowLoader, eval_batches
+    from .data.loader import WindowLoader, eval_batches, split_window
     from .data.prepare import ensure_prepared, load_prepared_tokenizer
     from .models.args import build_model, describe
     from .models.configuration_yxanul import count_parameters
@@ -119,12 +119,7 @@ def train(cfg) -> dict[str, Any]:
     cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
     state = PartialState(cpu=cpu)
     say = print if state.is_main_process else (lambda *a, **k: None)
-    run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints
-    for problem in lint.check_launch_environment(use_fp8=cfg.precision.use_fp8,
-                                                 cuda_available=torch.cuda.is_available()):
-        if problem.severity == "error":
-            raise UserError(problem.line())
-        say(f"warning: {problem.line()}")
+    run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints (launch checks: cli.py)
     set_seed(cfg.train.seed)
 
     # -- data ------------------------------------------------------------------------------------
@@ -171,7 +166,8 @@ def train(cfg) -> dict[str, Any]:
         return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed,
                             base_length=cfg.model.seq_length if curriculum is not None else None,
                             rank=accelerator.process_index, world_size=accelerator.num_processes,
-                            num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda")
+                            num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda",
+                            packed=True)
 
     loader, stage_idx, resumed_data = make_loader(cfg.model.seq_length, batch.micro_batch), None, None
     if loader.windows.lost_fraction > 0.02:
@@ -181,7 +177,7 @@ def train(cfg) -> dict[str, Any]:
                             rank=accelerator.process_index, world_size=accelerator.num_processes))
     step, best_val, val_loss, val_step, tokens_seen = 0, math.inf, None, None, 0
     if cfg.checkpoint.resume:
-        ckpt = resolve_resume(cfg.checkpoint.resume, run_dir)
+        ckpt = resolve_resume(cfg.checkpoint.resume, run_dir, say=say)
         if ckpt is None:
             say(f"resume: no checkpoint under {run_dir}, starting from scratch")
         else:
@@ -202,7 +198,7 @@ def train(cfg) -> dict[str, Any]:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=accelerator.is_main_process)
     peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     fpt = flops_per_token(n_params, mcfg.num_hidden_layers, mcfg.hidden_size, cfg.model.seq_length)
-    stop = StopRequest()
+    stop, guard = StopRequest(), CollapseGuard()
     decay_steps = cfg.optim.lr_decay_steps or cfg.train.max_steps
     clip = cfg.optim.max_grad_norm or float("inf")
     first_loss = last_loss = None
@@ -230,6 +226,7 @@ def train(cfg) -> dict[str, Any]:
         if not bool(finite):
             raise TrainingDiverged(f"step {step}: loss or gradient norm is not finite; no checkpoint written "
                                    f"over the good ones in {run_dir / 'checkpoints'} (lower max_lr, or check the data)")
+        guard.before_save(step, norm)
         save_checkpoint(accelerator, run_dir, checkpoint_state(), keep_last=cfg.checkpoint.keep_last,
                         config_yaml=yaml.safe_dump(cfg.to_flat_dict(), sort_keys=False),
                         extra=lambda d: plan.save_fp8_state(accelerator.unwrap_model(model), d))
@@ -281,6 +278,7 @@ def train(cfg) -> dict[str, Any]:
         if not (math.isfinite(loss_val) and (norm is None or math.isfinite(norm_val))):
             raise TrainingDiverged(f"step {step}: loss {loss_val}, gradient norm {norm_val}: stopping "
                                    "(lower max_lr, or check the data)")
+        guard.observe(step, norm_val)
         t_log, steps_since_log = time.perf_counter(), 0
 
     def evaluate() -> None:
@@ -288,6 +286,7 @@ def train(cfg) -> dict[str, Any]:
         nonlocal val_loss, val_step, best_val, t_log
         t0 = time.perf_counter()
         val_loss, val_step = _evaluate(model, val, plan, accelerator), step
+        check_val_loss(step, val_loss, run_dir)
         row = {"step": step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)), "tokens_seen": tokens_seen}
         msg = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
         if peak and tps:
@@ -318,7 +317,7 @@ def train(cfg) -> dict[str, Any]:
         loss_sum = torch.zeros((), device=accelerator.device)
         accelerator.step = 0  # accelerate syncs at (its micro counter % accum == 0): count from this step
         for micro in range(accum):  # one optimizer step
-            x, y = (t.to(accelerator.device, non_blocking=True) for t in next(train_iter))  # (B, T) each
+            x, y = split_window(next(train_iter), accelerator.device)  # (B, T) each
             with accelerator.accumulate(model):
                 with plan.forward_context(training=True):
                     loss = model(x, shift_labels=y, is_first_microbatch=plan.is_first_microbatch(micro),

@@ -174,3 +174,48 @@ def test_small_shards_warn_by_their_loss_and_fail_naming_shard_size_tokens(tmp_p
     assert 0.2 < WindowLoader(out, "train", 256, 4, seed=0).windows.lost_fraction < 0.3  # 3 windows of 1024 tokens
     with pytest.raises(DataError, match="at most 1,024 tokens each, too few for one window of 1025: .*shard_size_tokens"):
         WindowLoader(out, "train", 1024, 1, seed=0)
+
+
+def test_packed_batches_are_the_same_tokens_in_the_shard_dtype(bundled):
+    from yxanul.data.loader import split_window
+
+    plain = take(WindowLoader(bundled, "train", 64, 4, seed=7), 3)
+    packed = take(WindowLoader(bundled, "train", 64, 4, seed=7, packed=True, num_workers=1), 3)
+    for (x, y), win in zip(plain, packed, strict=True):
+        assert win.shape == (4, 65) and win.dtype in (torch.uint16, torch.uint32)
+        px, py = split_window(win, torch.device("cpu"))
+        assert px.dtype == torch.long and torch.equal(px, x) and torch.equal(py, y)
+    ev = next(eval_batches(bundled, 64, 4, 1, packed=True))
+    assert torch.equal(split_window(ev, "cpu")[0], next(eval_batches(bundled, 64, 4, 1))[0])
+
+
+_HANG = """
+import sys
+from yxanul.data.loader import WindowLoader
+it = iter(WindowLoader(sys.argv[1], "train", 64, 4, seed=0, num_workers=2))
+next(it)
+print("WORKERS", flush=True)
+raise RuntimeError("boom mid-iteration")  # uncaught: the traceback keeps the iterator alive at exit
+"""
+
+
+def test_an_uncaught_error_with_workers_exits_instead_of_hanging(bundled):
+    """Workers ignore SIGTERM (preemption) and multiprocessing's exit handler joins them with no
+    timeout after a SIGTERM: the process hung until SIGKILL (issue 17). Now it exits in seconds."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", _HANG, str(bundled)], capture_output=True, text=True, timeout=90)
+    assert "WORKERS" in r.stdout and "boom mid-iteration" in r.stderr and r.returncode == 1
+    assert time.time() - t0 < 60
+
+
+def test_closing_the_iteration_stops_its_workers(bundled):
+    it = iter(WindowLoader(bundled, "train", 64, 4, seed=0, num_workers=2))
+    next(it)
+    workers = list(it.gi_frame.f_locals["it"]._workers)
+    assert workers and all(w.is_alive() for w in workers)
+    it.close()
+    assert not any(w.is_alive() for w in workers)

@@ -18,8 +18,13 @@ repeats tokens. With T == L this is exactly the plain window order.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import signal
+import sys
+import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -61,13 +66,14 @@ class _Windows:
             raise DataError(f"{name} split has {tokens:,} tokens; need at least seq_length+1 = {seq_length + 1}: "
                             "lower seq_length" + (" or raise val_fraction" if split == "val" else " or add data"))
 
-    def gather(self, idx: np.ndarray) -> np.ndarray:
-        """Windows ``idx`` (sub-window k of chunk c is ``c * r + k``) as a (len(idx), T + 1) array."""
+    def gather(self, idx: np.ndarray, dtype=np.int64) -> np.ndarray:
+        """Windows ``idx`` (sub-window k of chunk c is ``c * r + k``) as a (len(idx), T + 1) array of
+        ``dtype`` (None: the shards' own uint16/uint32)."""
         if self.shards is None:
             self.shards = [open_shard(f) for f in self.files]
         chunk, k = np.divmod(idx, self.r)
         shard = np.searchsorted(self.offsets, chunk, side="right") - 1
-        out = np.empty((len(idx), self.T + 1), dtype=np.int64)
+        out = np.empty((len(idx), self.T + 1), dtype=dtype or self.shards[0].dtype.newbyteorder("="))
         cols = np.arange(self.T + 1)
         for s in np.unique(shard):
             rows = np.nonzero(shard == s)[0]
@@ -79,8 +85,8 @@ class _Windows:
 class _BatchDataset(torch.utils.data.Dataset):
     """Item k = this rank's k-th batch after the loader's start state (pure function of k)."""
 
-    def __init__(self, windows: _Windows, seed, epoch0, pos0, B, rank, world):
-        self.w, self.seed, self.epoch0, self.pos0 = windows, seed, epoch0, pos0
+    def __init__(self, windows: _Windows, seed, epoch0, pos0, B, rank, world, packed=False):
+        self.w, self.seed, self.epoch0, self.pos0, self.packed = windows, seed, epoch0, pos0, packed
         self.B, self.rank, self.world = B, rank, world
         self.per_step = B * world
         self.steps_per_epoch = windows.n // self.per_step
@@ -113,26 +119,30 @@ class _BatchDataset(torch.utils.data.Dataset):
         epoch, pos = self.locate(k)
         start = pos + self.rank * self.B
         chunk_pos, k = np.divmod(np.arange(start, start + self.B), self.w.r)
-        win = torch.from_numpy(self.w.gather(self.perm(epoch)[chunk_pos].astype(np.int64) * self.w.r + k))
+        idx = self.perm(epoch)[chunk_pos].astype(np.int64) * self.w.r + k
+        if self.packed:
+            return torch.from_numpy(self.w.gather(idx, dtype=None))  # (B, T + 1) uint16/uint32
+        win = torch.from_numpy(self.w.gather(idx))
         return win[:, :-1], win[:, 1:]  # (B, T) inputs, (B, T) targets
 
 
 class WindowLoader:
     def __init__(self, data_dir, split: str, seq_length: int, micro_batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False,
-                 base_length: int | None = None):
+                 base_length: int | None = None, packed: bool = False):
         if seq_length < 1 or micro_batch_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"WindowLoader: need seq_length >= 1, micro_batch_size >= 1, 0 <= rank < world_size; "
                              f"got {seq_length}, {micro_batch_size}, {rank}, {world_size}")
         self.windows = _Windows(data_dir, split, seq_length, base_length)
         self.seq_length, self.B, self.seed = seq_length, micro_batch_size, seed
         self.rank, self.world, self.num_workers, self.pin_memory = rank, world_size, num_workers, pin_memory
+        self.packed = packed  # yield one (B, T + 1) token tensor (shard dtype) instead of int64 (x, y)
         self._start = (0, 0)
         self._yielded = 0
         self._ds = self._dataset()
 
     def _dataset(self) -> _BatchDataset:
-        return _BatchDataset(self.windows, self.seed, *self._start, self.B, self.rank, self.world)
+        return _BatchDataset(self.windows, self.seed, *self._start, self.B, self.rank, self.world, self.packed)
 
     @property
     def epoch(self) -> int:
@@ -164,18 +174,81 @@ class WindowLoader:
                                              pin_memory=self.pin_memory, persistent_workers=False,
                                              worker_init_fn=_leave_stop_signals_to_the_main_process,
                                              prefetch_factor=4 if self.num_workers else None)
-        for batch in loader:
-            self._yielded += 1
-            yield batch
+        it = iter(loader)
+        if self.num_workers:
+            _LIVE.add(it)
+        try:
+            for batch in it:
+                self._yielded += 1
+                yield batch
+        finally:  # the generator is closed (or collected): its workers go now, never at exit
+            _stop_workers(it)
+
+
+def split_window(win: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed (B, T + 1) uint16/uint32 batch -> int64 (x, y) on ``device``: ONE small host->device
+    copy per micro-step (2 bytes a token instead of 2 x 8), widened and sliced on the device."""
+    w = win.to(device, non_blocking=True).long()  # (B, T + 1)
+    return w[:, :-1], w[:, 1:]  # (B, T) inputs, (B, T) targets
 
 
 def _leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     """torchrun (``os.killpg``) and SLURM signal the whole process group: a worker killed by SIGTERM
     would crash the run before the main process saves its checkpoint (preemption.py). Workers
-    ignore SIGTERM/SIGUSR1; the main process finishes the step, saves and shuts them down."""
+    ignore SIGTERM/SIGUSR1; the main process finishes the step, saves and shuts them down.
+
+    Ignoring SIGTERM must never cost a hang: multiprocessing's exit handler stops workers with
+    SIGTERM and then joins them without a timeout. So the main process stops its workers itself
+    (`_stop_workers`: torch's shutdown, then SIGKILL after a bound) when an iteration ends, and at
+    exit before multiprocessing's handler runs (`_kill_live_workers`, registered after it: atexit
+    runs last-registered first); and a worker dies with its parent (PR_SET_PDEATHSIG on Linux; torch's
+    own watchdog is the fallback elsewhere)."""
     for name in ("SIGTERM", "SIGUSR1"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before prctl: go now
+        os._exit(0)
+
+
+_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # iterators of this process whose workers may be alive
+STOP_TIMEOUT_S = 3.0
+
+
+def _stop_workers(it) -> None:
+    """torch's own shutdown (done event, join with a timeout, SIGTERM: ignored by our workers), then
+    SIGKILL for any worker still alive after ``STOP_TIMEOUT_S``. Workers hold no state worth saving."""
+    _LIVE.discard(it)
+    workers = list(getattr(it, "_workers", []))
+    if not workers:
+        return
+    try:
+        it._shutdown_workers()  # private torch API; what `del it` would do, but now
+    except Exception:  # noqa: BLE001 - a broken queue must not stop the kill below
+        pass
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+        if w.is_alive():
+            w.kill()
+            w.join(timeout=1.0)
+
+
+@atexit.register
+def _kill_live_workers() -> None:
+    for it in list(_LIVE):
+        _stop_workers(it)
 
 
 class _Count(torch.utils.data.Sampler):
@@ -190,13 +263,15 @@ class _Count(torch.utils.data.Sampler):
 
 
 def eval_batches(data_dir, seq_length: int, micro_batch_size: int, max_batches: int, rank: int = 0,
-                 world_size: int = 1):
-    """Fixed validation batches (in order, no shuffling): rank r takes batches r, r+W, ..."""
+                 world_size: int = 1, packed: bool = False):
+    """Fixed validation batches (in order, no shuffling): rank r takes batches r, r+W, ...
+    ``packed``: one (B, T + 1) tensor of the shards' dtype per batch (`split_window`), else int64 (x, y)."""
     w = _Windows(data_dir, "val", seq_length)
     n_batches = min(max_batches * world_size, w.n // micro_batch_size)
     if n_batches < world_size:
         raise DataError(f"validation split has {w.n} windows of {seq_length + 1} tokens; evaluation needs "
                         f"micro_batch_size x world_size = {micro_batch_size * world_size}: raise val_fraction")
     for b in range(rank, n_batches - n_batches % world_size, world_size):
-        win = torch.from_numpy(w.gather(np.arange(b * micro_batch_size, (b + 1) * micro_batch_size)))
-        yield win[:, :-1], win[:, 1:]
+        win = torch.from_numpy(w.gather(np.arange(b * micro_batch_size, (b + 1) * micro_batch_size),
+                                        dtype=None if packed else np.int64))
+        yield win if packed else (win[:, :-1], win[:, 1:])

@@ -17,7 +17,11 @@ def _int(value, default: int | None) -> int | None:
         return default
 
 
-def _deepspeed_problems(env, add) -> list[Problem]:
+def _deepspeed_problems(env, add, cuda_available) -> list[Problem]:
+    if cuda_available is False:
+        add("ACCELERATE_USE_DEEPSPEED", ERROR, "DeepSpeed was launched but this machine has no CUDA GPU "
+            "(every rank would fail in DeepSpeed's accelerator check)",
+            "on CPU launch with accelerate_configs/cpu.yaml, or run on a GPU machine")
     fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
     path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if not path or path == "none":
@@ -32,10 +36,12 @@ def _deepspeed_problems(env, add) -> list[Problem]:
     return lint_file(path, world_size=_int(env.get("WORLD_SIZE"), 0) or None)
 
 
-def check_launch_environment(env=None, *, use_fp8: bool | None = None,
-                             cuda_available: bool | None = None) -> list[Problem]:
+def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_available: bool | None = None,
+                             forces_cpu: bool = True) -> list[Problem]:
     """``use_fp8``: the yxanul config's decision (None: not compared). ``cuda_available``: pass
-    ``torch.cuda.is_available()`` (None: not checked). Errors mean: refuse to start."""
+    ``torch.cuda.is_available()`` (None: not checked). ``forces_cpu``: the caller builds its state with
+    ``cpu=True`` on a machine without CUDA (yxanul's trainer does, except under DeepSpeed), so torchrun'd
+    ranks really are "rank r of W"; only other callers get the 'rank 0 of 1' warning. Errors mean: refuse."""
     env = os.environ if env is None else env
     P, add = collector("environment")
     for key in sorted(k for k in env if k.startswith("ACCELERATE_FP8_")):
@@ -54,9 +60,10 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None,
         if found:
             add("ACCELERATE_MIXED_PRECISION", WARNING, *found)
     if deepspeed:
-        P.extend(_deepspeed_problems(env, add))
+        P.extend(_deepspeed_problems(env, add, cuda_available))
     world = _int(env.get("WORLD_SIZE", "1"), 1)
-    if cuda_available is False and world > 1 and "LOCAL_RANK" in env and not truthy(env.get("ACCELERATE_USE_CPU")):
+    if cuda_available is False and world > 1 and "LOCAL_RANK" in env and not truthy(env.get("ACCELERATE_USE_CPU")) \
+            and (deepspeed or not forces_cpu):
         add("ACCELERATE_USE_CPU", WARNING, f"{world} processes, no CUDA and ACCELERATE_USE_CPU "
             "unset: accelerate makes each process 'rank 0 of 1' unless Accelerator(cpu=True)",
             "launch with ACCELERATE_USE_CPU=1 (accelerate_configs/cpu.yaml)")

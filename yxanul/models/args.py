@@ -68,6 +68,9 @@ def load_weights(model, path: str) -> None:
     tied LM head that a save dropped as a duplicate). Mismatches raise a one-line UserError."""
     from safetensors.torch import load_file
 
+    from ..checkpoint import verified_weights_dir
+
+    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest (issue 17)
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files:
         raise UserError(f"init_from '{path}': no model*.safetensors in that folder")

@@ -1,0 +1,59 @@
+"""Launch-level checks (issue 17 item 6) and the trainer guards' one-line stops, on their real functions."""
+
+import math
+
+import pytest
+
+from yxanul.errors import TrainingDiverged
+from yxanul.guards import CollapseGuard, check_val_loss
+from yxanul.launch import check_wandb_key
+from yxanul.lint import check_launch_environment
+
+TORCHRUN_CPU = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "RANK": "0"}  # accelerate_configs/cpu.yaml without ..._USE_CPU
+
+
+def _keys(problems, severity):
+    return {p.key for p in problems if p.severity == severity}
+
+
+def test_no_false_rank_0_of_1_warning_when_yxanul_forces_cpu():
+    """yxanul's trainer builds its state with cpu=True: 2 torchrun'd ranks really are 2 (it warned they were not)."""
+    assert check_launch_environment(TORCHRUN_CPU, cuda_available=False) == []
+    other = check_launch_environment(TORCHRUN_CPU, cuda_available=False, forces_cpu=False)  # e.g. a plain script
+    assert _keys(other, "warning") == {"ACCELERATE_USE_CPU"}
+    assert check_launch_environment({**TORCHRUN_CPU, "ACCELERATE_USE_CPU": "1"}, cuda_available=False,
+                                    forces_cpu=False) == []
+
+
+def test_deepspeed_without_gpus_is_an_error_with_gpus_not():
+    env = {"ACCELERATE_USE_DEEPSPEED": "true"}
+    assert "ACCELERATE_USE_DEEPSPEED" in _keys(check_launch_environment(env, cuda_available=False), "error")
+    assert check_launch_environment(env, cuda_available=True) == []
+
+
+def test_wandb_key_format_is_checked_at_start_offline():
+    assert "40+ characters" in check_wandb_key(True, {"WANDB_API_KEY": "abc"})
+    assert "whitespace" in check_wandb_key(True, {"WANDB_API_KEY": "a" * 40 + "\n"})
+    assert check_wandb_key(True, {"WANDB_API_KEY": "a" * 40}) is None
+    assert check_wandb_key(True, {"WANDB_API_KEY": "abc", "WANDB_MODE": "offline"}) is None
+    assert check_wandb_key(False, {"WANDB_API_KEY": "abc"}) is None
+
+
+def test_collapse_guard_counts_zero_norms_and_refuses_a_save():
+    g = CollapseGuard(patience=3)
+    for step, norm in enumerate([0.5, 0.0, 0.0, 1.0, 0.0, 0.0]):
+        g.observe(step, norm)  # never 3 zeros in a row
+    with pytest.raises(TrainingDiverged, match="gradient norm 0 at 3 logged steps in a row: the model has collapsed"):
+        g.observe(6, 0.0)
+    with pytest.raises(TrainingDiverged, match="gradient norm inf"):
+        CollapseGuard().observe(1, math.inf)
+    with pytest.raises(TrainingDiverged, match="at a checkpoint step"):
+        CollapseGuard().before_save(4, 0.0)
+    CollapseGuard().before_save(4, 0.1)
+    CollapseGuard().before_save(4, None)  # no optimizer step yet
+
+
+def test_non_finite_val_loss_stops_before_sampling():
+    check_val_loss(3, 4.2)
+    with pytest.raises(TrainingDiverged, match="validation loss nan"):
+        check_val_loss(3, float("nan"), "runs/x")

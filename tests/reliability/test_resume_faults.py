@@ -1,0 +1,65 @@
+"""Damaged checkpoints through `yxanul train --resume`: fall back with one line and resume exactly,
+or stop with one line (exit 2); pickles that would run code are refused (issue 17 items 2, 3)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from yxanul.manifest import MANIFEST, write_manifest
+
+from _reliability import FAST, losses, ok, one_line, yx
+
+
+def _flip(p):
+    b = bytearray(p.read_bytes())
+    b[len(b) // 2] ^= 0x01
+    p.write_bytes(bytes(b))
+
+
+def test_damaged_latest_falls_back_and_resumes_exactly(run_copy, base_run):
+    """A flipped bit in the weights resumed silently before. Every other damage case: test_checkpoint.py."""
+    _flip(run_copy / "checkpoints" / "step_8" / "model.safetensors")
+    (run_copy / "checkpoints" / "step_6" / MANIFEST).unlink()  # and an old checkpoint without a manifest
+    r = ok(yx("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10",
+              "--output_dir", str(run_copy), "--resume", "latest"))
+    warn = [line for line in r.stdout.splitlines() if "is damaged" in line]
+    assert len(warn) == 1 and "step_8" in warn[0] and "resuming from step_6" in warn[0], r.stdout[-2000:]
+    assert sum("no manifest.json" in line for line in r.stdout.splitlines()) == 1
+    assert "resumed from" in r.stdout and "step_6 at step 6" in r.stdout
+    assert [losses(run_copy)[s] for s in (7, 8)] == [losses(base_run)[s] for s in (7, 8)]  # bit-identical
+
+
+def test_explicitly_named_or_all_damaged_is_one_line_exit_2(run_copy):
+    step8 = run_copy / "checkpoints" / "step_8"
+    (step8 / "model.safetensors").unlink()
+    r = yx("train", *FAST, "--max_steps", "10", "--output_dir", str(run_copy), "--resume", str(step8))
+    one_line(r, 2, "damaged checkpoint (model.safetensors missing)")
+    (run_copy / "checkpoints" / "latest").write_bytes(b"\x00\x81\xfe\xff")
+    for d in (run_copy / "checkpoints").glob("step_[2-6]"):
+        (d / "trainer_state.json").write_text("not json")
+    listing = ok(yx("checkpoints", str(run_copy))).stdout
+    assert listing.count("DAMAGED") == 4 and "warning: 'latest' pointer is not text" in listing, listing
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin"])
+def test_pickle_payload_is_refused_even_with_a_matching_manifest(run_copy, tmp_path, name):
+    """Through the CLI; every file resume unpickles, in process: test_checkpoint.py. An attacker who
+    also rewrites the manifest still runs no code."""
+    ckpt = run_copy / "checkpoints" / "step_8"
+    marker = tmp_path / "pwned"
+    torch.save({"state": _Payload(marker), "param_groups": []}, ckpt / name)
+    write_manifest(ckpt, lambda p, text: p.write_text(text))
+    r = yx("train", *FAST, "--max_steps", "9", "--output_dir", str(run_copy), "--resume", str(ckpt))
+    one_line(r, 2, "holds a pickle that would run code; refused")
+    assert not marker.exists()
+    assert json.loads((ckpt / MANIFEST).read_text())["files"][name]["size"] == (ckpt / name).stat().st_size

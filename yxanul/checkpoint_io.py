@@ -1,0 +1,114 @@
+"""Loading and saving model weights inside accelerate's save_state/load_state: the pre-hooks that
+keep TE's fused q/k/v views intact, and `load_for_resume` with its one-line shape-mismatch error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UserError
+
+
+def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
+    """`accelerator.load_state`, with one line naming the model settings that differ from the
+    checkpoint's ``config.yaml`` when its weights do not fit this model."""
+    import pickle
+
+    handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
+    try:
+        _check_random_states(ckpt)
+        accelerator.load_state(str(ckpt))
+    except pickle.UnpicklingError as e:  # torch.load(weights_only=True) met a pickle that would run code
+        if "global" not in str(e).lower():  # not an import of code: a damaged file
+            raise UserError(f"resume '{ckpt}': a state file is not a readable torch file ({str(e)[:80]})") from None
+        what = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
+        raise UserError(f"resume '{ckpt}': a file holds a pickle that would run code; refused, nothing was "
+                        f"executed ({what[:160]})") from None
+    except RuntimeError as e:
+        if "state_dict" not in str(e):
+            raise
+        import dataclasses
+
+        import yaml
+
+        path = Path(ckpt) / "config.yaml"
+        theirs = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        ours = cfg.to_flat_dict()
+        diff = [f"{f.name}: {theirs[f.name]!r} -> {ours.get(f.name)!r}" for f in dataclasses.fields(cfg.model)
+                if f.name in theirs and theirs[f.name] != ours.get(f.name)]
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        first = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]  # torch's header line
+        first = first if len(first) <= 300 else first[:297] + "..."
+        raise UserError(f"resume '{ckpt}': its weights do not fit this model ("
+                        + ("; ".join(diff) if diff else first) + ")") from None
+    finally:
+        handle.remove()
+
+
+def _own_storage_for_views(models: list, weights: list, output_dir: str) -> None:
+    """accelerate's save-state pre-hook: give every tensor that is a *part* of a larger storage a
+    storage of its own, in the state dicts about to be written.
+
+    Before safetensors, accelerate drops every tensor that shares a storage with an earlier one
+    (``clean_state_dict_for_safetensors``), meant for tied weights. TE's ``query_weight``,
+    ``key_weight`` and ``value_weight`` are views of one fused buffer, so ``key_weight`` and
+    ``value_weight`` were silently left out of every TE checkpoint. A tied head is the same whole
+    tensor as the embedding: it is left shared and dropped as intended (the load restores it)."""
+    import torch
+
+    for state in weights:
+        for name, t in state.items():
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.numel() and (
+                    t.data_ptr() != t.untyped_storage().data_ptr()
+                    or t.numel() * t.element_size() != t.untyped_storage().nbytes()):
+                state[name] = t.clone()
+
+
+def _load_models_with_views(models: list, input_dir: str) -> None:
+    """accelerate's load-state pre-hook: load each ``model[_i].safetensors`` ourselves and take the
+    models off accelerate's list (the hook's documented use).
+
+    accelerate loads with ``safetensors.torch.load_model``, which refuses any parameter that is a view
+    into a larger storage ("None is covering the entire storage"). TE's ``LayerNormLinear`` with
+    ``parameters_split`` registers ``query_weight``/``key_weight``/``value_weight`` as views of ONE
+    fused buffer, so every TE checkpoint failed to resume that way (seen on an H100, 2026-11-25).
+    ``load_state_dict`` copies into the views in place. Missing keys are forgiven only where the
+    model's own state dict aliases them to a loaded tensor (a tied head that the save dropped) or
+    they are TE ``_extra_state`` (the model's load hooks); anything else raises, as strict loading did.
+    """
+    from safetensors.torch import load_file
+
+    paths = [Path(input_dir) / f"model{'_' + str(i) if i else ''}.safetensors" for i in range(len(models))]
+    if not all(p.is_file() for p in paths):
+        return  # accelerate's own fallback (pytorch_model.bin) for all of them: the file names
+        #       # follow the list positions, so take none off
+    for model, path in zip(models, paths):
+        device = next((t.device for t in model.parameters() if t.device.type != "meta"), "cpu")
+        state = load_file(str(path), device=str(device))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        own = model.state_dict()
+        loaded_ptrs = {own[k].data_ptr() for k in state if k in own}
+        missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+        if missing or unexpected:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: "
+                               f"missing keys {missing[:5]}, unexpected keys {list(unexpected)[:5]}")
+    models.clear()
+
+
+def _check_random_states(ckpt) -> None:
+    """accelerate's load_state swallows ANY error loading ``random_states_*.pkl`` (a garbage or
+    refused file resumed silently with fresh RNG, so not exactly). Load them first, with torch's
+    weights-only unpickler (a pickle that would run code raises UnpicklingError, caught above), through
+    accelerate's own ``load`` so that the same allow-list (numpy RNG state) applies as in load_state."""
+    import pickle
+
+    from accelerate.utils import load
+
+    for f in sorted(Path(ckpt).glob("random_states_*.pkl")):
+        try:
+            load(f, map_location="cpu")
+        except pickle.UnpicklingError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any unreadable file is one line
+            raise UserError(f"resume '{ckpt}': {f.name} is unreadable ({type(e).__name__}); the run cannot resume "
+                            "exactly from it") from None
+

@@ -1,0 +1,57 @@
+"""`yxanul checkpoints RUN_DIR`: the checkpoints of a run and whether each verifies."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import _pointer, _pointer_name, checkpoints_dir, list_checkpoints
+from .errors import UserError
+from .manifest import has_manifest, read_manifest, verify_checkpoint
+
+
+def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
+    """The checkpoints of a run, one per row, with whether each verifies (``verify=False``: sizes only)."""
+    ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        return f"no checkpoints under {checkpoints_dir(run_dir)}"
+    latest, best = _pointer(run_dir, "latest"), _pointer(run_dir, "best")
+    rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "verified", "path")]
+    for c in ckpts:
+        tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
+        val = c.get("val_loss")
+        problems = verify_checkpoint(c["path"], state_only=not verify)
+        m = read_manifest(c["path"])
+        ok = ("ok" + (f" ({m['hash_seconds']:.2f}s sha256)" if m and "hash_seconds" in m else "")
+              if has_manifest(c["path"]) else "ok (no manifest: basic checks)")
+        rows.append((str(c["step"]), f"{c.get('tokens_seen', 0):,}",
+                     f"{val:.4f}" if isinstance(val, (int, float)) else "-",
+                     str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
+                     tags, "DAMAGED: " + "; ".join(problems) if problems else ok, c["path"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    for name in ("latest", "best"):
+        problem = _pointer_name(run_dir, name)[1]
+        if problem:
+            lines.append(f"warning: {problem}")
+    return "\n".join(lines)
+
+
+@dataclass
+class CheckpointsCommand:
+    """`yxanul checkpoints RUN_DIR`: the checkpoints of a run and whether each verifies."""
+
+    run_dir: str = field(metadata={"help": "the run's --output_dir", "positional": True})
+    quick: bool = field(default=False, metadata={"help": "check sizes against the manifest, not the sha256"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
+    from .flags import parse_command
+
+    args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
+    if not Path(args.run_dir).is_dir():
+        raise UserError(f"run directory '{args.run_dir}': no such directory")
+    print(format_table(args.run_dir, verify=not args.quick))
+    return 0

@@ -1,0 +1,46 @@
+"""Launch-level checks, run by `yxanul train` (and `accelerate launch train.py`) before anything is
+built: what `accelerate launch` exported, whether the machine can run that launch at all, and a W&B
+key that would only fail after the first step.
+
+- ``check_launch_environment`` (:mod:`yxanul.lint.launch`, with the linter's own rules): the ACCELERATE_*
+  variables and the DeepSpeed file in use. Errors mean: refuse.
+- ``check_wandb_key(use_wandb, env=os.environ)`` -> a problem string or None (format check, offline).
+- ``preflight(cfg, say)``: both, raising a one-line UserError on an error, printing warnings.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import UserError
+from .lint import ERROR, check_launch_environment
+
+
+def check_wandb_key(use_wandb: bool, env=None) -> str | None:
+    """A W&B API key in the environment that W&B would refuse, checked with W&B's own format check
+    (no network): before training, not after the first step. None: fine, offline, or no key."""
+    env = os.environ if env is None else env
+    key = env.get("WANDB_API_KEY")
+    if not use_wandb or key is None or env.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return None
+    try:
+        from wandb.sdk.lib.wbauth.validation import check_api_key
+    except ImportError:  # another wandb version: its own login reports it
+        return None
+    problem = check_api_key(key.strip()) if key.strip() == key else "API key starts or ends with whitespace."
+    return f"WANDB_API_KEY: {problem.rstrip('.')} (set a valid key, or WANDB_MODE=offline)" if problem else None
+
+
+def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> None:
+    """Launch checks before anything is built: errors raise a one-line UserError, warnings are said."""
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    problem = check_wandb_key(cfg.tracking.use_wandb, env)
+    if problem:
+        raise UserError(problem)
+    for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
+        if p.severity == ERROR:
+            raise UserError(p.line())
+        say(f"warning: {p.line()}")
