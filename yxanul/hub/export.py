@@ -134,14 +134,36 @@ def save_generation_config(config, out: Path) -> None:
                      ).save_pretrained(str(out))
 
 
+RUN_FILES = ("config.yaml", "metrics.jsonl", "precision_report.json")
+
+
+def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | None) -> None:
+    """Next to the weights: the checkpoint's trainer_state.json, the run's config.yaml, metrics.jsonl and
+    precision report, the loss-curve PNG and the model card (README.md)."""
+    from ..checkpoint import STATE_FILE, read_state
+    from .card import LOSS_PNG, build_card, plot_loss, read_metrics
+
+    run_dir = ckpt.parent.parent
+    shutil.copy2(ckpt / STATE_FILE, out / STATE_FILE)
+    for name in RUN_FILES:
+        src = ckpt / name if (ckpt / name).is_file() else run_dir / name
+        if src.is_file():
+            shutil.copy2(src, out / name)
+    has_plot = plot_loss(read_metrics(run_dir), out / LOSS_PNG) is not None
+    (out / "README.md").write_text(build_card(config, run_dir, read_state(ckpt), license, repo_id, has_plot))
+
+
 def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str = "bf16",
-           max_shard_size: str = "5GB", overwrite: bool = False) -> Path:
-    """Export the model behind ``source`` (run dir, checkpoint or yxanul export) into ``out``."""
+           max_shard_size: str = "5GB", overwrite: bool = False, license: str = "other",
+           repo_id: str | None = None) -> Path:
+    """Export the model behind ``source`` (run dir, checkpoint or yxanul export) into ``out``; from a run
+    or checkpoint, with its training files and a model card (``license``/``repo_id`` go into the card)."""
     if fmt not in ("llama", "yxanul"):
         raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
+    ckpt = None
     if is_export(source):
         from .loading import load_model
 
@@ -163,6 +185,8 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     save_generation_config(model.config, out)
     if tok is not None:
         tok.save_pretrained(str(out))
+    if ckpt is not None:
+        write_run_files(out, ckpt, model.config, license, repo_id)
     return out
 
 
