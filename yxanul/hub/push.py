@@ -136,8 +136,8 @@ class HubPushCallback:
                 continue
             self.pushed.append(url)
             self.say(f"pushed {staged.name} to {self.hub.hub_model_id}: {message}")
-            for old in self.failed + [p for p in self.staging.iterdir() if p != staged]:
-                shutil.rmtree(old, ignore_errors=True)  # superseded by this full upload
+            for old in self.failed:  # older staged folders that failed: superseded by this full upload
+                shutil.rmtree(old, ignore_errors=True)
             self.failed = []
             shutil.rmtree(staged, ignore_errors=True)
             return
