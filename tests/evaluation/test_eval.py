@@ -24,9 +24,10 @@ ITEMS = [{"ctx": "JULIET:\nO Romeo, Romeo, wherefore art thou",
 
 
 def reference_logprob(model, tok, ctx, ending):
-    """Independent: one unpadded sequence per ending, token by token."""
-    sep = "" if ctx[-1].isspace() else " "
-    c, e = tok(ctx).input_ids, tok(sep + ending).input_ids
+    """Independent: one unpadded sequence per ending, token by token (lm-eval's split of the pair)."""
+    from yxanul.evaluation.tasks import encode_pair
+
+    c, e = encode_pair(tok, ctx, ending)
     with torch.no_grad():
         logp = F.log_softmax(model(torch.tensor([c + e])).logits[0].float(), -1)
     return sum(logp[len(c) + i - 1, t].item() for i, t in enumerate(e))
@@ -42,7 +43,7 @@ def test_scores_match_a_plain_computation_and_the_definitions(tok_run, prepared)
     # label = the model's own choice under each rule -> accuracy 1; the other way round -> 0
     lp = [ending_logprobs(model, tok, it["ctx"], it["endings"], "cpu", 64) for it in ITEMS]
     best = [max(range(len(v)), key=v.__getitem__) for v in lp]
-    norm = [[s / len(e.encode()) for s, e in zip(v, it["endings"])] for v, it in zip(lp, ITEMS)]
+    norm = [[s / len(e) for s, e in zip(v, it["endings"])] for v, it in zip(lp, ITEMS)]
     best_norm = [max(range(len(v)), key=v.__getitem__) for v in norm]
     r = score_task(model, tok, [dict(it, label=b) for it, b in zip(ITEMS, best)], "cpu")
     assert r["acc"] == 1.0 and r["n"] == 2

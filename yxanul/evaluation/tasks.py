@@ -3,13 +3,13 @@
 An item is ``{"ctx": str, "endings": [str, ...], "label": int}`` (HellaSwag's own jsonl, llm.c's
 ``hellaswag_val.jsonl`` and HF's ``Rowan/hellaswag`` rows all have these fields; ``label`` may be a
 string digit). For every ending the model scores ``log p(ending | ctx)`` summed over the ending's tokens:
-``acc`` picks the largest sum, ``acc_norm`` the largest sum divided by the ending's length in bytes
-(lm-eval's ``acc_norm``, its HellaSwag headline number). The continuation is ``" " + ending`` as in
-lm-eval unless ``ctx`` already ends in whitespace (the bundled cloze task ends contexts with a newline).
+``acc`` picks the largest sum, ``acc_norm`` the largest sum divided by the ending's length in characters
+(lm-eval's ``acc_norm``, its HellaSwag headline number; llm.c's per-token mean ranks nearly the same). Tokenization follows lm-eval exactly
+(:func:`encode_pair`), so a model's scores here and under lm-eval-harness agree (tests/evaluation).
 
 Why not the ``evaluate`` library: ``evaluate.load("accuracy")`` downloads the metric's script from the
-Hub at first use (it fails offline and in CI here), and it is not a dependency of yxanul; an accuracy is
-one comparison per item, so it is computed here.
+Hub at first use (it fails offline and in CI here; it comes only with the ``eval`` extra, as a dependency
+of lm-eval); an accuracy is one comparison per item, so it is computed here.
 """
 
 from __future__ import annotations
@@ -62,15 +62,27 @@ def _item(path: Path, i: int, line: str) -> dict:
     return {"ctx": ctx, "endings": endings, "label": label}
 
 
+def encode_pair(tokenizer, ctx: str, ending: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) exactly as lm-eval's ``_encode_pair``: the continuation is
+    ``" " + ending`` (its HellaSwag target delimiter) unless ``ctx`` ends in whitespace, whose trailing
+    whitespace then moves into the continuation; the pair is tokenized whole and split after the context."""
+    cont = ending if not ctx or ctx[-1].isspace() else " " + ending
+    stripped = ctx.rstrip()
+    cont, ctx = ctx[len(stripped):] + cont, stripped
+    ctx_ids = tokenizer(ctx, add_special_tokens=False).input_ids
+    whole = tokenizer(ctx + cont, add_special_tokens=False).input_ids
+    if not ctx_ids:  # nothing to condition on: start from end-of-text, as lm-eval does
+        return [tokenizer.eos_token_id], whole
+    return ctx_ids, whole[len(ctx_ids):]
+
+
 @torch.no_grad()
 def ending_logprobs(model, tokenizer, ctx: str, endings: list[str], device, max_len: int) -> list[float]:
     """Sum of log p(ending tokens | ctx) for each ending: one forward pass over all endings (right padded;
     padding sits after every scored position, so causal attention never sees it)."""
-    sep = "" if not ctx or ctx[-1].isspace() else " "
-    ctx_ids = tokenizer(ctx, add_special_tokens=False).input_ids or [tokenizer.eos_token_id]
     rows, spans = [], []
     for e in endings:
-        end_ids = tokenizer(sep + e, add_special_tokens=False).input_ids
+        ctx_ids, end_ids = encode_pair(tokenizer, ctx, e)
         ids = (ctx_ids + end_ids)[-max_len:]                     # keep the ending; crop the context's start
         rows.append(ids)
         spans.append((len(ids) - len(end_ids), len(ids)))
@@ -91,7 +103,7 @@ def score_task(model, tokenizer, items: list[dict], device) -> dict[str, float]:
     correct = correct_norm = 0
     for it in items:
         lp = ending_logprobs(model, tokenizer, it["ctx"], it["endings"], device, max_len)
-        norm = [v / max(1, len(e.encode("utf-8"))) for v, e in zip(lp, it["endings"])]
+        norm = [v / max(1, len(e)) for v, e in zip(lp, it["endings"])]  # lm-eval: len(choice) in characters
         correct += int(max(range(len(lp)), key=lp.__getitem__) == it["label"])
         correct_norm += int(max(range(len(norm)), key=norm.__getitem__) == it["label"])
     n = len(items)
