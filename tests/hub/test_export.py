@@ -121,6 +121,16 @@ def test_export_round_trips_into_yxanul_and_yxanul_format_loads(tmp_path):
     ids = torch.tensor(IDS)
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+    cfg = json.loads((yx / "config.json").read_text())
+    (yx / "config.json").write_text(json.dumps(dict(cfg, backend="te")))  # as saved from a TE model
+    script = ("import torch, sys; from yxanul.hub.loading import load_model; m, _ = load_model(sys.argv[1]); "
+              "print(m.config.backend, m(torch.tensor([[5, 17, 300]])).logits.sum().item())")
+    r = subprocess.run([sys.executable, "-c", script, str(yx)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]  # a fresh process: the yxanul type registers itself, TE -> torch
+    backend, total = r.stdout.split()[-2:]
+    with torch.no_grad():
+        want = model(torch.tensor([[5, 17, 300]])).logits.sum().item()
+    assert backend == "torch" and float(total) == pytest.approx(want, abs=1e-3)
     again = export(yx, tmp_path / "from-export", dtype="bf16")  # an export is a valid source too
     sd = load_file(str(again / "model.safetensors"))
     assert sd["model.norm.weight"].dtype == torch.bfloat16

@@ -3,8 +3,8 @@
 An item is ``{"ctx": str, "endings": [str, ...], "label": int}`` (HellaSwag's own jsonl, llm.c's
 ``hellaswag_val.jsonl`` and HF's ``Rowan/hellaswag`` rows all have these fields; ``label`` may be a
 string digit). For every ending the model scores ``log p(ending | ctx)`` summed over the ending's tokens:
-``acc`` picks the largest sum, ``acc_norm`` the largest sum divided by the ending's length in characters
-(lm-eval's ``acc_norm``, its HellaSwag headline number; llm.c's per-token mean ranks nearly the same). Tokenization follows lm-eval exactly
+``acc`` picks the largest sum, ``acc_norm`` the largest sum divided by the ending's length in
+characters (lm-eval's ``acc_norm``, its HellaSwag headline number). Tokenization follows lm-eval exactly
 (:func:`encode_pair`), so a model's scores here and under lm-eval-harness agree (tests/evaluation).
 
 Why not the ``evaluate`` library: ``evaluate.load("accuracy")`` downloads the metric's script from the

@@ -151,12 +151,15 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     """(model, tokenizer or None) for any MODEL argument; the model in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .. import models  # noqa: F401  (registers the yxanul architecture with the Auto classes)
+    from ..models import modeling_yxanul  # noqa: F401  (registers the yxanul architecture with the Auto classes)
 
     p = Path(path)
     if is_export(p):
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32)
+        import json
+
+        kw = {"backend": "torch"} if json.loads((p / "config.json").read_text()).get("model_type") == "yxanul" else {}
+        try:  # a yxanul export saved with backend te loads into the torch twin (same names, any device)
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, **kw)
         except (OSError, ValueError) as e:
             raise UserError(f"MODEL '{path}': not loadable by transformers ({str(e).splitlines()[0]})") from None
         tok = AutoTokenizer.from_pretrained(str(p)) if any(p.glob("tokenizer*.json")) else None
