@@ -168,3 +168,27 @@ def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
     ref = load_checkpoint_model(ckpt).state_dict()
     assert torch.equal(sd["model.layers.0.mlp.down_proj.weight"], ref["model.layers.0.layernorm_mlp.fc2_weight"])
     assert sd["model.embed_tokens.weight"].std() > 0
+
+
+@pytest.mark.slow
+def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
+    """`yxanul train` (a few steps, bundled data) -> `yxanul export` finds the run's tokenizer through its
+    config.yaml; plain transformers generates from the folder; the card has the run's numbers."""
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--checkpoint_freq", "3", "--eval_freq", "3",
+                "--eval_steps", "1", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
+                "--seq_length", "32", "--micro_batch_size", "2", "--max_documents", "60", "--val_fraction", "0.1",
+                "--output_dir", str(run)]) == 0
+    out = export(run, tmp_path / "llama")
+    names = {p.name for p in out.iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "metrics.jsonl"} <= names
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok, m = AutoTokenizer.from_pretrained(str(out)), AutoModelForCausalLM.from_pretrained(str(out))
+    assert m.config.vocab_size == 8192 and m.dtype == torch.bfloat16
+    ids = tok("ROMEO:", return_tensors="pt").input_ids
+    assert m.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+    card = (out / "README.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"final validation loss: {summary['val_loss']:.4f}" in card and "tokens seen: 192 in 3" in card

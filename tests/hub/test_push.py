@@ -1,6 +1,8 @@
 """`yxanul push` and HubPushCallback against a stand-in HfApi that records what the real client would send
 (the Hub is unreachable here). The token (HF_TOKEN) never shows up in output or any written file."""
 
+import inspect
+import logging
 import threading
 import time
 from pathlib import Path
@@ -15,9 +17,17 @@ from yxanul.hub.push import HubPushCallback, main as push_main
 SECRET = "hf_SeCrEtToKeN1234567890abcdef"
 
 
+def real_signature_accepts(method: str, **kwargs) -> None:
+    """The real HfApi method takes exactly these keywords (guards the stand-in against API drift)."""
+    from huggingface_hub import HfApi
+
+    inspect.signature(getattr(HfApi, method)).bind(None, **kwargs)
+
+
 class RecordingHfApi:
-    """Stand-in for huggingface_hub.HfApi: same method names and keywords; records calls and the folder's
-    files at upload time. ``fail`` uploads raise first (a flaky network); ``delay`` makes uploads slow."""
+    """Stand-in for huggingface_hub.HfApi: same method names and keywords (checked against the real
+    signatures); records calls and the folder's files at upload time. ``fail`` uploads raise first (a flaky
+    network); ``delay`` makes uploads slow."""
 
     def __init__(self, fail: int = 0, delay: float = 0.0):
         self.calls, self.fail, self.delay = [], fail, delay
@@ -26,15 +36,21 @@ class RecordingHfApi:
 
     def create_repo(self, repo_id, *, repo_type=None, private=False, exist_ok=False, **kw):
         assert "token" not in kw
+        real_signature_accepts("create_repo", repo_id=repo_id, repo_type=repo_type, private=private,
+                               exist_ok=exist_ok, **kw)
         self.calls.append(("create_repo", dict(repo_id=repo_id, private=private, exist_ok=exist_ok)))
         return f"https://huggingface.co/{repo_id}"
 
     def create_branch(self, repo_id, *, branch, repo_type=None, exist_ok=False, **kw):
         assert "token" not in kw
+        real_signature_accepts("create_branch", repo_id=repo_id, branch=branch, repo_type=repo_type,
+                               exist_ok=exist_ok, **kw)
         self.calls.append(("create_branch", dict(repo_id=repo_id, branch=branch)))
 
     def upload_folder(self, *, repo_id, folder_path, commit_message, revision=None, repo_type=None, **kw):
         assert "token" not in kw
+        real_signature_accepts("upload_folder", repo_id=repo_id, folder_path=folder_path, revision=revision,
+                               commit_message=commit_message, repo_type=repo_type, **kw)
         with self.lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
@@ -75,7 +91,8 @@ def no_secret_anywhere(root: Path, *texts: str) -> None:
             assert SECRET.encode() not in p.read_bytes(), p
 
 
-def test_push_run_uploads_llama_export_with_card(run, capsys):
+def test_push_run_uploads_llama_export_with_card(run, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
     api = RecordingHfApi()
     assert push_main([str(run), "--hub_model_id", "me/tiny-shakespeare", "--private", "--revision", "exp1"],
                      api=api) == 0
@@ -95,7 +112,8 @@ def test_push_run_uploads_llama_export_with_card(run, capsys):
     assert "final validation loss: 5.0000" in card and "![loss curve](loss_curve.png)" in card
     assert up["files"]["loss_curve.png"][:4] == b"\x89PNG"
     out = capsys.readouterr()
-    no_secret_anywhere(run, out.out, out.err, *(c.decode(errors="ignore") for c in up["files"].values()))
+    no_secret_anywhere(run, out.out, out.err, caplog.text,
+                       *(c.decode(errors="ignore") for c in up["files"].values()))
 
 
 def test_push_errors_are_one_line(run, capsys, tmp_path):
