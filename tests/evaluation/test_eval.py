@@ -71,11 +71,11 @@ def test_eval_cli_on_a_run_and_on_a_users_hellaswag_file(tok_run, tmp_path, caps
     hs = tmp_path / "hellaswag_val.jsonl"  # HF Rowan/hellaswag rows carry the label as a string
     hs.write_text("\n".join(json.dumps(dict(it, label=str(it["label"]), activity_label="x")) for it in ITEMS))
     out = tmp_path / "r.json"
-    assert cli(["eval", str(run), "--tasks", "cloze", str(hs), "--limit", "5", "--seq_length", "32",
+    assert cli(["eval", str(run), "--tasks", "cloze", str(hs), "--limit", "3", "--seq_length", "32",
                 "--eval_steps", "2", "--batch_size", "2", "--output", str(out)]) == 0
     printed = capsys.readouterr().out
     r = json.loads(out.read_text())
-    assert r["cloze"]["n"] == 5 and r["hellaswag_val"]["n"] == 2 and r["val_batches"] == 2
+    assert r["cloze"]["n"] == 3 and r["hellaswag_val"]["n"] == 2 and r["val_batches"] == 2
     assert f"cloze: acc {r['cloze']['acc']:.4f}" in printed and "val_loss:" in printed
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a", "endings": ["b"], "label": 3}\n')
@@ -104,14 +104,14 @@ def test_eval_tasks_callback(tok_run, prepared, tmp_path):
     tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"))
     hs = tmp_path / "mine.jsonl"
     hs.write_text("\n".join(json.dumps(it) for it in ITEMS))
-    cfg = parse_args(["--eval_tasks", "cloze", str(hs), "--eval_tasks_limit", "4"])
+    cfg = parse_args(["--eval_tasks", "cloze", str(hs), "--eval_tasks_limit", "2"])
     cb = EvalTasksCallback(cfg.tasks)
     model.train()
     trainer = types.SimpleNamespace(model=model, tokenizer=tok, device="cpu")  # the attributes it reads
     got = cb.on_evaluate(trainer)
     assert set(got) == {"eval/cloze_acc", "eval/cloze_acc_norm", "eval/mine_acc", "eval/mine_acc_norm"}
     assert got["eval/mine_acc"] == score_task(model.eval(), tok, ITEMS, "cpu")["acc"]
-    assert got["eval/cloze_acc"] in {k / 4 for k in range(5)}
+    assert got["eval/cloze_acc"] in {0.0, 0.5, 1.0}
     model.train()
     cb.evaluate(model, tok, "cpu")
     assert model.training  # restored

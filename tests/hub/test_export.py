@@ -79,6 +79,7 @@ def save_run(model, run_dir, te_views: bool = True, step: int = 2):
 SHAPES = [(2, False, 1000), (4, True, 1024), (1, False, 1030)]  # GQA untied V%64!=0; MHA tied; MQA untied
 
 
+@pytest.mark.slow  # ~20-60 s on 2 busy cores: a subprocess importing transformers, 3 models
 def test_llama_export_matches_yxanul_in_plain_transformers(tmp_path):
     ids = torch.tensor(IDS)
     dirs, ours = [], {}
@@ -102,6 +103,7 @@ def test_llama_export_matches_yxanul_in_plain_transformers(tmp_path):
         assert torch.equal(plain["greedy"], greedy), name
 
 
+@pytest.mark.slow
 def test_export_round_trips_into_yxanul_and_yxanul_format_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
