@@ -7,7 +7,7 @@ from yxanul.evaluation.tasks import BUNDLED, ending_logprobs, load_task
 from yxanul.hub.export import export
 
 pytestmark = pytest.mark.slow
-N = 6
+N = 4
 
 TASK_YAML = """
 task: yxanul_cloze

@@ -1,3 +1,3 @@
-"""Fixtures shared with tests/evaluation: a prepared dataset and a checkpointed run that uses it."""
+"""Fixtures: a prepared dataset and a checkpointed run that uses it (tests/hub/helpers.py)."""
 
-from tests.evaluation.conftest import prepared, tok_run  # noqa: F401
+from hub.helpers import prepared, tok_run  # noqa: F401

@@ -9,17 +9,13 @@ import textwrap
 
 import pytest
 import torch
-import yaml
-from accelerate import Accelerator
 from safetensors.torch import load_file
 
-from yxanul.checkpoint import save_checkpoint
+from hub.helpers import PRESET, random_model, save_run
 from yxanul.cli import main as cli
 from yxanul.hub.export import export
-from yxanul.models import YxanulConfig, YxanulForCausalLM
-from yxanul.models.presets import PRESETS
+from yxanul.models import YxanulForCausalLM
 
-PRESET = "tiny"  # renamed `nano` by the data helper: change here only
 IDS = [[5, 17, 300, 999, 42, 7, 7, 128, 64, 900, 3, 1]]
 
 # Runs WITHOUT yxanul (any import of it fails) and without trust_remote_code.
@@ -37,43 +33,6 @@ PLAIN = textwrap.dedent("""
             greedy = m.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
         torch.save({"logits": logits, "greedy": greedy}, d + "/plain.pt")
 """)
-
-
-def random_model(kv_heads: int, tied: bool, vocab: int, seed: int = 0) -> YxanulForCausalLM:
-    torch.manual_seed(seed)
-    cfg = YxanulConfig(**dict(PRESETS[PRESET], num_key_value_heads=kv_heads), vocab_size=vocab,
-                       tie_word_embeddings=tied, backend="torch", max_position_embeddings=64)
-    model = YxanulForCausalLM(cfg).eval()
-    with torch.no_grad():  # random norm weights: a norm mapped to the wrong place cannot hide
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    return model
-
-
-def fuse_qkv_like_te(model):
-    """q/k/v as views of ONE buffer, as TE's LayerNormLinear(parameters_split) registers them."""
-    for layer in model.model.layers:
-        qkv = layer.self_attention.layernorm_qkv
-        parts = [qkv.query_weight, qkv.key_weight, qkv.value_weight]
-        buf, start = torch.cat([p.detach() for p in parts]), 0
-        for name, p in zip(("query_weight", "key_weight", "value_weight"), parts):
-            setattr(qkv, name, torch.nn.Parameter(buf[start:start + p.shape[0]]))
-            start += p.shape[0]
-
-
-def save_run(model, run_dir, te_views: bool = True, step: int = 2):
-    """A real checkpoint through accelerate (the trainer's save_checkpoint), the config.yaml of the run."""
-    if te_views:
-        fuse_qkv_like_te(model)
-    acc = Accelerator(cpu=True)
-    prepared = acc.prepare(model)
-    flat = {"model": PRESET, "seq_length": 64, "tie_word_embeddings": model.config.tie_word_embeddings,
-            "data_dir": str(run_dir / "no-data")}
-    save_checkpoint(acc, run_dir, {"step": step, "tokens_seen": 100 * step, "val_loss": 5.0, "precision": "FP32",
-                                   "backend": "te" if te_views else "torch"},
-                    keep_last=3, config_yaml=yaml.safe_dump(flat))
-    return prepared
 
 
 SHAPES = [(2, False, 1000), (4, True, 1024), (1, False, 1030)]  # GQA untied V%64!=0; MHA tied; MQA untied
@@ -158,7 +117,7 @@ def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
     """A real ZeRO-1 run (one process, CPU) leaves DeepSpeed's pytorch_model/ folder; the export equals
     the same run's plain-accelerate weights as DeepSpeed's zero_to_fp32 rebuilds them."""
     pytest.importorskip("deepspeed")
-    from tests.test_deepspeed import ds
+    from test_deepspeed import ds
 
     from yxanul.hub.loading import load_checkpoint_model, resolve_checkpoint
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hub.test_export import random_model, save_run
+from hub.helpers import random_model, save_run
 from yxanul.cli import main as cli
 from yxanul.hub.args import HubArgs
 from yxanul.hub.push import HubPushCallback, main as push_main
