@@ -29,8 +29,8 @@ class RecordingHfApi:
     signatures); records calls and the folder's files at upload time. ``fail`` uploads raise first (a flaky
     network); ``delay`` makes uploads slow."""
 
-    def __init__(self, fail: int = 0, delay: float = 0.0):
-        self.calls, self.fail, self.delay = [], fail, delay
+    def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None):
+        self.calls, self.fail, self.delay, self.gate = [], fail, delay, gate
         self.active, self.max_active = 0, 0
         self.lock = threading.Lock()
 
@@ -56,6 +56,8 @@ class RecordingHfApi:
             self.max_active = max(self.max_active, self.active)
         try:
             time.sleep(self.delay)
+            if self.gate is not None:  # a slow network: uploads wait until the test opens the gate
+                assert self.gate.wait(timeout=120)
             if self.fail:
                 self.fail -= 1
                 raise ConnectionError("Hub unreachable")
@@ -129,18 +131,22 @@ def test_push_errors_are_one_line(run, capsys, tmp_path):
 
 def test_callback_pushes_in_background_in_order_and_survives_failures(run, capsys):
     hub = HubArgs(push_to_hub=True, hub_model_id="me/run", hub_strategy="every_save")
-    api = RecordingHfApi(fail=1, delay=0.3)
+    gate = threading.Event()
+    api = RecordingHfApi(fail=1, gate=gate)
     cb = HubPushCallback(hub, run, api=api, say=print, retries=2, backoff_s=0.01)
-    ckpt = run / "checkpoints" / "step_2"
-    t0 = time.perf_counter()
-    cb.on_save(None, ckpt, is_best=True)
-    assert cb._thread is not None and cb._thread.is_alive()  # training goes on while it uploads
-    assert time.perf_counter() - t0 < 5
-    model = random_model(2, True, 1024, seed=3)
-    save_run(model, run, te_views=False, step=4)
-    cb.on_save(None, run / "checkpoints" / "step_4", is_best=False)
+    cb.on_save(None, run / "checkpoints" / "step_2", is_best=True)
+    assert cb._thread is not None and cb._thread.is_alive()  # on_save returned while the upload hangs
+    save_run(random_model(2, True, 1024, seed=3), run, te_views=False, step=4)
+    second = threading.Thread(target=cb.on_save, args=(None, run / "checkpoints" / "step_4", False))
+    second.start()
+    while not (run / "hub" / "step_4" / "README.md").is_file():  # step 4 is exported (card written last)...
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert second.is_alive()  # ...and its push waits for the previous upload instead of starting
+    gate.set()
+    second.join(timeout=120)
     cb.on_train_end(None)
-    assert api.max_active == 1  # the next push waited for the previous one
+    assert api.max_active == 1
     ups = api.uploads()
     assert [u["message"] for u in ups] == ["Training in progress, step 2", "Training in progress, step 4"]
     assert (run / "checkpoints" / "step_2").is_dir() and (run / "checkpoints" / "step_4").is_dir()
