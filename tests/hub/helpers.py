@@ -47,7 +47,23 @@ def save_run(model, run_dir, te_views: bool = True, step: int = 2):
     save_checkpoint(acc, run_dir, {"step": step, "tokens_seen": 100 * step, "val_loss": 5.0, "precision": "FP32",
                                    "backend": "te" if te_views else "torch"},
                     keep_last=3, config_yaml=yaml.safe_dump(flat))
+    if te_views:
+        add_te_fp8_state(run_dir / "checkpoints" / f"step_{step}", model.config.num_hidden_layers)
     return prepared
+
+
+def add_te_fp8_state(ckpt, n_layers: int) -> None:
+    """What a TE FP8 checkpoint holds besides the weights: ``*_extra_state`` tensors (TE's serialized
+    scaling state, also under modules the torch twin lacks) and yxanul's fp8_state.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(ckpt / "model.safetensors"))
+    for i in range(n_layers):
+        for mod in ("self_attention.layernorm_qkv", "self_attention.proj", "self_attention.core_attention",
+                    "layernorm_mlp"):
+            state[f"model.layers.{i}.{mod}._extra_state"] = torch.randint(0, 255, (64,), dtype=torch.uint8)
+    save_file(state, str(ckpt / "model.safetensors"))
+    save_file({"scale": torch.ones(4)}, str(ckpt / "fp8_state.safetensors"))
 
 
 @pytest.fixture(scope="session")

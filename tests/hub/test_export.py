@@ -1,6 +1,6 @@
 """`yxanul export`: the Llama folder loads in plain transformers (a subprocess where importing yxanul is
 impossible, no trust_remote_code) and gives the yxanul model's fp32 logits (<= 1e-5) and greedy tokens;
-from accelerate checkpoints with TE's fused q/k/v views; round trip through --init_from."""
+from accelerate checkpoints with TE's fused q/k/v views and FP8 extra state; round trip through --init_from."""
 
 import json
 import subprocess
