@@ -107,8 +107,10 @@ def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys):
     assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o")]) == 2  # not empty
     assert cli(["export", str(tmp_path / "nope"), str(tmp_path / "o2")]) == 2
     assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o3"), "--format", "gguf"]) == 2
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path), "--overwrite"]) == 2  # would delete the run
+    assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").is_file()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("error: ") for line in err), err
+    assert len(err) == 4 and all(line.startswith("error: ") for line in err), err
     assert "no such file" in err[1] and "gguf" in err[2]
 
 

@@ -161,6 +161,9 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     if fmt not in ("llama", "yxanul"):
         raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
     out = Path(out)
+    src = Path(source).resolve()
+    if src == out.resolve() or out.resolve() in src.parents:
+        raise UserError(f"export OUT '{out}': would overwrite the MODEL '{source}' it exports")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
     ckpt = None
