@@ -162,7 +162,12 @@ def test_callback_strategies_and_a_push_that_never_succeeds(run, capsys):
     best.on_save(None, ckpt, is_best=False)
     best.on_train_end()
     assert best.api.uploads() == []
-    best.on_save(None, ckpt, is_best=True)
+    (run / "checkpoints" / "best").unlink()
+    best.on_save(None, ckpt)  # no best pointer: not the best
+    best.on_train_end()
+    assert best.api.uploads() == []
+    (run / "checkpoints" / "best").write_text("step_2\n")  # what save_checkpoint writes for a new best
+    best.on_save(None, ckpt)
     best.on_train_end()
     assert len(best.api.uploads()) == 1
     end = HubPushCallback(HubArgs(hub_model_id="me/r", hub_strategy="end", hub_private=True), run,

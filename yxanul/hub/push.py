@@ -67,8 +67,8 @@ def _step(folder: Path) -> str:
 class HubPushCallback:
     """Push the exported model of saved checkpoints during training, in a background thread.
 
-    The trainer calls ``on_save(trainer, ckpt_dir, is_best)`` on the main process right after each
-    checkpoint is committed, and ``on_train_end(trainer)`` once at the end (it waits for the last upload).
+    The trainer calls ``on_save(trainer, ckpt_dir)`` on the main process right after each checkpoint is
+    committed (``is_best`` defaults to "the run's best pointer names this checkpoint"), and ``on_train_end(trainer)`` once at the end (it waits for the last upload).
     ``on_save`` exports the checkpoint into ``RUN/hub/step_N`` first (in the caller's thread, so a
     checkpoint that keep_last prunes later is never lost to the upload), then waits for the previous
     upload and starts this one. A failed upload is retried ``retries`` times, then a warning; the staged
@@ -86,7 +86,13 @@ class HubPushCallback:
     def staging(self) -> Path:
         return self.run_dir / "hub"
 
-    def on_save(self, trainer, ckpt_dir: str | Path, is_best: bool = False) -> None:
+    def on_save(self, trainer, ckpt_dir: str | Path, is_best: bool | None = None) -> None:
+        """``is_best`` None: read the run's ``best`` pointer (save_checkpoint has just updated it)."""
+        if is_best is None:
+            from ..checkpoint import _pointer
+
+            best = _pointer(self.run_dir, "best")
+            is_best = best is not None and best.name == Path(ckpt_dir).name
         strategy = self.hub.hub_strategy
         if strategy == "every_save" or (strategy == "best" and is_best):
             self._push(Path(ckpt_dir), "Training in progress")
