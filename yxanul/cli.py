@@ -21,6 +21,10 @@ COMMANDS = {
     "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
     "compare": ("yxanul.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
     "sweep": ("yxanul.sweep", "main", "run a W&B sweep file (sweeps/*.yaml) online with wandb.agent, or offline here"),
+    "export": ("yxanul.hub.export", "main", "export a run/checkpoint as a Llama (or yxanul) folder for transformers"),
+    "push": ("yxanul.hub.push", "main", "push a run or export to the Hugging Face Hub with a model card"),
+    "generate": ("yxanul.generate", "main", "generate text from a run, checkpoint or export (streamed)"),
+    "eval": ("yxanul.evaluation.run", "main", "val loss/perplexity and multiple-choice tasks (HellaSwag format)"),
 }
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")

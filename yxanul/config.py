@@ -28,6 +28,8 @@ def _sections() -> list[tuple[str, type]]:
     from .batching.args import BatchArgs
     from .checkpoint import CheckpointArgs
     from .data.args import DataArgs
+    from .evaluation.args import EvalTaskArgs
+    from .hub.args import HubArgs
     from .models.args import ModelArgs
     from .optim import OptimArgs
     from .precision.args import PrecisionArgs
@@ -37,7 +39,7 @@ def _sections() -> list[tuple[str, type]]:
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),
         ("optim", OptimArgs), ("precision", PrecisionArgs), ("checkpoint", CheckpointArgs),
-        ("tracking", TrackingArgs),
+        ("tracking", TrackingArgs), ("hub", HubArgs), ("tasks", EvalTaskArgs),
     ]
 
 
@@ -53,6 +55,8 @@ class Config:
     precision: Any
     checkpoint: Any
     tracking: Any
+    hub: Any = None    # HubArgs (yxanul/hub/args.py)
+    tasks: Any = None  # EvalTaskArgs (yxanul/evaluation/args.py)
     source: str | None = None  # the YAML file it came from, if any
 
     def to_flat_dict(self) -> dict[str, Any]:

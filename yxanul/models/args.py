@@ -77,6 +77,10 @@ def load_weights(model, path: str) -> None:
     state = {}
     for f in files:
         state.update(load_file(str(f)))
+    from ..hub.export import is_llama_state, llama_to_yxanul
+
+    if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names
+        state = llama_to_yxanul(state)
     if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor
         emb, head = "model.embed_tokens.weight", "lm_head.weight"
         if emb not in state and head in state:

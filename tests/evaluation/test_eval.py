@@ -1,0 +1,117 @@
+"""`yxanul eval`: log-likelihood scoring checked against a plain per-ending computation, acc/acc_norm by
+their definitions, validation loss equal to the model's own loss, the bundled cloze task, the callback."""
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from yxanul.cli import main as cli
+from yxanul.evaluation.run import val_loss
+from yxanul.evaluation.tasks import BUNDLED, EvalTasksCallback, ending_logprobs, load_task, score_task
+from yxanul.hub.export import export
+
+ROOT = Path(__file__).resolve().parents[2]
+ITEMS = [{"ctx": "JULIET:\nO Romeo, Romeo, wherefore art thou",
+          "endings": ["Romeo?", "a", "the king of all the land and sea, and more besides"], "label": 0},
+         {"ctx": "HAMLET:\n", "endings": ["To be, or not to be", "xq"], "label": 1}]
+
+
+def reference_logprob(model, tok, ctx, ending):
+    """Independent: one unpadded sequence per ending, token by token (lm-eval's split of the pair)."""
+    from yxanul.evaluation.tasks import encode_pair
+
+    c, e = encode_pair(tok, ctx, ending)
+    with torch.no_grad():
+        logp = F.log_softmax(model(torch.tensor([c + e])).logits[0].float(), -1)
+    return sum(logp[len(c) + i - 1, t].item() for i, t in enumerate(e))
+
+
+def test_scores_match_a_plain_computation_and_the_definitions(tok_run, prepared):
+    _, model = tok_run
+    tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"))
+    for it in ITEMS:
+        lp = ending_logprobs(model, tok, it["ctx"], it["endings"], "cpu", 64)
+        ref = [reference_logprob(model, tok, it["ctx"], e) for e in it["endings"]]
+        assert lp == pytest.approx(ref, abs=1e-4)
+    # label = the model's own choice under each rule -> accuracy 1; the other way round -> 0
+    lp = [ending_logprobs(model, tok, it["ctx"], it["endings"], "cpu", 64) for it in ITEMS]
+    best = [max(range(len(v)), key=v.__getitem__) for v in lp]
+    norm = [[s / len(e) for s, e in zip(v, it["endings"])] for v, it in zip(lp, ITEMS)]
+    best_norm = [max(range(len(v)), key=v.__getitem__) for v in norm]
+    r = score_task(model, tok, [dict(it, label=b) for it, b in zip(ITEMS, best)], "cpu")
+    assert r["acc"] == 1.0 and r["n"] == 2
+    assert r["acc_norm"] == sum(b == bn for b, bn in zip(best, best_norm)) / 2
+    r = score_task(model, tok, [dict(it, label=b) for it, b in zip(ITEMS, best_norm)], "cpu")
+    assert r["acc_norm"] == 1.0
+
+
+def test_val_loss_is_the_models_loss_and_the_export_agrees(tok_run, prepared, tmp_path):
+    from yxanul.data.loader import eval_batches
+    from yxanul.hub.loading import load_model
+
+    run, model = tok_run
+    got = val_loss(model, prepared, 32, 2, 3, "cpu")
+    with torch.no_grad():
+        losses = [model(x, shift_labels=y).loss.item() for x, y in eval_batches(prepared, 32, 2, 3)]
+    assert got["val_batches"] == len(losses) == 3
+    assert got["val_loss"] == pytest.approx(sum(losses) / 3, rel=1e-6)
+    llama, _ = load_model(export(run, tmp_path / "llama", dtype="fp32"))
+    assert val_loss(llama, prepared, 32, 2, 3, "cpu")["val_loss"] == pytest.approx(got["val_loss"], abs=1e-5)
+
+
+def test_eval_cli_on_a_run_and_on_a_users_hellaswag_file(tok_run, tmp_path, capsys):
+    run, _ = tok_run
+    hs = tmp_path / "hellaswag_val.jsonl"  # HF Rowan/hellaswag rows carry the label as a string
+    hs.write_text("\n".join(json.dumps(dict(it, label=str(it["label"]), activity_label="x")) for it in ITEMS))
+    out = tmp_path / "r.json"
+    assert cli(["eval", str(run), "--tasks", "cloze", str(hs), "--limit", "3", "--seq_length", "32",
+                "--eval_steps", "2", "--batch_size", "2", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["cloze"]["n"] == 3 and r["hellaswag_val"]["n"] == 2 and r["val_batches"] == 2
+    assert f"cloze: acc {r['cloze']['acc']:.4f}" in printed and "val_loss:" in printed
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ctx": "a", "endings": ["b", "c"], "label": 0}\n{"ctx": "a", "endings": ["b"], "label": 3}\n')
+    assert cli(["eval", str(run), "--tasks", str(bad)]) == 2
+    assert cli(["eval", str(run), "--tasks", "mmlu"]) == 2
+    assert cli(["eval", str(run), "--data_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and f"{bad}:2:" in err[0] and "mmlu" in err[1] and "prepared" in err[2], err
+
+
+def test_bundled_cloze_task_is_the_builders_output():
+    items = load_task("cloze")
+    assert len(items) == 300 and all(len(it["endings"]) == 4 for it in items)
+    labels = [it["label"] for it in items]
+    assert all(40 <= labels.count(k) <= 110 for k in range(4))  # shuffled: no position gives it away
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_cloze_task.py"), "--check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert BUNDLED["cloze"].is_file()
+
+
+def test_eval_tasks_callback(tok_run, prepared, tmp_path):
+    from yxanul.config import parse_args
+
+    _, model = tok_run
+    tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"))
+    hs = tmp_path / "mine.jsonl"
+    hs.write_text("\n".join(json.dumps(it) for it in ITEMS))
+    cfg = parse_args(["--eval_tasks", "cloze", str(hs), "--eval_tasks_limit", "2"])
+    cb = EvalTasksCallback(cfg.tasks)
+    model.train()
+    trainer = types.SimpleNamespace(model=model, tokenizer=tok, device="cpu")  # the attributes it reads
+    got = cb.on_evaluate(trainer)
+    assert set(got) == {"eval/cloze_acc", "eval/cloze_acc_norm", "eval/mine_acc", "eval/mine_acc_norm"}
+    assert got["eval/mine_acc"] == score_task(model.eval(), tok, ITEMS, "cpu")["acc"]
+    assert got["eval/cloze_acc"] in {0.0, 0.5, 1.0}
+    model.train()
+    cb.evaluate(model, tok, "cpu")
+    assert model.training  # restored

@@ -1,0 +1,87 @@
+"""Shared by tests/hub and tests/evaluation: random yxanul models saved like the trainer saves them, a small
+prepared dataset (the bundled corpus and tokenizer) and a run whose config.yaml points at that data."""
+
+import pytest
+import torch
+import yaml
+from accelerate import Accelerator
+
+from yxanul.checkpoint import save_checkpoint
+from yxanul.models import YxanulConfig, YxanulForCausalLM
+from yxanul.models.presets import PRESETS
+
+PRESET = "tiny"  # renamed `nano` by the data helper: change here only
+
+
+def random_model(kv_heads: int, tied: bool, vocab: int, seed: int = 0) -> YxanulForCausalLM:
+    torch.manual_seed(seed)
+    cfg = YxanulConfig(**dict(PRESETS[PRESET], num_key_value_heads=kv_heads), vocab_size=vocab,
+                       tie_word_embeddings=tied, backend="torch", max_position_embeddings=64)
+    model = YxanulForCausalLM(cfg).eval()
+    with torch.no_grad():  # random norm weights: a norm mapped to the wrong place cannot hide
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    return model
+
+
+def fuse_qkv_like_te(model):
+    """q/k/v as views of ONE buffer, as TE's LayerNormLinear(parameters_split) registers them."""
+    for layer in model.model.layers:
+        qkv = layer.self_attention.layernorm_qkv
+        parts = [qkv.query_weight, qkv.key_weight, qkv.value_weight]
+        buf, start = torch.cat([p.detach() for p in parts]), 0
+        for name, p in zip(("query_weight", "key_weight", "value_weight"), parts):
+            setattr(qkv, name, torch.nn.Parameter(buf[start:start + p.shape[0]]))
+            start += p.shape[0]
+
+
+def save_run(model, run_dir, te_views: bool = True, step: int = 2):
+    """A real checkpoint through accelerate (the trainer's save_checkpoint), the config.yaml of the run."""
+    if te_views:
+        fuse_qkv_like_te(model)
+    acc = Accelerator(cpu=True)
+    prepared = acc.prepare(model)
+    flat = {"model": PRESET, "seq_length": 64, "tie_word_embeddings": model.config.tie_word_embeddings,
+            "data_dir": str(run_dir / "no-data")}
+    save_checkpoint(acc, run_dir, {"step": step, "tokens_seen": 100 * step, "val_loss": 5.0, "precision": "FP32",
+                                   "backend": "te" if te_views else "torch"},
+                    keep_last=3, config_yaml=yaml.safe_dump(flat))
+    if te_views:
+        add_te_fp8_state(run_dir / "checkpoints" / f"step_{step}", model.config.num_hidden_layers)
+    return prepared
+
+
+def add_te_fp8_state(ckpt, n_layers: int) -> None:
+    """What a TE FP8 checkpoint holds besides the weights: ``*_extra_state`` tensors (TE's serialized
+    scaling state, also under modules the torch twin lacks) and yxanul's fp8_state.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(ckpt / "model.safetensors"))
+    for i in range(n_layers):
+        for mod in ("self_attention.layernorm_qkv", "self_attention.proj", "self_attention.core_attention",
+                    "layernorm_mlp"):
+            state[f"model.layers.{i}.{mod}._extra_state"] = torch.randint(0, 255, (64,), dtype=torch.uint8)
+    save_file(state, str(ckpt / "model.safetensors"))
+    save_file({"scale": torch.ones(4)}, str(ckpt / "fp8_state.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory):
+    from yxanul.data.args import DataArgs
+    from yxanul.data.prepare import prepare
+
+    d = tmp_path_factory.mktemp("data") / "d"
+    return prepare(DataArgs(data_dir=str(d), max_documents=40, val_fraction=0.2), progress=False,
+                   say=lambda *a, **k: None)
+
+
+@pytest.fixture
+def tok_run(tmp_path, prepared):
+    """(run dir, its model): a tiny 8192-vocabulary model checkpointed with data_dir = the prepared folder."""
+    model = random_model(2, False, 8192, seed=5)
+    run = tmp_path / "run"
+    save_run(model, run, te_views=False)
+    cfg_file = run / "checkpoints" / "step_2" / "config.yaml"
+    cfg_file.write_text(yaml.safe_dump(dict(yaml.safe_load(cfg_file.read_text()), data_dir=str(prepared))))
+    return run, model

@@ -1,0 +1,157 @@
+"""`yxanul export`: the Llama folder loads in plain transformers (a subprocess where importing yxanul is
+impossible, no trust_remote_code) and gives the yxanul model's fp32 logits (<= 1e-5) and greedy tokens;
+from accelerate checkpoints with TE's fused q/k/v views and FP8 extra state; round trip through --init_from."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hub.helpers import PRESET, random_model, save_run
+from yxanul.cli import main as cli
+from yxanul.hub.export import export
+from yxanul.models import YxanulForCausalLM
+
+IDS = [[5, 17, 300, 999, 42, 7, 7, 128, 64, 900, 3, 1]]
+
+# Runs WITHOUT yxanul (any import of it fails) and without trust_remote_code.
+PLAIN = textwrap.dedent("""
+    import json, sys, torch
+    sys.modules["yxanul"] = None
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+    out = {}
+    for d in json.loads(sys.argv[1]):
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        assert type(m) is LlamaForCausalLM, type(m)
+        ids = torch.tensor(json.loads(sys.argv[2]))
+        with torch.no_grad():
+            logits = m(ids).logits
+            greedy = m.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        torch.save({"logits": logits, "greedy": greedy}, d + "/plain.pt")
+""")
+
+
+SHAPES = [(2, False, 1000), (4, True, 1024), (1, False, 1030)]  # GQA untied V%64!=0; MHA tied; MQA untied
+
+
+@pytest.mark.slow  # ~20-60 s on 2 busy cores: a subprocess importing transformers, 3 models
+def test_llama_export_matches_yxanul_in_plain_transformers(tmp_path):
+    ids = torch.tensor(IDS)
+    dirs, ours = [], {}
+    for kv, tied, vocab in SHAPES:
+        name = f"kv{kv}-tied{tied}-v{vocab}"
+        model = random_model(kv, tied, vocab)
+        with torch.no_grad():
+            ours[name] = (model(ids).logits, model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0))
+        save_run(model, tmp_path / name)
+        out = export(tmp_path / name, tmp_path / f"{name}-llama", dtype="fp32")
+        dirs.append(str(out))
+        sd = load_file(str(out / "model.safetensors"))
+        assert ("lm_head.weight" in sd) is (not tied)
+        assert sd["model.layers.0.self_attn.k_proj.weight"].shape[0] == kv * 64
+    r = subprocess.run([sys.executable, "-c", PLAIN, json.dumps(dirs), json.dumps(IDS)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for d, (name, (logits, greedy)) in zip(dirs, ours.items()):
+        plain = torch.load(f"{d}/plain.pt")
+        assert (plain["logits"] - logits).abs().max().item() <= 1e-5, name
+        assert torch.equal(plain["greedy"], greedy), name
+
+
+@pytest.mark.slow
+def test_export_round_trips_into_yxanul_and_yxanul_format_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from yxanul.models.args import ModelArgs, build_model
+
+    model = random_model(2, False, 1024, seed=1)
+    save_run(model, tmp_path / "run", te_views=False)
+    llama = export(tmp_path / "run", tmp_path / "llama", dtype="fp32", max_shard_size="2MB")
+    assert (llama / "model.safetensors.index.json").is_file() and len(list(llama.glob("model-*.safetensors"))) > 1
+    back = build_model(ModelArgs(model=PRESET, backend="torch", seq_length=64, tie_word_embeddings=False,
+                                 init_from=str(llama)), vocab_size=1024)
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    yx = export(tmp_path / "run", tmp_path / "yx", fmt="yxanul", dtype="fp32")
+    loaded = AutoModelForCausalLM.from_pretrained(str(yx)).eval()
+    assert type(loaded) is YxanulForCausalLM
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    cfg = json.loads((yx / "config.json").read_text())
+    (yx / "config.json").write_text(json.dumps(dict(cfg, backend="te")))  # as saved from a TE model
+    script = ("import torch, sys; from yxanul.hub.loading import load_model; m, _ = load_model(sys.argv[1]); "
+              "print(m.config.backend, m(torch.tensor([[5, 17, 300]])).logits.sum().item())")
+    r = subprocess.run([sys.executable, "-c", script, str(yx)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]  # a fresh process: the yxanul type registers itself, TE -> torch
+    backend, total = r.stdout.split()[-2:]
+    with torch.no_grad():
+        want = model(torch.tensor([[5, 17, 300]])).logits.sum().item()
+    assert backend == "torch" and float(total) == pytest.approx(want, abs=1e-3)
+    again = export(yx, tmp_path / "from-export", dtype="bf16")  # an export is a valid source too
+    sd = load_file(str(again / "model.safetensors"))
+    assert sd["model.norm.weight"].dtype == torch.bfloat16
+    assert json.loads((again / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys):
+    model = random_model(2, True, 1024)
+    save_run(model, tmp_path / "run", te_views=False, step=2)
+    (tmp_path / "run" / "checkpoints" / "best").write_text("step_2\n")
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o")]) == 0
+    assert "exported" in capsys.readouterr().out
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o")]) == 2  # not empty
+    assert cli(["export", str(tmp_path / "nope"), str(tmp_path / "o2")]) == 2
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o3"), "--format", "gguf"]) == 2
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path), "--overwrite"]) == 2  # would delete the run
+    assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").is_file()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("error: ") for line in err), err
+    assert "no such file" in err[1] and "gguf" in err[2]
+
+
+@pytest.mark.slow
+def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
+    """A real ZeRO-1 run (one process, CPU) leaves DeepSpeed's pytorch_model/ folder; the export equals
+    the same run's plain-accelerate weights as DeepSpeed's zero_to_fp32 rebuilds them."""
+    pytest.importorskip("deepspeed")
+    from test_deepspeed import ds
+
+    from yxanul.hub.loading import load_checkpoint_model, resolve_checkpoint
+
+    ds("--max_steps", "2", "--checkpoint_freq", "2", "--output_dir", str(tmp_path / "ds"))
+    ckpt = resolve_checkpoint(tmp_path / "ds")
+    assert (ckpt / "pytorch_model").is_dir() and not list(ckpt.glob("model*.safetensors"))
+    out = export(tmp_path / "ds", tmp_path / "llama", dtype="fp32")
+    sd = load_file(str(out / "model.safetensors"))
+    ref = load_checkpoint_model(ckpt).state_dict()
+    assert torch.equal(sd["model.layers.0.mlp.down_proj.weight"], ref["model.layers.0.layernorm_mlp.fc2_weight"])
+    assert sd["model.embed_tokens.weight"].std() > 0
+
+
+@pytest.mark.slow
+def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
+    """`yxanul train` (a few steps, bundled data) -> `yxanul export` finds the run's tokenizer through its
+    config.yaml; plain transformers generates from the folder; the card has the run's numbers."""
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--checkpoint_freq", "3", "--eval_freq", "3",
+                "--eval_steps", "1", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
+                "--seq_length", "32", "--micro_batch_size", "2", "--max_documents", "60", "--val_fraction", "0.1",
+                "--output_dir", str(run)]) == 0
+    out = export(run, tmp_path / "llama")
+    names = {p.name for p in out.iterdir()}
+    assert {"tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "metrics.jsonl"} <= names
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok, m = AutoTokenizer.from_pretrained(str(out)), AutoModelForCausalLM.from_pretrained(str(out))
+    assert m.config.vocab_size == 8192 and m.dtype == torch.bfloat16
+    ids = tok("ROMEO:", return_tensors="pt").input_ids
+    assert m.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+    card = (out / "README.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"final validation loss: {summary['val_loss']:.4f}" in card and "tokens seen: 192 in 3" in card

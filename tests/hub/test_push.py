@@ -1,0 +1,198 @@
+"""`yxanul push` and HubPushCallback against a stand-in HfApi that records what the real client would send
+(the Hub is unreachable here). The token (HF_TOKEN) never shows up in output or any written file."""
+
+import inspect
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hub.helpers import random_model, save_run
+from yxanul.cli import main as cli
+from yxanul.hub.args import HubArgs
+from yxanul.hub.push import HubPushCallback, main as push_main
+
+SECRET = "hf_SeCrEtToKeN1234567890abcdef"
+
+
+def real_signature_accepts(method: str, **kwargs) -> None:
+    """The real HfApi method takes exactly these keywords (guards the stand-in against API drift)."""
+    from huggingface_hub import HfApi
+
+    inspect.signature(getattr(HfApi, method)).bind(None, **kwargs)
+
+
+class RecordingHfApi:
+    """Stand-in for huggingface_hub.HfApi: same method names and keywords (checked against the real
+    signatures); records calls and the folder's files at upload time. ``fail`` uploads raise first (a flaky
+    network); ``delay`` makes uploads slow."""
+
+    def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None):
+        self.calls, self.fail, self.delay, self.gate = [], fail, delay, gate
+        self.active, self.max_active = 0, 0
+        self.lock = threading.Lock()
+
+    def create_repo(self, repo_id, *, repo_type=None, private=False, exist_ok=False, **kw):
+        assert "token" not in kw
+        real_signature_accepts("create_repo", repo_id=repo_id, repo_type=repo_type, private=private,
+                               exist_ok=exist_ok, **kw)
+        self.calls.append(("create_repo", dict(repo_id=repo_id, private=private, exist_ok=exist_ok)))
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_branch(self, repo_id, *, branch, repo_type=None, exist_ok=False, **kw):
+        assert "token" not in kw
+        real_signature_accepts("create_branch", repo_id=repo_id, branch=branch, repo_type=repo_type,
+                               exist_ok=exist_ok, **kw)
+        self.calls.append(("create_branch", dict(repo_id=repo_id, branch=branch)))
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message, revision=None, repo_type=None, **kw):
+        assert "token" not in kw
+        real_signature_accepts("upload_folder", repo_id=repo_id, folder_path=folder_path, revision=revision,
+                               commit_message=commit_message, repo_type=repo_type, **kw)
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            time.sleep(self.delay)
+            if self.gate is not None:  # a slow network: uploads wait until the test opens the gate
+                assert self.gate.wait(timeout=120)
+            if self.fail:
+                self.fail -= 1
+                raise ConnectionError("Hub unreachable")
+            files = {str(p.relative_to(folder_path)): p.read_bytes() for p in Path(folder_path).rglob("*")
+                     if p.is_file()}
+            self.calls.append(("upload_folder", dict(repo_id=repo_id, files=files, message=commit_message,
+                                                     revision=revision)))
+            return f"https://huggingface.co/{repo_id}/commit/{len(self.calls)}"
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def uploads(self):
+        return [c for name, c in self.calls if name == "upload_folder"]
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    model = random_model(2, True, 1024)
+    save_run(model, tmp_path / "run", te_views=False, step=2)
+    (tmp_path / "run" / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 7.0, "tokens_per_sec": 1000.0}\n{"step": 2, "loss": 6.5, "tokens_per_sec": 1200.0}\n'
+        '{"step": 2, "val_loss": 6.6, "val_ppl": 735.1}\n')
+    return tmp_path / "run"
+
+
+def no_secret_anywhere(root: Path, *texts: str) -> None:
+    for t in texts:
+        assert SECRET not in t
+    for p in root.rglob("*"):
+        if p.is_file():
+            assert SECRET.encode() not in p.read_bytes(), p
+
+
+def test_push_run_uploads_llama_export_with_card(run, capsys, caplog):
+    caplog.set_level(logging.DEBUG)
+    api = RecordingHfApi()
+    assert push_main([str(run), "--hub_model_id", "me/tiny-shakespeare", "--private", "--revision", "exp1"],
+                     api=api) == 0
+    assert api.calls[0] == ("create_repo", dict(repo_id="me/tiny-shakespeare", private=True, exist_ok=True))
+    assert api.calls[1] == ("create_branch", dict(repo_id="me/tiny-shakespeare", branch="exp1"))
+    (up,) = api.uploads()
+    assert up["revision"] == "exp1" and up["message"] == "Upload model (step 2)"
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "trainer_state.json",
+            "config.yaml", "metrics.jsonl", "loss_curve.png"} <= set(up["files"])
+    card = up["files"]["README.md"].decode()
+    assert card.startswith("---\n") and "library_name: transformers" in card and "license: other" in card
+    from yxanul.hub.loading import load_checkpoint_model, resolve_checkpoint
+    from yxanul.models.configuration_yxanul import count_parameters
+
+    n = count_parameters(load_checkpoint_model(resolve_checkpoint(run)).config)
+    assert f"{n:,} parameters" in card and "tokens seen: 200" in card
+    assert "final validation loss: 5.0000" in card and "![loss curve](loss_curve.png)" in card
+    assert up["files"]["loss_curve.png"][:4] == b"\x89PNG"
+    out = capsys.readouterr()
+    no_secret_anywhere(run, out.out, out.err, caplog.text,
+                       *(c.decode(errors="ignore") for c in up["files"].values()))
+
+
+def test_push_errors_are_one_line(run, capsys, tmp_path):
+    assert cli(["push", str(run)]) == 2                                   # no --hub_model_id
+    assert cli(["push", str(run), "--hub_model_id", "not a repo"]) == 2
+    from yxanul.cli import run as run_cmd  # what `yxanul push` does with main's UserError
+
+    assert run_cmd(lambda argv: push_main(argv, api=RecordingHfApi(fail=1)), [str(run), "--hub_model_id", "me/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("error: ") for e in err), err
+    assert "Hub unreachable" in err[2] and SECRET not in "".join(err)
+
+
+def test_callback_pushes_in_background_in_order_and_survives_failures(run, capsys):
+    hub = HubArgs(push_to_hub=True, hub_model_id="me/run", hub_strategy="every_save")
+    gate = threading.Event()
+    api = RecordingHfApi(fail=1, gate=gate)
+    cb = HubPushCallback(hub, run, api=api, say=print, retries=2, backoff_s=0.01)
+    cb.on_save(None, run / "checkpoints" / "step_2", is_best=True)
+    assert cb._thread is not None and cb._thread.is_alive()  # on_save returned while the upload hangs
+    save_run(random_model(2, True, 1024, seed=3), run, te_views=False, step=4)
+    second = threading.Thread(target=cb.on_save, args=(None, run / "checkpoints" / "step_4", False))
+    second.start()
+    while not (run / "hub" / "step_4" / "README.md").is_file():  # step 4 is exported (card written last)...
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert second.is_alive()  # ...and its push waits for the previous upload instead of starting
+    gate.set()
+    second.join(timeout=120)
+    cb.on_train_end(None)
+    assert api.max_active == 1
+    ups = api.uploads()
+    assert [u["message"] for u in ups] == ["Training in progress, step 2", "Training in progress, step 4"]
+    assert (run / "checkpoints" / "step_2").is_dir() and (run / "checkpoints" / "step_4").is_dir()
+    assert cb.failed == [] and not any((run / "hub").iterdir())  # staged folders cleaned after success
+    out = capsys.readouterr().out
+    assert "attempt 1/2" in out and "pushed step_4" in out
+    no_secret_anywhere(run, out)
+
+
+def test_callback_strategies_and_a_push_that_never_succeeds(run, capsys):
+    ckpt = run / "checkpoints" / "step_2"
+    best = HubPushCallback(HubArgs(hub_model_id="me/r", hub_strategy="best"), run, api=RecordingHfApi())
+    best.on_save(None, ckpt, is_best=False)
+    best.on_train_end()
+    assert best.api.uploads() == []
+    (run / "checkpoints" / "best").unlink()
+    best.on_save(None, ckpt)  # no best pointer: not the best
+    best.on_train_end()
+    assert best.api.uploads() == []
+    (run / "checkpoints" / "best").write_text("step_2\n")  # what save_checkpoint writes for a new best
+    best.on_save(None, ckpt)
+    best.on_train_end()
+    assert len(best.api.uploads()) == 1
+    end = HubPushCallback(HubArgs(hub_model_id="me/r", hub_strategy="end", hub_private=True), run,
+                          api=RecordingHfApi())
+    end.on_save(None, ckpt, is_best=True)
+    assert end.api.calls == []
+    end.on_train_end()
+    assert [u["message"] for u in end.api.uploads()] == ["End of training, step 2"]
+    down = HubPushCallback(HubArgs(hub_model_id="me/r"), run, api=RecordingHfApi(fail=99), retries=2, backoff_s=0)
+    down.on_save(None, ckpt)
+    down.on_train_end()  # no exception into the training loop
+    assert down.failed == [run / "hub" / "step_2"] and (run / "hub" / "step_2" / "model.safetensors").is_file()
+    assert "was not pushed; it stays on disk" in capsys.readouterr().out
+
+
+def test_hub_config_keys(tmp_path, monkeypatch):
+    from yxanul.config import parse_args
+    from yxanul.errors import ConfigError
+
+    cfg = parse_args(["--push_to_hub", "--hub_model_id", "org/name", "--hub_strategy", "best", "--hub_private"])
+    assert cfg.hub.push_to_hub and cfg.hub.hub_strategy == "best" and cfg.hub.hub_private
+    with pytest.raises(ConfigError, match="hub_model_id"):
+        parse_args(["--push_to_hub"])
+    with pytest.raises(Exception, match="hub_strategy"):
+        parse_args(["--hub_model_id", "a/b", "--hub_strategy", "sometimes"])
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    cfg.save(tmp_path / "c.yaml")  # the run's config.yaml: no token key, no token value
+    assert SECRET not in (tmp_path / "c.yaml").read_text() and "hub_token" not in cfg.to_flat_dict()

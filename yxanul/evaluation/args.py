@@ -1,0 +1,29 @@
+"""`EvalTaskArgs`: benchmark tasks run at each evaluation during training (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+
+@dataclass
+class EvalTaskArgs:
+    """Benchmark tasks during training."""
+
+    eval_tasks: list[str] | None = field(default=None, metadata={
+        "help": "Tasks scored at every evaluation, logged as eval/<task>_acc: 'cloze' (the bundled Shakespeare "
+                "cloze task) or a HellaSwag-format .jsonl file (ctx, endings, label)."})
+    eval_tasks_limit: int | None = field(default=200, metadata={
+        "help": "At most this many examples per task at each evaluation (null: all)."})
+
+    def __post_init__(self):
+        if self.eval_tasks is not None:
+            if isinstance(self.eval_tasks, str):
+                self.eval_tasks = [self.eval_tasks]
+            if not isinstance(self.eval_tasks, list) or not all(isinstance(t, str) and t for t in self.eval_tasks):
+                raise ConfigError("eval_tasks", "a list of task names or .jsonl files", self.eval_tasks)
+        if self.eval_tasks_limit is not None and (isinstance(self.eval_tasks_limit, bool)
+                                                  or not isinstance(self.eval_tasks_limit, int)
+                                                  or self.eval_tasks_limit < 1):
+            raise ConfigError("eval_tasks_limit", "an integer >= 1 or null", self.eval_tasks_limit)

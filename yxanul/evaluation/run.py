@@ -1,0 +1,116 @@
+"""`yxanul eval MODEL [--data_dir D] [--tasks cloze FILE.jsonl ...] [--limit N]`.
+
+MODEL: a run directory, checkpoint or export (Llama or yxanul format: any HF causal LM). Prints, and
+with ``--output`` writes as JSON: validation loss/perplexity on the prepared shards' ``val`` split
+(the run's own data folder by default) and accuracy / acc_norm on each multiple-choice task.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError, DataError
+
+
+@torch.no_grad()
+def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, device) -> dict[str, float]:
+    """Mean cross entropy over fixed validation windows (the trainer's eval_batches), from the logits, so
+    any causal LM (a Llama export included) is scored the same way."""
+    from ..data.loader import eval_batches
+
+    total, n = 0.0, 0
+    for x, y in eval_batches(data_dir, seq_length, batch_size, steps):                 # (B, T) each
+        logits = model(input_ids=x.to(device)).logits.float()                          # (B, T, V)
+        total += F.cross_entropy(logits.view(-1, logits.size(-1)), y.to(device).reshape(-1)).item()
+        n += 1
+    loss = total / max(n, 1)
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "val_batches": n}
+
+
+def data_dir_of(model_path: str) -> Path | None:
+    """The prepared data folder of the run behind MODEL (None for an export)."""
+    from ..hub.loading import is_export, resolve_checkpoint, run_config
+
+    if is_export(model_path):
+        return None
+    from ..data.args import DataArgs
+    from ..data.prepare import target_dir
+
+    cfg = run_config(resolve_checkpoint(model_path))
+    keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
+    try:
+        return Path(keys.get("data_dir") or target_dir(DataArgs(**keys), seed=cfg.get("seed", 0))[0])
+    except Exception:  # noqa: BLE001 - the run's source data is not here: no default validation set
+        return None
+
+
+@dataclass
+class EvalCommand:
+    """Evaluate a run, checkpoint or export: validation loss/perplexity and multiple-choice accuracy."""
+
+    model: str = field(metadata={"positional": True, "help": "Run directory, checkpoint folder or export folder."})
+    data_dir: str | None = field(default=None, metadata={
+        "help": "Prepared data folder for validation loss (default: the run's own; none for an export)."})
+    tasks: list[str] | None = field(default=None, metadata={
+        "help": "Multiple-choice tasks: 'cloze' (bundled) and/or HellaSwag-format .jsonl files."})
+    limit: int | None = field(default=None, metadata={"help": "At most N items per task."})
+    seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
+                                                                   "max_position_embeddings)."})
+    batch_size: int = field(default=8, metadata={"help": "Validation windows per forward pass."})
+    eval_steps: int = field(default=20, metadata={"help": "Validation batches."})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu or cuda[:N]."})
+    output: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
+
+    def __post_init__(self):
+        for key in ("limit", "seq_length"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                raise ConfigError(key, "an integer >= 1", v)
+        for key in ("batch_size", "eval_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, "an integer >= 1", getattr(self, key))
+
+
+def evaluate(a: EvalCommand, say=print) -> dict:
+    from ..hub.loading import load_model
+    from .tasks import load_task, score_task, task_name
+
+    tasks = {task_name(t): load_task(t, a.limit) for t in a.tasks or []}  # bad task files fail before loading
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    model, tok = load_model(a.model, device)
+    results: dict = {"model": a.model}
+    data_dir = Path(a.data_dir) if a.data_dir else data_dir_of(a.model)
+    if data_dir is not None and not (data_dir / "meta.json").is_file():
+        if a.data_dir:
+            raise DataError(f"data_dir '{data_dir}': not a prepared data folder (run `yxanul prepare` first)")
+        say(f"validation loss skipped: the run's data folder {data_dir} is not prepared here (--data_dir D)")
+        data_dir = None
+    if data_dir is not None:
+        T = a.seq_length or int(model.config.max_position_embeddings)
+        results.update(val_loss(model, data_dir, T, a.batch_size, a.eval_steps, device))
+        say(f"val_loss: {results['val_loss']:.4f} | val_ppl: {results['val_ppl']:.2f} "
+            f"({results['val_batches']} batches of {a.batch_size} x {T} tokens from {data_dir})")
+    if tasks and tok is None:
+        raise DataError(f"MODEL '{a.model}': no tokenizer found for the tasks (export it with its tokenizer)")
+    for name, items in tasks.items():
+        r = score_task(model, tok, items, device)
+        results[name] = r
+        say(f"{name}: acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} ({r['n']} items)")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..flags import parse_command
+
+    a = parse_command(EvalCommand, argv, prog="yxanul eval")
+    results = evaluate(a)
+    if a.output:
+        Path(a.output).write_text(json.dumps(results, indent=2))
+    return 0

@@ -1,0 +1,87 @@
+"""`yxanul generate MODEL [--prompt TEXT | --prompt_file F] [--max_new_tokens N] [--temperature T] ...`.
+
+MODEL: a run directory (its best, else latest checkpoint), a checkpoint folder, or an export (Llama or
+yxanul format). Text streams to the terminal through transformers' ``TextStreamer`` as it is generated;
+``model.generate`` runs with ``use_cache=True`` (a KV cache wherever the model has one). Checkpoints of
+either backend (TE or torch) load into the torch backend, on CPU or GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError, DataError, UserError
+
+
+@dataclass
+class GenerateCommand:
+    """Generate text from a run, checkpoint or export, streamed to the terminal."""
+
+    model: str = field(metadata={"positional": True, "help": "Run directory, checkpoint folder or export folder."})
+    prompt: str | None = field(default=None, metadata={"help": "Prompt text (default: start from end-of-text)."})
+    prompt_file: str | None = field(default=None, metadata={"help": "Read the prompt from this file."})
+    max_new_tokens: int = field(default=100, metadata={"help": "Tokens to generate."})
+    temperature: float = field(default=0.8, metadata={"help": "Sampling temperature (0: greedy decoding)."})
+    top_k: int | None = field(default=50, metadata={"help": "Sample among the k most likely tokens (null: all)."})
+    top_p: float | None = field(default=None, metadata={"help": "Nucleus sampling: smallest set with this mass."})
+    seed: int = field(default=0, metadata={"help": "Random seed of the sampling."})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu or cuda[:N]."})
+
+    def __post_init__(self):
+        if self.prompt is not None and self.prompt_file is not None:
+            raise ConfigError("prompt", "either --prompt or --prompt_file, not both", "both")
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        if self.temperature < 0:
+            raise ConfigError("temperature", "a number >= 0", self.temperature)
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError("top_k", "an integer >= 1 or null", self.top_k)
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", "a number in (0, 1] or null", self.top_p)
+
+
+def prompt_text(a: GenerateCommand) -> str:
+    if a.prompt_file is None:
+        return a.prompt or ""
+    p = Path(a.prompt_file)
+    if not p.is_file():
+        raise DataError(f"prompt_file '{a.prompt_file}': no such file")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"prompt_file '{a.prompt_file}': not UTF-8 text") from None
+
+
+def generate(a: GenerateCommand, streamer_cls=None) -> str:
+    """Stream the completion to stdout; returns the generated text (without the prompt)."""
+    from transformers import TextStreamer, set_seed
+
+    from .hub.loading import load_model
+
+    text = prompt_text(a)
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    model, tok = load_model(a.model, device)
+    if tok is None:
+        raise UserError(f"MODEL '{a.model}': no tokenizer found (export the run with its prepared data present)")
+    ids = tok(text, return_tensors="pt").input_ids if text else torch.tensor([[tok.eos_token_id]])
+    ids = ids[:, -int(model.config.max_position_embeddings):].to(device)   # (1, T)
+    set_seed(a.seed)
+    streamer = (streamer_cls or TextStreamer)(tok, skip_prompt=True, skip_special_tokens=True)
+    print(text, end="", flush=True)
+    sampling = dict(do_sample=True, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p) \
+        if a.temperature > 0 else dict(do_sample=False)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.max_new_tokens,
+                             streamer=streamer, use_cache=True, pad_token_id=tok.eos_token_id, **sampling)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .flags import parse_command
+
+    generate(parse_command(GenerateCommand, argv, prog="yxanul generate"))
+    return 0

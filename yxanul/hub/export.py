@@ -1,0 +1,230 @@
+"""`yxanul export MODEL OUT [--format llama|yxanul] [--dtype bf16|fp32]`.
+
+``llama``: a standard ``LlamaForCausalLM`` folder (config.json, model.safetensors or shards + index,
+tokenizer files, generation_config.json) that plain ``transformers`` loads without yxanul and without
+``trust_remote_code``. ``yxanul``: ``save_pretrained`` of ``YxanulForCausalLM`` (loads with
+``AutoModelForCausalLM`` after ``import yxanul``).
+
+Name mapping (yxanul/TE -> Llama), per layer i (docs/export.md has the table):
+  self_attention.layernorm_qkv.layer_norm_weight -> input_layernorm.weight   (RMSNorm folded into TE's LayerNormLinear)
+  self_attention.layernorm_qkv.{query,key,value}_weight -> self_attn.{q,k,v}_proj.weight
+  self_attention.proj.weight -> self_attn.o_proj.weight
+  layernorm_mlp.layer_norm_weight -> post_attention_layernorm.weight          (folded into TE's LayerNormMLP)
+  layernorm_mlp.fc1_weight = cat[gate, up] -> mlp.gate_proj.weight, mlp.up_proj.weight
+  layernorm_mlp.fc2_weight -> mlp.down_proj.weight
+RoPE needs no permutation: yxanul (like te.RotaryPositionEmbedding) rotates non-interleaved halves
+(rotate_half) with inv_freq = theta^(-2i/d), exactly HF Llama's convention.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from ..errors import UserError
+from .loading import is_export, load_checkpoint_model, read_checkpoint_weights, resolve_checkpoint, \
+    tokenizer_of_checkpoint
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# yxanul per-layer suffix -> Llama per-layer suffix (fc1 is split in two: handled apart)
+_TO_LLAMA = {
+    "self_attention.layernorm_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.layernorm_qkv.query_weight": "self_attn.q_proj.weight",
+    "self_attention.layernorm_qkv.key_weight": "self_attn.k_proj.weight",
+    "self_attention.layernorm_qkv.value_weight": "self_attn.v_proj.weight",
+    "self_attention.proj.weight": "self_attn.o_proj.weight",
+    "layernorm_mlp.layer_norm_weight": "post_attention_layernorm.weight",
+    "layernorm_mlp.fc2_weight": "mlp.down_proj.weight",
+}
+_FROM_LLAMA = {v: k for k, v in _TO_LLAMA.items()}
+_GLOBAL = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+
+
+def yxanul_to_llama(state: dict[str, torch.Tensor], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
+    """yxanul/TE state dict -> LlamaForCausalLM state dict (contiguous copies; no tied head when tied)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.endswith("_extra_state") or (name == "lm_head.weight" and tie_word_embeddings):
+            continue
+        m = _LAYER.match(name)
+        if name in _GLOBAL:
+            out[name] = t
+        elif m and m.group(2) == "layernorm_mlp.fc1_weight":
+            gate, up = t.chunk(2, dim=0)                       # (2F, C) -> (F, C), (F, C); SiLU on the gate half
+            out[f"model.layers.{m.group(1)}.mlp.gate_proj.weight"] = gate
+            out[f"model.layers.{m.group(1)}.mlp.up_proj.weight"] = up
+        elif m and m.group(2) in _TO_LLAMA:
+            out[f"model.layers.{m.group(1)}.{_TO_LLAMA[m.group(2)]}"] = t
+        else:
+            raise UserError(f"export: unexpected weight '{name}' (not a yxanul model?)")
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def is_llama_state(state: dict) -> bool:
+    return any(".self_attn.q_proj." in k for k in state)
+
+
+def llama_to_yxanul(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM state dict -> yxanul names (gate|up concatenated into fc1): the way back for
+    ``--init_from`` on a Llama export."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        m = _LAYER.match(name)
+        if name in _GLOBAL:
+            out[name] = t
+        elif m and m.group(2) == "mlp.gate_proj.weight":
+            up = state[f"model.layers.{m.group(1)}.mlp.up_proj.weight"]
+            out[f"model.layers.{m.group(1)}.layernorm_mlp.fc1_weight"] = torch.cat([t, up])  # (2F, C)
+        elif m and m.group(2) == "mlp.up_proj.weight":
+            continue
+        elif m and m.group(2) in _FROM_LLAMA:
+            out[f"model.layers.{m.group(1)}.{_FROM_LLAMA[m.group(2)]}"] = t
+        elif not name.endswith("rotary_emb.inv_freq"):
+            raise UserError(f"init_from: unexpected Llama weight '{name}'")
+    return out
+
+
+def llama_config(config, dtype: torch.dtype):
+    """The LlamaConfig of a YxanulConfig (no biases, SiLU, default RoPE with the same theta)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings, rms_norm_eps=config.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        tie_word_embeddings=config.tie_word_embeddings, attention_bias=False, mlp_bias=False,
+        initializer_range=config.initializer_range, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, dtype=dtype,
+        architectures=["LlamaForCausalLM"])
+
+
+def _token_ids(config, tokenizer) -> None:
+    """Fill bos/eos/pad ids from the tokenizer where the model config has none."""
+    if tokenizer is None:
+        return
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(config, key, None) is None:
+            setattr(config, key, getattr(tokenizer, key, None))
+
+
+def save_llama(model, out: Path, dtype: torch.dtype, max_shard_size: str) -> None:
+    """Write config.json + safetensors (sharded above ``max_shard_size``, with the index) for Llama.
+    huggingface_hub's save_torch_state_dict does the sharding and index exactly as save_pretrained."""
+    from huggingface_hub import save_torch_state_dict
+
+    cfg = model.config
+    state = yxanul_to_llama({k: v.to(dtype) for k, v in model.state_dict().items()}, cfg.tie_word_embeddings)
+    save_torch_state_dict(state, str(out), max_shard_size=max_shard_size, metadata={"format": "pt"})
+    llama_config(cfg, dtype).save_pretrained(str(out))
+
+
+def save_generation_config(config, out: Path) -> None:
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                     pad_token_id=config.pad_token_id if config.pad_token_id is not None else config.eos_token_id,
+                     ).save_pretrained(str(out))
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "precision_report.json")
+
+
+def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | None) -> None:
+    """Next to the weights: the checkpoint's trainer_state.json, the run's config.yaml, metrics.jsonl and
+    precision report, the loss-curve PNG and the model card (README.md)."""
+    from ..checkpoint import STATE_FILE, read_state
+    from .card import LOSS_PNG, build_card, plot_loss, read_metrics
+
+    run_dir = ckpt.parent.parent
+    shutil.copy2(ckpt / STATE_FILE, out / STATE_FILE)
+    for name in RUN_FILES:
+        src = ckpt / name if (ckpt / name).is_file() else run_dir / name
+        if src.is_file():
+            shutil.copy2(src, out / name)
+    has_plot = plot_loss(read_metrics(run_dir), out / LOSS_PNG) is not None
+    (out / "README.md").write_text(build_card(config, run_dir, read_state(ckpt), license, repo_id, has_plot))
+
+
+def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str = "bf16",
+           max_shard_size: str = "5GB", overwrite: bool = False, license: str = "other",
+           repo_id: str | None = None) -> Path:
+    """Export the model behind ``source`` (run dir, checkpoint or yxanul export) into ``out``; from a run
+    or checkpoint, with its training files and a model card (``license``/``repo_id`` go into the card)."""
+    if fmt not in ("llama", "yxanul"):
+        raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
+    out = Path(out)
+    src = Path(source).resolve()
+    if src == out.resolve() or out.resolve() in src.parents:
+        raise UserError(f"export OUT '{out}': would overwrite the MODEL '{source}' it exports")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
+    ckpt = None
+    if is_export(source):
+        from .loading import load_model
+
+        model, tok = load_model(source)
+        if getattr(model.config, "model_type", None) != "yxanul":
+            raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
+    else:
+        ckpt = resolve_checkpoint(source)
+        model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
+    _token_ids(model.config, tok)
+    if out.exists() and overwrite:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "llama":
+        save_llama(model, out, DTYPES[dtype], max_shard_size)
+    else:
+        model.config.backend = "torch"
+        model.to(DTYPES[dtype]).save_pretrained(str(out), max_shard_size=max_shard_size)
+    save_generation_config(model.config, out)
+    if tok is not None:
+        tok.save_pretrained(str(out))
+    if ckpt is not None:
+        write_run_files(out, ckpt, model.config, license, repo_id)
+    return out
+
+
+def read_weights_any(path: str | Path) -> dict[str, torch.Tensor]:
+    """Weights of a checkpoint or export folder, in yxanul names."""
+    p = Path(path)
+    if is_export(p):
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in sorted(p.glob("model*.safetensors")):
+            state.update(load_file(str(f)))
+        return llama_to_yxanul(state) if is_llama_state(state) else state
+    return read_checkpoint_weights(resolve_checkpoint(p))
+
+
+@dataclass
+class ExportCommand:
+    """Export a run, checkpoint or yxanul export as a Llama (or yxanul) folder for plain transformers."""
+
+    model: str = field(metadata={"positional": True, "help": "Run directory (its best, else latest checkpoint), "
+                                                            "checkpoint folder, or yxanul export."})
+    out: str = field(metadata={"positional": True, "help": "Output folder (new or empty)."})
+    format: Literal["llama", "yxanul"] = field(default="llama", metadata={
+        "help": "llama: LlamaForCausalLM, loads without yxanul; yxanul: save_pretrained of YxanulForCausalLM."})
+    dtype: Literal["bf16", "fp32"] = field(default="bf16", metadata={"help": "Dtype of the saved weights."})
+    max_shard_size: str = field(default="5GB", metadata={"help": "Shard the weights above this size (e.g. 2GB)."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty OUT folder."})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..flags import parse_command
+
+    a = parse_command(ExportCommand, argv, prog="yxanul export")
+    out = export(a.model, a.out, a.format, a.dtype, a.max_shard_size, a.overwrite)
+    files = sorted(f.name for f in out.iterdir())
+    print(f"exported {a.model} as {a.format} ({a.dtype}) to {out}: {', '.join(files)}")
+    return 0

@@ -1,0 +1,178 @@
+"""Anything a user points at -> weights, config and tokenizer.
+
+A MODEL argument (``yxanul export|push|generate|eval``) is one of:
+  - a run directory (``RUN/checkpoints/best``, else ``latest``, else the newest ``step_N``);
+  - a checkpoint folder ``RUN/checkpoints/step_N`` (accelerate's ``model.safetensors``, or DeepSpeed's
+    ``pytorch_model/`` folder of a ZeRO run); extra files (optimizer, RNG, FP8 state, manifests) are ignored;
+  - an export (a folder with ``config.json``: ``yxanul export`` in either format, or any HF causal LM).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ..checkpoint import STATE_FILE, _pointer, list_checkpoints, read_state
+from ..errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_checkpoint(path: str | Path, what: str = "MODEL") -> Path:
+    """A checkpoint folder, or the ``best`` (else ``latest``, else newest) checkpoint of a run directory."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} '{path}': no such file or directory")
+    if (p / STATE_FILE).is_file():
+        return p
+    for name in ("best", "latest"):
+        ckpt = _pointer(p, name)
+        if ckpt is not None:
+            return ckpt
+    ckpts = list_checkpoints(p)
+    if ckpts:
+        return Path(ckpts[-1]["path"])
+    raise UserError(f"{what} '{path}': not a run directory with checkpoints, a checkpoint folder "
+                    f"({STATE_FILE}) or an export (config.json)")
+
+
+def is_export(path: str | Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
+def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint in fp32, TE's ``*_extra_state`` dropped.
+
+    accelerate writes ``model.safetensors``; under DeepSpeed, accelerate's ``save_state`` writes the engine's
+    own ``pytorch_model/`` folder, whose fp32 master weights DeepSpeed's ``zero_to_fp32`` rebuilds (ZeRO 1-3)."""
+    files = sorted(ckpt.glob("model*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+    elif (ckpt / "pytorch_model").is_dir():
+        try:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        except ImportError as e:
+            raise UserError(f"checkpoint '{ckpt}': a DeepSpeed checkpoint; reading it needs deepspeed "
+                            f"(pip install yxanul[deepspeed]): {e}") from None
+        state = dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="pytorch_model"))
+    else:
+        raise UserError(f"checkpoint '{ckpt}': no model*.safetensors and no DeepSpeed pytorch_model/ folder")
+    return {k: v.float() for k, v in state.items() if not k.endswith("_extra_state")}
+
+
+def run_config(ckpt: Path) -> dict[str, Any]:
+    """The flat config the checkpoint was written with (``config.yaml``, else the run's), or {}."""
+    for f in (ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"):
+        if f.is_file():
+            return yaml.safe_load(f.read_text()) or {}
+    return {}
+
+
+def config_of_checkpoint(ckpt: Path, state: dict[str, torch.Tensor]):
+    """The YxanulConfig of a checkpoint: its preset and seq_length from config.yaml, vocabulary and tie
+    from the weights (backend torch: the export and the CPU tools need no TE)."""
+    from ..models.configuration_yxanul import config_from_preset
+
+    cfg = run_config(ckpt)
+    emb = state.get("model.embed_tokens.weight", state.get("lm_head.weight"))
+    if emb is None:
+        raise UserError(f"checkpoint '{ckpt}': no model.embed_tokens.weight in its weights")
+    tied = cfg.get("tie_word_embeddings")
+    if tied is None:
+        tied = "lm_head.weight" not in state or torch.equal(state["lm_head.weight"], emb)
+    if "model" in cfg:
+        shapes = _shapes_of(state)
+        kv_width = shapes.pop("kv_width", None)
+        config = config_from_preset(cfg["model"], emb.shape[0], int(cfg.get("seq_length", 2048)),
+                                    backend="torch", tie_word_embeddings=tied, **shapes)
+        config.vocab_size = emb.shape[0]  # the weights' own (a padded preset vocabulary, or not)
+        if kv_width is not None:
+            config.num_key_value_heads = max(1, kv_width // config.head_dim)
+        config.validate_shapes()
+        return config
+    raise UserError(f"checkpoint '{ckpt}': no config.yaml with the run's 'model' preset next to the weights")
+
+
+def _shapes_of(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Layer count, FFN width and KV width read off the weights (the head count comes from the preset)."""
+    layers = {int(k.split(".")[2]) for k in state if k.startswith("model.layers.")}
+    fc1 = state.get("model.layers.0.layernorm_mlp.fc1_weight")
+    k = state.get("model.layers.0.self_attention.layernorm_qkv.key_weight")
+    out = {"num_hidden_layers": max(layers) + 1 if layers else None,
+           "intermediate_size": fc1.shape[0] // 2 if fc1 is not None else None}
+    if k is not None:
+        out["kv_width"] = k.shape[0]
+    return out
+
+
+def tokenizer_of_checkpoint(ckpt: Path):
+    """The tokenizer the run trained with: from its prepared data folder (``data_dir`` or the cache folder
+    that the run's data settings fingerprint to). None (with a warning) when it cannot be found."""
+    from ..data.args import DataArgs
+    from ..data.prepare import load_prepared_tokenizer, target_dir
+
+    cfg = run_config(ckpt)
+    keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
+    try:
+        data_dir = keys.get("data_dir") or target_dir(DataArgs(**keys), seed=cfg.get("seed", 0))[0]
+        return load_prepared_tokenizer(data_dir)
+    except Exception as e:  # noqa: BLE001 - a missing tokenizer must not stop an export of the weights
+        log.warning("no tokenizer found for %s (%s): the export has none", ckpt, e)
+        return None
+
+
+def load_checkpoint_model(ckpt: Path):
+    """YxanulForCausalLM (torch backend, fp32, eval mode) with a checkpoint's weights."""
+    from ..models.modeling_yxanul import YxanulForCausalLM
+
+    state = read_checkpoint_weights(ckpt)
+    config = config_of_checkpoint(ckpt, state)
+    model = YxanulForCausalLM(config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise UserError(f"checkpoint '{ckpt}': weights do not match preset {run_config(ckpt).get('model')!r} "
+                        f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.tie_weights()
+    return model.eval()
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """(model, tokenizer or None) for any MODEL argument; the model in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models import modeling_yxanul  # noqa: F401  (registers the yxanul architecture with the Auto classes)
+
+    p = Path(path)
+    if is_export(p):
+        import json
+
+        kw = {"backend": "torch"} if json.loads((p / "config.json").read_text()).get("model_type") == "yxanul" else {}
+        try:  # a yxanul export saved with backend te loads into the torch twin (same names, any device)
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, **kw)
+        except (OSError, ValueError) as e:
+            raise UserError(f"MODEL '{path}': not loadable by transformers ({str(e).splitlines()[0]})") from None
+        tok = AutoTokenizer.from_pretrained(str(p)) if any(p.glob("tokenizer*.json")) else None
+    else:
+        ckpt = resolve_checkpoint(p)
+        model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
+        if dtype is not None:
+            model = model.to(dtype)
+    return model.to(device).eval(), tok
+
+
+def describe_source(path: str | Path) -> dict[str, Any]:
+    """trainer_state of the checkpoint behind ``path`` ({} for an export)."""
+    if is_export(path):
+        return {}
+    return read_state(resolve_checkpoint(path))
