@@ -11,12 +11,12 @@ COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "checkpoints": ("yxanul.checkpoint", "main", "list the checkpoints of a run directory"),
-    "verify": ("yxanul.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
+    "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
-    "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
-    "plot-lr": ("yxanul.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
-    "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
-    "compare": ("yxanul.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
+    "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),
+    "plot-lr": ("yxanul.tools.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
+    "bench": ("yxanul.tools.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
+    "compare": ("yxanul.tools.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
 }
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")
@@ -36,7 +36,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
         print(format_table(run_dir_of(cfg)))
         return 0
-    from .trainer import train
+    from .training import train
 
     train(cfg)
     return 0
