@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from yxanul import _te
-from yxanul.verify import main
+from yxanul.tools.verify import main
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU behaviour")
 
