@@ -83,6 +83,7 @@ class Trainer:
         self.first_loss = self.last_loss = self.tokens_per_sec = None
         self.stage_idx: int | None = None
         self._resumed_data: dict | None = None
+        self.train_iter = None
         self._trackers_started = False
         self.t_start = time.time()
 
@@ -228,6 +229,8 @@ class Trainer:
     # -- one step ------------------------------------------------------------------------------
     def next_batches(self) -> list:
         """The micro-batches of the next optimizer step: ``accum`` (x, y) pairs, (B, T) each."""
+        if self.train_iter is None:
+            self.train_iter = iter(self.loader)
         return [next(self.train_iter) for _ in range(self.accum)]
 
     def train_step(self, batches) -> StepOutput:
@@ -397,7 +400,6 @@ class Trainer:
         cfg, st = self.cfg, self.state
         self._write_precision_report()
         self.say(f"training {cfg.train.max_steps - st.step} steps from step {st.step} into {self.run_dir}")
-        self.train_iter = iter(self.loader)
         self.model.train()
         self.callbacks.on_train_begin(self)
         self.timer = StepTimer()
