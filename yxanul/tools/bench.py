@@ -1,6 +1,7 @@
 """`yxanul bench`: training throughput per preset x sequence length x precision on this machine.
 
-Each case is the trainer's own step (`yxanul.training.step.train_step`) on the real model: `build`-equivalent model (TE backend where it
+Each case is the trainer's own step (`yxanul.training.step.train_step`)
+on the real model: `build`-equivalent model (TE backend where it
 imports), `resolve_precision` + `plan.prepare_model` (small-GEMM policy, read-back hooks), yxanul's
 AdamW (fused on CUDA), BF16 autocast as accelerate applies it, `plan.forward_context` (te.autocast
 with the configured recipe), `is_first_microbatch`, backward, clip, step. Every precision of a

@@ -164,7 +164,9 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
-            self.model = torch.compile(self.model)
+            # On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many machines, and
+            # CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen there.
+            self.model = torch.compile(self.model, backend="inductor" if acc.device.type == "cuda" else "aot_eager")
         self.say(describe(self.mcfg))
         self.say(f"batch: micro {self.batch.micro_batch} x accumulation {accum} x world {acc.num_processes} "
                  f"= {self.batch.micro_batch * accum * acc.num_processes} sequences x {cfg.model.seq_length} "
