@@ -51,11 +51,11 @@ def test_deepspeed_config_gets_max_grad_norm_and_the_batch_plan(tmp_path):
     from accelerate.utils import DeepSpeedPlugin
 
     from yxanul.config import parse_args
-    from yxanul.training.trainer import _configure_deepspeed
+    from yxanul.training.runtime import configure_deepspeed
 
     plugin = DeepSpeedPlugin(hf_ds_config=str(ROOT / "ds_configs" / "zero1.json"))
     acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin), num_processes=2)
-    _configure_deepspeed(acc, parse_args(["--max_grad_norm", "0.25"]), micro=3, accum=5, say=print)
+    configure_deepspeed(acc, parse_args(["--max_grad_norm", "0.25"]), micro=3, accum=5, say=print)
     ds_cfg = plugin.deepspeed_config
     assert ds_cfg["gradient_clipping"] == 0.25
     assert (ds_cfg["train_micro_batch_size_per_gpu"], ds_cfg["gradient_accumulation_steps"],
