@@ -313,3 +313,43 @@ def test_torch_compile_trains_on_cpu(tmp_path):
 
     names = load_file(tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").keys()
     assert "model.embed_tokens.weight" in names and not any("_orig_mod" in n for n in names)
+
+
+def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_config):
+    """A model whose forward returns loss = lm_loss + penalty (as the penalty feature's will): the one
+    step sums each over micro-batches, and validation uses the LM loss only. Accumulating 2 micro-
+    batches gives the same update as one step over both (loss scaled by 1/accum)."""
+    import copy
+
+    import torch
+    from accelerate import Accelerator
+
+    from yxanul.models import YxanulForCausalLM
+    from yxanul.training.evaluation import evaluate_loss
+    from yxanul.training.step import train_step
+
+    class Penalised(YxanulForCausalLM):  # a z-loss-like term on top of the real model's loss
+        def forward(self, input_ids, shift_labels=None, return_logits=False, **kw):
+            out = super().forward(input_ids, shift_labels=shift_labels, return_logits=True, **kw)
+            penalty = 1e-2 * torch.logsumexp(out.logits.float(), -1).pow(2).mean()
+            out.lm_loss, out.penalty, out.loss = out.loss, penalty, out.loss + penalty
+            return out
+
+    torch.manual_seed(0)
+    model = Penalised(tiny_config())
+    twin = copy.deepcopy(model)
+    x = torch.randint(0, 1000, (4, 16))
+    halves = [(x[:2], x[:2]), (x[2:], x[2:])]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = train_step(model, opt, halves, max_grad_norm=0.0)
+    assert out.accum == 2 and torch.allclose(out.loss, out.lm_loss + out.penalty)
+    ref = twin(x, shift_labels=x)
+    assert torch.allclose(out.lm_loss / 2, ref.lm_loss, atol=1e-5) and torch.allclose(out.penalty / 2, ref.penalty,
+                                                                                      atol=1e-6)
+    ref.loss.backward()
+    torch.optim.SGD(twin.parameters(), lr=0.1).step()
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.parameters(), twin.parameters()))
+    acc = Accelerator(cpu=True)
+    val = evaluate_loss(model, [(x, x)], None, acc)
+    with torch.no_grad():
+        assert val == pytest.approx(model(x, shift_labels=x).lm_loss.item(), rel=1e-6)  # not the total
