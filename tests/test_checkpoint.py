@@ -144,17 +144,21 @@ def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config
     save_checkpoint(acc, tmp_path, _state(3), keep_last=3)
     ckpt = tmp_path / "checkpoints" / "step_3"
     saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = {i: {k: v.clone() for k, v in st.items()} for i, st in opt.state_dict()["state"].items()}
     with pytest.raises(RuntimeError, match="entire storage"):  # what plain accelerate does with it
         load_model(model, ckpt / "model.safetensors")
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
+    opt.optimizer.state.clear()  # a fresh optimizer: only the load can bring its moments back
     cfg = parse_args(["--model", "nano"])
     load_for_resume(acc, ckpt, cfg)
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k]), k
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
-    assert opt.state_dict()["state"], "optimizer state restored too"
+    restored = opt.state_dict()["state"]
+    assert restored.keys() == saved_opt.keys() and saved_opt, "optimizer state restored too"
+    assert all(torch.equal(restored[i][k], v) for i, st in saved_opt.items() for k, v in st.items())
     assert qkv.key_weight.untyped_storage().data_ptr() == qkv.query_weight.untyped_storage().data_ptr()
 
     other, _, _ = build(intermediate_size=768)

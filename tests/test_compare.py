@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from yxanul.compare import compare, main, read_run, smooth
+from yxanul.tools.compare import compare, main, read_run, smooth
 from yxanul.errors import UserError
 
 from test_trainer import FAST, yxanul

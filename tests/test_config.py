@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from yxanul.config import parse_args, resolve
 from yxanul.errors import ConfigError, UserError
@@ -88,7 +89,14 @@ def test_shipped_configs_are_valid():
     assert len(files) >= 4
     for f in files:
         cfg = parse_args(["--config", str(f)])
-        assert cfg.train.max_steps >= 1, f
+        flat, raw = cfg.to_flat_dict(), yaml.safe_load(f.read_text())
+        assert raw and cfg.source == str(f)
+        for key, value in raw.items():  # every key of the file reached the config, with its value
+            got = flat[key]
+            if isinstance(got, float):
+                assert got == pytest.approx(float(value)), (f, key)
+            else:
+                assert got == value, (f, key, got, value)
 
 
 def test_parsing_and_help_do_not_import_torch():

@@ -18,7 +18,8 @@ from yxanul.tracking import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
         "--eval_steps", "2", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
-        "--warmup_steps", "2", "--lr_decay_steps", "8", "--max_lr", "2e-3"]
+        "--warmup_steps", "2", "--lr_decay_steps", "8", "--max_lr", "2e-3",
+        "--max_grad_norm", "0.5"]  # not accelerate's 1.0 for gradient_clipping "auto": DeepSpeed must get ours
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None or
                                                    shutil.which("accelerate") is None,
@@ -40,6 +41,25 @@ def ds(*args):
 
 def losses(d):
     return {r["step"]: r["loss"] for r in read_metrics(Path(d) / "metrics.jsonl") if "loss" in r}
+
+
+def test_deepspeed_config_gets_max_grad_norm_and_the_batch_plan(tmp_path):
+    """The trainer fills the "auto" values of the shipped ZeRO-1 config itself (yxanul's loader is not
+    prepared by accelerate, and accelerate would fill gradient_clipping with 1.0)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from yxanul.config import parse_args
+    from yxanul.training.runtime import configure_deepspeed
+
+    plugin = DeepSpeedPlugin(hf_ds_config=str(ROOT / "ds_configs" / "zero1.json"))
+    acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin), num_processes=2)
+    configure_deepspeed(acc, parse_args(["--max_grad_norm", "0.25"]), micro=3, accum=5, say=print)
+    ds_cfg = plugin.deepspeed_config
+    assert ds_cfg["gradient_clipping"] == 0.25
+    assert (ds_cfg["train_micro_batch_size_per_gpu"], ds_cfg["gradient_accumulation_steps"],
+            ds_cfg["train_batch_size"]) == (3, 5, 30)
 
 
 def test_zero1_trains_like_plain_and_resumes(tmp_path):

@@ -2,7 +2,8 @@ import math
 
 import torch
 
-from yxanul.optim import OptimArgs, build_optimizer, lr_at
+from yxanul.optim import OptimArgs, build_optimizer
+from yxanul.training.schedule import lr_at
 
 
 def test_lr_warmup_peak_and_floor():

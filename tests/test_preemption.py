@@ -23,7 +23,22 @@ def test_one_process_stops_on_the_step_after_the_signal(handlers, sig):
     from accelerate import Accelerator
 
     acc = Accelerator(cpu=True)
-    stop = StopRequest()
-    assert [stop.poll(acc) for _ in range(3)] == [False] * 3  # no signal: never stops
-    os.kill(os.getpid(), getattr(signal, sig))  # handled: the process lives on
-    assert stop.signum == getattr(signal, sig) and stop.poll(acc)
+    with StopRequest() as stop:
+        assert [stop.poll(acc) for _ in range(3)] == [False] * 3  # no signal: never stops
+        os.kill(os.getpid(), getattr(signal, sig))  # handled: the process lives on
+        assert stop.signum == getattr(signal, sig) and stop.poll(acc)
+
+
+def test_previous_handlers_are_restored(handlers):
+    seen = []
+
+    def previous(signum, frame):
+        seen.append(signum)
+
+    signal.signal(signal.SIGUSR1, previous)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with StopRequest() as stop:
+        assert signal.getsignal(signal.SIGUSR1) == stop._handle
+    assert signal.getsignal(signal.SIGUSR1) is previous and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert seen == [signal.SIGUSR1] and stop.signum is None

@@ -1,6 +1,7 @@
 """End-to-end training on CPU through the real CLI: loss falls, exact resume, signals, listing."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -192,3 +193,166 @@ def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
             for d in (out / "checkpoints").glob("step_*")}
     assert vals["step_4"] is None and vals["step_8"] is None and vals["step_12"] is not None
     assert (out / "checkpoints" / "best").read_text().strip() == "step_12"
+
+
+# ---------------------------------------------------------------------------- in-process Trainer
+def _cfg(tmp_path, *extra):
+    from yxanul.config import parse_args
+
+    return parse_args([*FAST, "--checkpoint_freq", "0", "--save_final", "false", "--output_dir", str(tmp_path / "run"),
+                       *extra])
+
+
+def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
+    """The Trainer's methods, called one by one on the tiny CPU model: a step changes the weights and
+    advances the state; log writes metrics.jsonl; evaluate (sampling on) leaves the RNG untouched; a
+    save + resume round trip continues with bit-identical losses."""
+    import torch
+
+    from yxanul.training import Trainer, TrainState
+
+    t = Trainer(_cfg(tmp_path, "--max_steps", "4", "--sample_tokens", "6")).setup()
+    assert t.resume() is None and t.state.step == 0
+    before = [p.detach().clone() for p in t.model.parameters()]
+    out = t.train_step(t.next_batches())
+    assert (t.state.step, t.state.tokens_seen) == (1, 4 * 32) and out.accum == 1 and out.lm_loss is None
+    assert abs(out.loss.item() - math.log(t.mcfg.vocab_size)) < 0.5  # the initial loss is ~ln V
+    assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
+    row = t.log(out)
+    assert row["loss"] == pytest.approx(out.loss.item()) and read_metrics(t.run_dir / "metrics.jsonl")[-1] == row
+    out = t.train_step(t.next_batches())
+    rng = torch.get_rng_state()
+    ev = t.evaluate()
+    assert torch.equal(rng, torch.get_rng_state())  # the sample forks the RNG: resume stays exact
+    assert ev["sample"] and math.isfinite(ev["val_loss"]) and t.state.best_val_loss == ev["val_loss"]
+    ckpt = t.save(out)
+    saved = TrainState.read(ckpt)
+    assert (saved.step, saved.val_loss, saved.best_val_loss, saved.tokens_per_step) == (2, ev["val_loss"],
+                                                                                         ev["val_loss"], 128)
+    reference = [t.train_step(t.next_batches()).loss for _ in range(2)]
+    t.finish()
+
+    r = Trainer(_cfg(tmp_path, "--max_steps", "4", "--resume", str(ckpt))).setup()
+    assert r.resume() == ckpt and (r.state.step, r.state.tokens_seen) == (2, 256)
+    assert r.state.best_val_loss == ev["val_loss"] and r.evaluated_at == 2
+    resumed = [r.train_step(r.next_batches()).loss for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
+    r.finish()
+
+
+def test_train_state_schema_round_trip_and_one_line_errors(tmp_path):
+    from yxanul.errors import UserError
+    from yxanul.training import TrainState
+
+    st = TrainState(step=3, tokens_seen=96, data={"epoch": 0}, val_loss=None, best_val_loss=None)
+    assert TrainState.from_dict(st.to_dict()) == st
+    st.record_eval(float("nan"))  # a NaN eval never becomes the best, and None never compares
+    st.record_eval(2.5)
+    st.record_eval(3.0)
+    assert st.best_val_loss == 2.5 and st.for_checkpoint(evaluated_at=2)["val_loss"] is None
+    v1 = {k: v for k, v in st.to_dict().items() if k not in ("version", "best_val_loss", "wandb_run_id")}
+    assert TrainState.from_dict(v1).version == 1  # checkpoints written before the schema had a version
+    with pytest.raises(UserError, match=r"^x/trainer_state.json: unknown field 'bogus'"):
+        TrainState.from_dict({**st.to_dict(), "bogus": 1}, source="x/trainer_state.json")
+    with pytest.raises(UserError, match=r"missing field 'data'"):
+        TrainState.from_dict({k: v for k, v in st.to_dict().items() if k != "data"})
+    (tmp_path / "trainer_state.json").write_text("{not json")
+    with pytest.raises(UserError, match="not a readable trainer state"):
+        TrainState.read(tmp_path)
+
+
+def test_callbacks_get_eval_metrics_saves_and_the_end(tmp_path):
+    from yxanul.training import train
+
+    class Recorder:
+        def __init__(self):
+            self.events = []
+
+        def on_evaluate(self, trainer):
+            self.events.append(("eval", trainer.state.step))
+            return {"answer": 42.0}
+
+        def on_save(self, trainer, ckpt_dir, is_best):
+            self.events.append(("save", ckpt_dir.name, is_best))
+
+        def on_train_end(self, trainer):
+            self.events.append(("end", trainer.state.step))
+
+    rec = Recorder()
+    summary = train(_cfg(tmp_path, "--max_steps", "3", "--eval_freq", "2", "--checkpoint_freq", "1",
+                         "--save_final", "true"), callbacks=[rec])
+    assert rec.events == [("save", "step_1", False), ("eval", 2), ("save", "step_2", True), ("eval", 3),
+                          ("save", "step_3", summary["best_val_loss"] == summary["val_loss"]), ("end", 3)]
+    evals = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    assert [e["answer"] for e in evals] == [42.0, 42.0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is None, reason="wandb not installed")
+def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
+    """W&B offline: the run id is kept in the run dir and the checkpoint; --resume logs into the same run."""
+    from yxanul.training import TrainState, train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    train(_cfg(tmp_path, "--max_steps", "2", "--use_wandb", "--save_final", "true"))
+    run = tmp_path / "run"
+    run_id = (run / "wandb_run_id").read_text().strip()
+    assert TrainState.read(run / "checkpoints" / "step_2").wandb_run_id == run_id
+    train(_cfg(tmp_path, "--max_steps", "3", "--use_wandb", "--resume", "latest"))
+    dirs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in dirs), dirs
+    assert (run / "wandb_run_id").read_text().strip() == run_id
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_on_cpu(tmp_path):
+    """--torch_compile: the compiled model trains (and checkpoints under its original names)."""
+    from yxanul.training import train
+
+    summary = train(_cfg(tmp_path, "--max_steps", "2", "--torch_compile", "--save_final", "true"))
+    assert summary["steps"] == 2 and math.isfinite(summary["last_loss"])
+    from safetensors.torch import load_file
+
+    names = load_file(tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").keys()
+    assert "model.embed_tokens.weight" in names and not any("_orig_mod" in n for n in names)
+
+
+def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_config):
+    """A model whose forward returns loss = lm_loss + penalty (as the penalty feature's will): the one
+    step sums each over micro-batches, and validation uses the LM loss only. Accumulating 2 micro-
+    batches gives the same update as one step over both (loss scaled by 1/accum)."""
+    import copy
+
+    import torch
+    from accelerate import Accelerator
+
+    from yxanul.models import YxanulForCausalLM
+    from yxanul.training.evaluation import evaluate_loss
+    from yxanul.training.step import train_step
+
+    class Penalised(YxanulForCausalLM):  # a z-loss-like term on top of the real model's loss
+        def forward(self, input_ids, shift_labels=None, return_logits=False, **kw):
+            out = super().forward(input_ids, shift_labels=shift_labels, return_logits=True, **kw)
+            penalty = 1e-2 * torch.logsumexp(out.logits.float(), -1).pow(2).mean()
+            out.lm_loss, out.penalty, out.loss = out.loss, penalty, out.loss + penalty
+            return out
+
+    torch.manual_seed(0)
+    model = Penalised(tiny_config())
+    twin = copy.deepcopy(model)
+    x = torch.randint(0, 1000, (4, 16))
+    halves = [(x[:2], x[:2]), (x[2:], x[2:])]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = train_step(model, opt, halves, max_grad_norm=0.0)
+    assert out.accum == 2 and torch.allclose(out.loss, out.lm_loss + out.penalty)
+    ref = twin(x, shift_labels=x)
+    assert torch.allclose(out.lm_loss / 2, ref.lm_loss, atol=1e-5) and torch.allclose(out.penalty / 2, ref.penalty,
+                                                                                      atol=1e-6)
+    ref.loss.backward()
+    torch.optim.SGD(twin.parameters(), lr=0.1).step()
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.parameters(), twin.parameters()))
+    acc = Accelerator(cpu=True)
+    val = evaluate_loss(model, [(x, x)], None, acc)
+    with torch.no_grad():
+        assert val == pytest.approx(model(x, shift_labels=x).lm_loss.item(), rel=1e-6)  # not the total

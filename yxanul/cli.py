@@ -14,12 +14,12 @@ COMMANDS = {
     "bench-data": ("yxanul.data.bench_data", "main", "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
     "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory and whether each verifies"),
-    "verify": ("yxanul.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
+    "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
-    "find-batch": ("yxanul.batch_finder", "main", "find the largest micro-batch that fits"),
-    "plot-lr": ("yxanul.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
-    "bench": ("yxanul.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
-    "compare": ("yxanul.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
+    "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),
+    "plot-lr": ("yxanul.tools.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
+    "bench": ("yxanul.tools.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
+    "compare": ("yxanul.tools.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),
     "sweep": ("yxanul.sweep", "main", "run a W&B sweep file (sweeps/*.yaml) online with wandb.agent, or offline here"),
     "export": ("yxanul.hub.export", "main", "export a run/checkpoint as a Llama (or yxanul) folder for transformers"),
     "push": ("yxanul.hub.push", "main", "push a run or export to the Hugging Face Hub with a model card"),
@@ -46,12 +46,9 @@ def train_main(argv: list[str] | None = None) -> int:
 
             print(format_table(run_dir_of(cfg)))
             return 0
-        from .launch import preflight
+        from .training import train
 
-        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else (lambda *a, **k: None))
-        from .trainer import train
-
-        train(cfg)
+        train(cfg)  # its setup runs the launch checks (yxanul.launch.preflight) first
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0

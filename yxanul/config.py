@@ -34,7 +34,7 @@ def _sections() -> list[tuple[str, type]]:
     from .optim import OptimArgs
     from .precision.args import PrecisionArgs
     from .tracking import TrackingArgs
-    from .train_args import TrainArgs
+    from .training.args import TrainArgs
 
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),

@@ -1,11 +1,6 @@
-"""Optimizer and learning-rate schedule: AdamW with decay/no-decay groups, linear warmup then
-cosine decay to ``min_lr_ratio * max_lr``.
-
-The trainer sets each step's LR from :func:`lr_at` itself instead of preparing a torch scheduler
-with accelerate: ``AcceleratedScheduler`` steps ``num_processes`` times per call (unless
-``split_batches``), which would tie the schedule to the world size; a pure function of the
-optimizer step also makes resume trivially exact.
-"""
+"""`OptimArgs` (optimizer and LR-schedule settings) and AdamW with decay/no-decay groups. The schedule
+itself (`lr_at`, a pure function of the step) lives with the curriculum in
+:mod:`yxanul.training.schedule`."""
 
 from __future__ import annotations
 
@@ -61,20 +56,6 @@ class OptimArgs:
             raise ConfigError("adam_eps", "a positive finite float", self.adam_eps)
 
 
-def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, decay_steps: int) -> float:
-    """Learning rate used for optimizer step ``step`` (0-based: the first update uses ``lr_at(0)``).
-
-    Linear warmup reaches ``max_lr`` at ``step == warmup_steps``; cosine decay reaches
-    ``min_lr_ratio * max_lr`` at ``step == decay_steps`` and stays there.
-    """
-    min_lr = max_lr * min_lr_ratio
-    if warmup_steps > 0 and step < warmup_steps:
-        return max_lr * (step + 1) / (warmup_steps + 1)
-    if step >= decay_steps:
-        return min_lr
-    span = max(1, decay_steps - warmup_steps)
-    progress = (step - warmup_steps) / span
-    return max_lr - 0.5 * (1.0 - math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
 def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.AdamW:

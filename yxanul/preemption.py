@@ -10,6 +10,8 @@ import torch
 
 class StopRequest:
     """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction): finish the step, checkpoint, exit 0.
+    A context manager: ``with StopRequest() as stop:`` installs the handlers and restores the
+    previous ones on exit.
 
     `poll` runs after every optimizer step on every rank. One process: it reads the flag (no device
     work). Several: each rank all-reduces its flag (MAX) on the device and copies the result to
@@ -17,15 +19,27 @@ class StopRequest:
     the host runs ahead of the device) and decides from it. So every rank stops on the same step,
     at most one step after the signal, and no step pays a host/device sync."""
 
+    SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+
     def __init__(self):
         self.signum: int | None = None
         self._pending: tuple[torch.Tensor, Any] | None = None  # (host flag, CUDA event or None)
-        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
-            if sig is not None:
-                try:
-                    signal.signal(sig, self._handle)
-                except ValueError:  # not the main thread (e.g. under a test runner thread)
-                    pass
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        """Install the handlers (main thread only; elsewhere, e.g. a test runner thread, none)."""
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Restore the handlers that were there before."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
 
     def _handle(self, signum, frame):
         self.signum = signum

@@ -51,15 +51,23 @@ def peak_flops(device_name: str | None) -> tuple[str, float] | None:
     return None
 
 
-def flops_per_token(n_params: int, n_layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus 12·L·H·T for attention (PaLM appendix B)."""
-    return 6 * n_params + 12 * n_layers * hidden * seq_len
+def mfu(flops_per_token: float, tokens_per_sec: float, peak: tuple[str, float] | None, world_size: int) -> float | None:
+    """Model FLOPs utilisation against the dense BF16 peak of ``world_size`` devices (None: unknown peak).
+    FLOPs per token come from the model config (:meth:`YxanulConfig.flops_per_token`)."""
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_sec / (peak[1] * world_size)
 
 
 def format_step_line(step: int, epoch: int, loss: float, lr: float, norm: float, dt_ms: float,
-                     tok_per_sec: float, precision: str) -> str:
-    """The console line users grep; its shape is fixed."""
-    return (f"step {step:4d} | epoch {epoch} | loss: {loss:.6f} | lr: {lr:.2e} | norm: {norm:.4f} | "
+                     tok_per_sec: float, precision: str, lm_loss: float | None = None,
+                     penalty: float | None = None) -> str:
+    """The console line users grep; its shape is fixed (``lm_loss``/``penalty`` follow ``loss`` only
+    when the model has a penalty)."""
+    parts = f"loss: {loss:.6f} | "
+    if lm_loss is not None:
+        parts += f"lm_loss: {lm_loss:.6f} | penalty: {penalty if penalty is not None else float('nan'):.6f} | "
+    return (f"step {step:4d} | epoch {epoch} | {parts}lr: {lr:.2e} | norm: {norm:.4f} | "
             f"dt: {dt_ms:.2f}ms | tok/sec: {tok_per_sec:.2f} | {precision}")
 
 
@@ -82,27 +90,52 @@ class MetricsLog:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (the tests, sweep summaries and notebooks read runs with it)."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def tracker_names(args: TrackingArgs, run_dir: str | os.PathLike | None = None) -> list[str]:
-    """accelerate ``log_with`` list. W&B runs offline unless the user configured a key or a mode,
-    and writes under the run directory unless WANDB_DIR says otherwise."""
-    names = []
-    if args.use_tensorboard:
-        names.append("tensorboard")
-    if args.use_wandb:
-        has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
-        if not has_key and not os.environ.get("WANDB_MODE"):
-            os.environ["WANDB_MODE"] = "offline"
-            print("W&B: no API key found, logging offline (sync later with `wandb sync`)", flush=True)
-        if run_dir is not None:
-            os.environ.setdefault("WANDB_DIR", str(run_dir))
-            os.environ.setdefault("WANDB_PROJECT", args.wandb_project)
-            if args.wandb_entity:
-                os.environ.setdefault("WANDB_ENTITY", args.wandb_entity)
-        names.append("wandb")
-    return names
+def tracker_names(args: TrackingArgs) -> list[str]:
+    """accelerate ``log_with`` list (no side effects)."""
+    return (["tensorboard"] if args.use_tensorboard else []) + (["wandb"] if args.use_wandb else [])
+
+
+RUN_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(run_dir: str | os.PathLike, resumed: str | None = None, environ=None) -> str:
+    """The W&B run of this run directory: the environment's (``WANDB_RUN_ID``, set by a sweep agent or
+    the user: a sweep trial stays in its sweep), else the one a resumed checkpoint names, else the one
+    kept in ``RUN/wandb_run_id``, else a new id. A resume therefore continues the same W&B run."""
+    environ = os.environ if environ is None else environ
+    if environ.get("WANDB_RUN_ID"):
+        return environ["WANDB_RUN_ID"]
+    if resumed:
+        return resumed
+    kept = Path(run_dir) / RUN_ID_FILE
+    if kept.is_file() and kept.read_text().strip():
+        return kept.read_text().strip()
+    import uuid
+
+    return uuid.uuid4().hex[:8]  # the shape of wandb.util.generate_id(), without importing wandb here
+
+
+def tracker_init_kwargs(args: TrackingArgs, run_dir: str | os.PathLike, run_name: str, run_id: str | None,
+                        environ=None, say=print) -> dict[str, dict[str, Any]]:
+    """accelerate ``init_trackers(init_kwargs=...)``: the W&B settings passed to ``wandb.init`` (no
+    ``WANDB_*`` environment writes). Offline unless an API key, a ``~/.netrc`` or ``WANDB_MODE`` says
+    otherwise; files under the run directory; ``id`` + ``resume="allow"`` continue the run on resume."""
+    if not args.use_wandb:
+        return {}
+    environ = os.environ if environ is None else environ
+    kw: dict[str, Any] = {"name": run_name, "dir": environ.get("WANDB_DIR") or str(run_dir), "id": run_id,
+                          "resume": "allow"}
+    if args.wandb_entity:
+        kw["entity"] = args.wandb_entity
+    has_key = bool(environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file()
+    if not has_key and not environ.get("WANDB_MODE"):
+        kw["mode"] = "offline"
+        say("W&B: no API key found, logging offline (sync later with `wandb sync`)", flush=True)
+    return {"wandb": kw}
 
 
 def flat_tracker_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

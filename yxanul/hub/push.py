@@ -75,12 +75,18 @@ class HubPushCallback:
     folder stays and ``yxanul push`` can send it later. Nothing here raises into the training loop.
     """
 
-    def __init__(self, hub, run_dir: str | Path, api=None, say=print, retries: int = 3, backoff_s: float = 10.0):
-        self.hub, self.run_dir = hub, Path(run_dir)
+    def __init__(self, hub, run_dir: str | Path | None, api=None, say=print, retries: int = 3,
+                 backoff_s: float = 10.0):
+        self.hub = hub
+        self.run_dir = Path(run_dir) if run_dir is not None else None  # None: the trainer's, at train begin
         self.api, self.say, self.retries, self.backoff_s = api, say, retries, backoff_s
         self._thread: threading.Thread | None = None
         self.pushed: list[str] = []   # commit urls
         self.failed: list[Path] = []  # staged folders whose upload failed
+
+    def on_train_begin(self, trainer) -> None:
+        if self.run_dir is None:
+            self.run_dir = Path(trainer.run_dir)
 
     @property
     def staging(self) -> Path:

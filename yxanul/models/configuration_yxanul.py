@@ -59,6 +59,15 @@ class YxanulConfig(PreTrainedConfig):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def flops_per_token(self, seq_length: int | None = None) -> float:
+        """Training FLOPs per token at ``seq_length`` (default ``max_position_embeddings``): 6·N for the
+        matmuls (N = :func:`matmul_parameters`: the layers' linears and the LM head; the embedding
+        lookup is no matmul) plus 12·L·C·T for attention's QK^T and AV (PaLM, appendix B). The one
+        formula behind every MFU yxanul prints (trainer: the curriculum stage's seq_length; bench).
+        transformers' ``floating_point_ops`` has no attention term, hence this."""
+        T = self.max_position_embeddings if seq_length is None else seq_length
+        return 6 * matmul_parameters(self) + 12 * self.num_hidden_layers * self.hidden_size * T
+
     def validate_shapes(self) -> None:
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):

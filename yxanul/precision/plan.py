@@ -44,7 +44,6 @@ class CapabilityFacts:
     bf16_supported: bool = False
     recipes: dict[str, tuple[bool, str]] = field(default_factory=dict)  # recipe -> (available, TE's reason)
     te_version: str | None = None
-    cuda_version: str | None = None
 
 
 def probe_facts() -> CapabilityFacts:
@@ -57,7 +56,7 @@ def probe_facts() -> CapabilityFacts:
         compute_capability=tuple(torch.cuda.get_device_capability()) if cuda else None,
         bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
         recipes=_te.availability() if cuda else {},
-        te_version=_te.te_version or _te.te_installed_version, cuda_version=torch.version.cuda)
+        te_version=_te.te_version or _te.te_installed_version)
 
 
 def recipe_spec(args: PrecisionArgs) -> tuple[str, dict]:
@@ -264,12 +263,13 @@ class PrecisionPlan:
         path = Path(directory) / FILE
         if not (self.fp8_enabled and path.is_file()):
             return 0
+        from ..training.step import forward  # the trainer's own forward: autocast + FP8 context
+
         device = next(model.parameters()).device
-        amp = (torch.autocast(device.type, dtype=torch.bfloat16) if self.base == "bf16"
-               else contextlib.nullcontext())
         n = max(16, min(seq_length, 64) // 16 * 16)
-        with torch.no_grad(), amp, self.forward_context(training=True):
-            model(torch.zeros(1, n, dtype=torch.long, device=device))
+        x = torch.zeros(1, n, dtype=torch.long, device=device)  # (1, n)
+        with torch.no_grad():
+            forward(model, x, x, plan=self, micro=None, training=True)
         return load_fp8_state_dict(model, load_file(str(path)))
 
     def fp8_stats(self, model) -> dict[str, float]:

@@ -4,59 +4,52 @@ marked, and its value printed at key steps (0, warmup end, 25/50/75 % and the la
     yxanul plot-lr --max_lr 3e-3 --min_lr_ratio 0.1 --warmup_steps 2000 --max_steps 20000 --out lr.png
     yxanul plot-lr --config run.yaml [--max_steps 50000] --out lr.png
 
-Values come from :func:`yxanul.optim.lr_at` (what the trainer uses). ``--config`` reads a flat YAML
+Values come from :func:`yxanul.training.schedule.lr_at` (what the trainer uses). ``--config`` reads a flat YAML
 file; only the keys used here are read (max_lr, min_lr_ratio, warmup_steps, max_steps,
 lr_decay_steps, curriculum and what gives the tokens per step), other keys are ignored; flags win.
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 
-from .errors import ConfigError, UserError
-from .optim import OptimArgs, lr_at
-
-_KEYS = ("max_lr", "min_lr_ratio", "warmup_steps", "max_steps", "lr_decay_steps", "tokens_per_step")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(f"plot-lr: {message}")
+from ..errors import ConfigError, UserError
+from ..optim import OptimArgs
+from ..training.schedule import lr_at
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="yxanul plot-lr", description=__doc__.split("\n\n")[0], argument_default=argparse.SUPPRESS,
-                allow_abbrev=False)
-    p.add_argument("--config", help="flat YAML config (unknown keys ignored here)")
-    p.add_argument("--max_lr", type=float, help="peak LR (default 6e-4)")
-    p.add_argument("--min_lr_ratio", type=float, help="final LR / max_lr (default 0.1)")
-    p.add_argument("--warmup_steps", type=int, help="linear warmup steps (default 100)")
-    p.add_argument("--max_steps", type=int, help="optimizer steps of the run (default 1000)")
-    p.add_argument("--lr_decay_steps", type=int, help="step where the cosine reaches its floor (default max_steps)")
-    p.add_argument("--tokens_per_step", type=int, help="tokens per optimizer step (default: from the config's "
-                   "target_tokens_per_step, or target_effective_batch_size/micro_batch_size x accumulation x seq_length)")
-    p.add_argument("--out", default="lr_schedule.png", help="PNG to write (default lr_schedule.png)")
-    return p
+@dataclass
+class PlotLRArgs:
+    """Plot the learning-rate schedule to a PNG."""
+
+    config: str | None = field(default=None, metadata={"help": "Flat YAML config (keys not used here are ignored)."})
+    max_lr: float | None = field(default=None, metadata={"help": "Peak LR (default 6e-4)."})
+    min_lr_ratio: float | None = field(default=None, metadata={"help": "Final LR / max_lr (default 0.1)."})
+    warmup_steps: int | None = field(default=None, metadata={"help": "Linear warmup steps (default 100)."})
+    max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps of the run (default 1000)."})
+    lr_decay_steps: int | None = field(default=None, metadata={"help": "Step where the cosine reaches its floor "
+                                                               "(default max_steps)."})
+    tokens_per_step: int | None = field(default=None, metadata={
+        "help": "Tokens per optimizer step (default: from the config's target_tokens_per_step, or "
+                "target_effective_batch_size/micro_batch_size x accumulation x seq_length)."})
+    out: str = field(default="lr_schedule.png", metadata={"help": "PNG to write."})
 
 
-def _coerce(values: dict) -> None:
-    """YAML gives '3e-3' as a string and 2000.0 as a float: make the keys used here numbers."""
-    for k, kind in (("max_lr", float), ("min_lr_ratio", float), ("warmup_steps", int), ("max_steps", int),
-                    ("lr_decay_steps", int), ("tokens_per_step", int), ("target_tokens_per_step", int),
-                    ("target_effective_batch_size", int), ("micro_batch_size", int),
-                    ("gradient_accumulation_steps", int), ("seq_length", int)):
-        v = values.get(k)
-        if v is None:
-            continue
-        try:
-            if isinstance(v, bool):
-                raise ValueError
-            f = float(str(v).replace("_", ""))
-            if kind is int and not f.is_integer():
-                raise ValueError
-            values[k] = kind(f)
-        except ValueError:
-            raise ConfigError(k, "an integer" if kind is int else "a number", v) from None
+_YAML_INTS = ("target_tokens_per_step", "target_effective_batch_size", "micro_batch_size",
+              "gradient_accumulation_steps", "seq_length")
+
+
+def _values(a: PlotLRArgs) -> dict:
+    """The YAML file's keys used here (typed like the flags), then the flags that were given."""
+    from ..config import load_yaml
+    from ..flags import coerce, fields_of
+
+    typed = {k: tp for k, (_, tp) in fields_of(PlotLRArgs).items()} | {k: int | None for k in _YAML_INTS}
+    raw = load_yaml(a.config) if a.config else {}
+    values = {k: coerce(k, typed[k], v, from_cli=False) for k, v in raw.items() if k in typed and k != "config"}
+    values["curriculum"] = raw.get("curriculum")
+    values.update({k: v for k, v in vars(a).items() if v is not None and k not in ("config", "out")})
+    return values
 
 
 def _tokens_per_step(v: dict) -> int | None:
@@ -82,15 +75,10 @@ def key_steps(max_steps: int, warmup_steps: int) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = vars(_parser().parse_args(argv))
-    values: dict = {}
-    if "config" in ns:
-        from .config import load_yaml
+    from ..flags import parse_command
 
-        values.update(load_yaml(ns.pop("config")))
-    out = ns.pop("out")
-    values.update(ns)  # flags override the file
-    _coerce(values)
+    a = parse_command(PlotLRArgs, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
+    values, out = _values(a), a.out
     o = OptimArgs(**{k: values[k] for k in ("max_lr", "min_lr_ratio", "warmup_steps", "lr_decay_steps") if k in values})
     max_steps = values.get("max_steps", 1000)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
@@ -103,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     tps = _tokens_per_step(values)
     stages = []
     if values.get("curriculum"):
-        from .curriculum import Curriculum
+        from ..training.schedule import Curriculum
 
         if tps is None:
             raise UserError("plot-lr: the curriculum needs the tokens per optimizer step: pass --tokens_per_step or "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 @dataclass
@@ -13,7 +13,9 @@ class TrainArgs:
 
     max_steps: int = field(default=1000, metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
     seed: int = field(default=1337, metadata={"help": "Seed for initialisation and data order."})
-    torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile (GPU; slower start, faster steps)."})
+    torch_compile: bool = field(default=False, metadata={
+        "help": "Compile the model with torch.compile (GPU: inductor, slower start, faster steps; CPU: the "
+                "aot_eager backend, no speed-up)."})
 
     def __post_init__(self):
         if self.max_steps < 1:

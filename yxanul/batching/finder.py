@@ -1,28 +1,24 @@
-"""`yxanul find-batch` and the trainer's batch plan: the largest micro-batch that fits (searched with
+"""The trainer's batch plan and `yxanul find-batch`: the largest micro-batch that fits (searched with
 real training steps, cached), then accumulation so that micro x accumulation x world is exactly the
-target effective batch (or the closest, with a one-line warning).
+target effective batch (or the closest, with a one-line warning); per curriculum stage too.
 
 Why not accelerate's ``find_executable_batch_size`` / HF ``auto_find_batch_size``: they shrink the
 batch by 10 % per OOM and leave accumulation alone, so the effective batch silently changes.
-The pieces live in :mod:`yxanul.batching`; docs/batching.md has the details.
+docs/batching.md has the details.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass, field
 
-from .batching import (FP8_TOKEN_ALIGN, BatchArgs, BatchPlan, NoFitError, SearchResult, TrainingProbe, apply_margin,
-                       cache_fields, cache_files, cache_key, default_is_oom, find_micro_batch, fp8_micro_multiple,
-                       free_memory, get_or_find, make_training_probe, micro_multiple, plan_batch, probe_context,
-                       torch_reduce_min, user_cache_file)
-from .batching.cache import store
-from .batching.probe import _checkpointing_on
-from .errors import ConfigError
-
-__all__ = ["FP8_TOKEN_ALIGN", "BatchArgs", "BatchPlan", "NoFitError", "SearchResult", "TrainingProbe", "apply_margin",
-           "cache_fields", "cache_files", "cache_key", "default_is_oom", "find_micro", "find_micro_batch",
-           "fp8_micro_multiple", "free_memory", "get_or_find", "main", "make_training_probe", "micro_multiple",
-           "plan_batch", "precision_label", "probe_context", "resolve_batch", "torch_reduce_min", "user_cache_file"]
+from ..errors import ConfigError, UserError
+from .args import BatchArgs, micro_multiple
+from .cache import cache_fields, cache_files, cache_key, get_or_find, store, user_cache_file
+from .plan import BatchPlan, plan_batch
+from .probe import TrainingProbe, checkpointing_on
+from .search import SearchResult, find_micro_batch
 
 
 def precision_label(plan) -> str:
@@ -53,11 +49,10 @@ def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size
         return args.micro_batch_size, None
     fp8 = bool(plan is not None and plan.fp8_enabled)
     multiple = micro_multiple(args, seq_length, plan.token_alignment if fp8 else 1)
-    ckpt = _checkpointing_on(model)
+    ckpt = checkpointing_on(model)
     fields = cache_fields(model.config, seq_length=seq_length, precision=precision_label(plan), world_size=world_size,
                           gradient_checkpointing=ckpt, multiple=multiple, device=device)
-    probe = make_training_probe(model, seq_length=seq_length, forward_context=probe_context(plan, device),
-                                device=device, forward_kwargs={"is_first_microbatch": True} if fp8 else None)
+    probe = TrainingProbe(model, seq_length=seq_length, plan=plan, device=device)
 
     def live(b, ok, sec):
         peak = probe.peak_bytes.get(b)
@@ -113,44 +108,94 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
     return bp
 
 
+def plan_curriculum(cfg, batch: BatchPlan, tokens_per_step: int, world_size: int, say, *, model=None, plan=None,
+                    run_dir=None, reduce_min=None, write_cache: bool = True):
+    """``(curriculum, plans)``: the stages and one batch plan per stage at the same tokens per optimizer
+    step (None, None without a curriculum). With ``auto_batch_size`` each stage's micro-batch is
+    searched (and cached) at its own seq_length; otherwise (or on CPU) it keeps the base plan's tokens
+    per micro-batch."""
+    if not cfg.batch.curriculum:
+        return None, None
+    from ..training.schedule import Curriculum, same_tokens_micro
+
+    cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step, max_seq_length=cfg.model.seq_length)
+    same_tokens = same_tokens_micro(batch.micro_batch, cfg.model.seq_length)
+    align = plan.token_alignment if plan is not None else 1
+
+    def micro_for(seq_length: int) -> int:
+        if cfg.batch.auto_batch_size and model is not None:
+            micro, found = find_micro(cfg.batch, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
+                                      run_dir=run_dir, say=say, reduce_min=reduce_min, write_cache=write_cache)
+            if found is not None:
+                return micro
+        return same_tokens(seq_length)
+
+    plans = cur.plan_stages(micro_for, world_size, multiple=lambda T: micro_multiple(cfg.batch, T, align))
+    for i, bp in enumerate(plans):
+        if bp.warning:
+            say(f"warning: curriculum stage {i}: {bp.warning}")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" and len({p.grad_accum for p in plans}) > 1:
+        raise UserError("curriculum: stages need different gradient accumulation, which DeepSpeed fixes at start; "
+                        "choose micro_batch_size/target_tokens_per_step so accumulation is the same in every stage")
+    return cur, plans
+
+
 # ---------------------------------------------------------------------------- CLI
+@dataclass
+class FindBatchArgs:
+    """find-batch's own flags (every `yxanul train` flag is accepted as well)."""
+
+    world_size: int = field(default_factory=lambda: int(os.environ.get("WORLD_SIZE", 1)),
+                            metadata={"help": "Processes the plan is for (the probe runs on this one GPU)."})
+    vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (default: GPT-2's 50257)."})
+    no_cache: bool = field(default=False, metadata={"help": "Don't record the result in the user cache."})
+
+    def __post_init__(self):
+        if self.world_size < 1:
+            raise ConfigError("world_size", "an integer >= 1", self.world_size)
+
+
+def _parse(argv: list[str] | None):
+    """find-batch's own flags with the one CLI builder, the rest as `yxanul train` flags."""
+    from ..config import parse_args
+    from ..flags import bare_booleans, build_parser, coerce, fields_of
+
+    prog = "yxanul find-batch"
+    fields = fields_of(FindBatchArgs)
+    ours, rest = build_parser(FindBatchArgs, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
+    own = FindBatchArgs(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
+    return own, parse_args(rest, prog=prog)
+
+
+def _print_help() -> None:
+    from ..flags import build_parser
+
+    print(main.__doc__ + "\n")
+    build_parser(FindBatchArgs, "yxanul find-batch").print_help()
+    print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
+
+
 def main(argv: list[str] | None = None) -> int:
     """`yxanul find-batch --model PRESET --seq_length N [any training flag] [--config FILE] [--world_size N]`."""
-    import argparse
-    import os
-
     import torch
 
-    from .config import parse_args
-    from .models.args import build_model
-    from .precision import resolve_precision
+    from ..models.args import build_model
+    from ..precision import resolve_precision
 
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
-                     help="processes the plan is for (the probe runs on this one GPU)")
-    pre.add_argument("--vocab_size", type=int, default=50257, help="tokenizer size (default: GPT-2's 50257)")
-    pre.add_argument("--no_cache", action="store_true", help="don't record the result in the user cache")
-    ours, rest = pre.parse_known_args(argv)
-    if {"-h", "--help"} & set(rest):
-        print(main.__doc__ + "\n\nfind-batch's own flags:")
-        pre.print_help()
-        print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
+    if {"-h", "--help"} & set(argv or []):
+        _print_help()
         return 0
-    cfg = parse_args(rest, prog="yxanul find-batch")
-    if ours.world_size < 1:
-        raise ConfigError("world_size", "an integer >= 1", ours.world_size)
+    ours, cfg = _parse(argv)
     t0 = time.perf_counter()
     model = build_model(cfg.model, vocab_size=ours.vocab_size)
     plan = resolve_precision(cfg.precision, model.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    b = cfg.batch
-    T = cfg.model.seq_length
+    b, T = cfg.batch, cfg.model.seq_length
     multiple = micro_multiple(b, T, plan.token_alignment)
     if device.type == "cpu":
         print(f"CPU: no out-of-memory signal here, so the search grows to max_micro_batch_size={b.max_micro_batch_size} "
               "and uses that cap; run find-batch on the GPU you will train on.")
-    probe = make_training_probe(model, seq_length=T, forward_context=probe_context(plan, device), device=device,
-                                forward_kwargs={"is_first_microbatch": True} if plan.fp8_enabled else None)
+    probe = TrainingProbe(model, seq_length=T, plan=plan, device=device)
     print(f"probing {cfg.model.model} ({model.config.backend}, {precision_label(plan)}, seq_length {T}, "
           f"checkpointing {cfg.model.gradient_checkpointing}) up to {b.max_micro_batch_size} on {device}")
     print(f"{'micro':>6}  {'result':<6}  {'seconds':>8}  {'peak GiB':>8}")
@@ -167,15 +212,19 @@ def main(argv: list[str] | None = None) -> int:
                               gradient_checkpointing=cfg.model.gradient_checkpointing, multiple=multiple, device=device)
         store(cache_key(fields), fields, res, cache_files(None), {"peak_bytes": {str(k): v for k, v in probe.peak_bytes.items()}})
         print(f"recorded in {user_cache_file()}")
+    _print_result(res, b, ours.world_size, T, multiple, plan, device)
+    print(f"total {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _print_result(res: SearchResult, b: BatchArgs, world_size: int, T: int, multiple: int, plan, device) -> None:
     bound = f"OOM at {res.smallest_fail}, safety margin {b.batch_safety_margin}" if res.smallest_fail else \
         "the cap, no OOM: no margin"
     print(f"largest micro-batch that fit: {res.largest_ok} ({bound}) -> micro-batch {res.micro_batch}; "
           f"{len(res.probes)} probes, {res.seconds:.1f}s")
-    bp = plan_batch(res.micro_batch, ours.world_size, T, b.target_effective_batch_size, b.target_tokens_per_step,
+    bp = plan_batch(res.micro_batch, world_size, T, b.target_effective_batch_size, b.target_tokens_per_step,
                     multiple=multiple, grad_accum=b.gradient_accumulation_steps)
     for line in (bp.warning, bp.note):
         if line:
             print(f"warning: {line}")
     print(f"plan: {bp.line()} [{precision_label(plan)}, {device}]")
-    print(f"total {time.perf_counter() - t0:.1f}s")
-    return 0

@@ -1,6 +1,7 @@
 """`yxanul bench`: training throughput per preset x sequence length x precision on this machine.
 
-Each case is the trainer's own step on the real model: `build`-equivalent model (TE backend where it
+Each case is the trainer's own step (`yxanul.training.step.train_step`)
+on the real model: `build`-equivalent model (TE backend where it
 imports), `resolve_precision` + `plan.prepare_model` (small-GEMM policy, read-back hooks), yxanul's
 AdamW (fused on CUDA), BF16 autocast as accelerate applies it, `plan.forward_context` (te.autocast
 with the configured recipe), `is_first_microbatch`, backward, clip, step. Every precision of a
@@ -13,17 +14,16 @@ so: an FP8 run's MFU says how much faster it trained, not how busy the FP8 units
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "fp8-mxfp8")
 
@@ -66,7 +66,7 @@ class BenchArgs:
             raise ConfigError("precisions", "a comma-separated list of " + ", ".join(PRECISIONS), ",".join(bad))
         if self.backend not in ("auto", "te", "torch"):
             raise ConfigError("backend", "one of auto, te, torch", self.backend)
-        from .models.configuration_yxanul import PRESETS
+        from ..models.configuration_yxanul import PRESETS
 
         bad = [p for p in _split(self.presets) if p not in PRESETS]
         if bad:
@@ -85,7 +85,7 @@ def _split(s: str) -> list[str]:
 
 def precision_args(precision: str, min_gemm_dim: int):
     """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
-    from .precision import PrecisionArgs
+    from ..precision import PrecisionArgs
 
     if precision == "fp32":
         return PrecisionArgs(mixed_precision="fp32")
@@ -99,12 +99,12 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     """Measure one case; returns a row (status ok / skipped / OOM)."""
     import torch
 
-    from .batching import probe_context
-    from .models.configuration_yxanul import config_from_preset, matmul_parameters
-    from .models.modeling_yxanul import YxanulForCausalLM, resolve_backend
-    from .optim import OptimArgs, build_optimizer
-    from .precision import resolve_precision
-    from .tracking import flops_per_token, peak_flops
+    from ..models.configuration_yxanul import config_from_preset, matmul_parameters
+    from ..models.modeling_yxanul import YxanulForCausalLM, resolve_backend
+    from ..optim import OptimArgs, build_optimizer
+    from ..precision import resolve_precision
+    from ..tracking import mfu, peak_flops
+    from ..training.step import train_step
 
     # 'auto' resolved before the precision plan, as the trainer does (else every FP8 case is skipped
     # with "backend is 'auto'", seen on an H100)
@@ -129,20 +129,12 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         if precision.startswith("fp8") and not plan.fp8_enabled:
             return {**row, "status": "skipped", "reason": plan.fallback_reason}
         opt = build_optimizer(model, OptimArgs())
-        ctx = probe_context(plan, device)
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
-        def step(i: int):
-            x = batches[i % 2]
-            with ctx():
-                loss = model(x[:, :-1], shift_labels=x[:, 1:], is_first_microbatch=plan.is_first_microbatch(0),
-                             return_logits=False).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
+        def step(i: int):  # the trainer's own step (autocast, FP8 context, clip 1.0, AdamW)
+            x = batches[i % 2]  # (B, T + 1)
+            return train_step(model, opt, [(x[:, :-1], x[:, 1:])], plan=plan, max_grad_norm=1.0).loss
 
         losses = [step(i) for i in range(a.warmup)]
         if cuda:
@@ -174,13 +166,12 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         _release(device)
     dt = statistics.median(times)
     tokens = micro * seq
-    fpt = flops_per_token(matmul_parameters(config), config.num_hidden_layers, config.hidden_size, seq)
     peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
     fp8_layers = sum(1 for _, fp8, _ in plan.decisions.values() if fp8)
     row.update(params=matmul_parameters(config), step_ms=round(dt * 1e3, 2),
                step_ms_min=round(min(times) * 1e3, 2), step_ms_max=round(max(times) * 1e3, 2),
                tokens_per_sec=round(tokens / dt, 1),
-               mfu_bf16_peak=round(fpt * tokens / dt / peak[1], 4) if peak else None,
+               mfu_bf16_peak=round(mfu(config.flops_per_token(seq), tokens / dt, peak, 1), 4) if peak else None,
                fp8_layers=f"{fp8_layers}/{len(plan.decisions)}" if plan.decisions else None,
                te_confirmed=(plan.readback or {}).get("fp8_confirmed") if precision.startswith("fp8") else None,
                recipe=plan.recipe_name if plan.fp8_enabled else None,
@@ -195,7 +186,7 @@ def _release(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        from . import _te
+        from .. import _te
 
         _te.reset_fp8_state()  # no stale amax buffers of freed modules between cases
 
@@ -235,7 +226,7 @@ def environment(device) -> dict:
     import torch
     import transformers
 
-    from . import __version__, _te
+    from .. import __version__, _te
 
     env = {"yxanul": __version__, "python": platform.python_version(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__,
@@ -308,23 +299,11 @@ def run(a: BenchArgs, say=print) -> tuple[list[dict], dict]:
     return rows, env
 
 
-def _parser() -> argparse.ArgumentParser:
-    from .config import _OneLineParser
-
-    p = _OneLineParser(prog="yxanul bench", description=__doc__.split("\n\n")[0],
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in fields(BenchArgs):
-        kind = {"int": int, "float": float}.get(str(f.type))
-        if str(f.type) == "bool":
-            p.add_argument(f"--{f.name}", action="store_true", help=f.metadata["help"])
-        else:
-            p.add_argument(f"--{f.name}", type=kind, default=f.default, help=f.metadata["help"])
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     """`yxanul bench [--presets ...] [--seq_lengths ...] [--precisions ...] [--out DIR]`."""
-    a = BenchArgs(**vars(_parser().parse_args(argv)))
+    from ..flags import parse_command
+
+    a = parse_command(BenchArgs, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
     rows, env = run(a)
     md = markdown(rows, env)
     print(md)

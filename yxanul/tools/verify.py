@@ -7,12 +7,15 @@ unavailable only with --require_fp8. On a CPU machine it reports FP8 unavailable
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
+
+from ..errors import ConfigError
 
 RECIPES = ("delayed", "current", "block", "mxfp8")
 
@@ -43,8 +46,8 @@ def _row(rows, status, name, detail):
 
 
 def collect(require_fp8: bool = False, recipe: str = "delayed", gemm: bool = True) -> list[dict]:
-    from . import _te
-    from .precision import probe_facts
+    from .. import _te
+    from ..precision import probe_facts
 
     rows: list[dict] = []
     need = "FAIL" if require_fp8 else "INFO"
@@ -104,7 +107,7 @@ def _accelerate_backend() -> str:
 def _gemm_check(_te, recipe: str) -> dict:  # pragma: no cover - GPU only
     """A 1024x1024 te.Linear under te.autocast(recipe) vs the same layer in BF16: relative error, and
     whether TE itself ran it in FP8 (module.fp8)."""
-    from .precision import PrecisionArgs, build_recipe
+    from ..precision import PrecisionArgs, build_recipe
 
     name = f"fp8 gemm {recipe}"
     try:
@@ -128,18 +131,17 @@ def _gemm_check(_te, recipe: str) -> dict:  # pragma: no cover - GPU only
 def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
     """The precision report for ``preset`` with --use_fp8: on a GPU with TE, one real training
     forward/backward under the plan so recipe and format are read back from TE."""
-    from .models import YxanulForCausalLM, config_from_preset, resolve_backend
-    from .precision import PrecisionArgs, precision_report, resolve_precision
+    from ..models import YxanulForCausalLM, config_from_preset, resolve_backend
+    from ..precision import PrecisionArgs, precision_report, resolve_precision
+    from ..training.step import train_step
 
     cfg = config_from_preset(preset, 50257, seq_length, backend=resolve_backend("auto"))
     plan = resolve_precision(PrecisionArgs(use_fp8=True, fp8_recipe=recipe), cfg, say=lambda *a: None)
     if plan.fp8_enabled:  # pragma: no cover - GPU only
         model = YxanulForCausalLM(cfg).cuda().train()
         plan.prepare_model(model, say=lambda *a: None)
-        x = torch.randint(0, cfg.vocab_size, (2, seq_length), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16), plan.forward_context(training=True):
-            loss = model(x, labels=x, is_first_microbatch=plan.is_first_microbatch(0), return_logits=False).loss
-        loss.backward()
+        x = torch.randint(0, cfg.vocab_size, (2, seq_length), device="cuda")  # (B, T)
+        train_step(model, None, [(x, x)], plan=plan)  # the trainer's step, forward/backward only
     else:
         with torch.device("meta"):
             model = YxanulForCausalLM(cfg)
@@ -147,21 +149,30 @@ def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
     return precision_report(model, plan)
 
 
+@dataclass
+class VerifyArgs:
+    """Check the FP8 stack (GPU, CUDA, TE, accelerate)."""
+
+    require_fp8: bool = field(default=False, metadata={"help": "Fail (exit 1) unless FP8 works here."})
+    json: bool = field(default=False, metadata={"help": "Print JSON instead of a table."})
+    model: str = field(default="yxanul-0.6b", metadata={
+        "help": "Preset whose FP8 precision report to show (yxanul-0.6b: the smallest preset whose layers pass "
+                "the default small-GEMM policy)."})
+    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed", metadata={
+        "help": "FP8 recipe to check."})
+
+    def __post_init__(self):
+        from ..models.presets import PRESETS
+
+        if self.model not in PRESETS:
+            raise ConfigError("model", "one of " + ", ".join(PRESETS), self.model)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="yxanul verify", description=__doc__.split("\n\n")[0])
-    p.add_argument("--require_fp8", action="store_true", help="fail (exit 1) unless FP8 works here")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--model", default="yxanul-0.6b", help="preset whose FP8 precision report to show (default: "
-                   "yxanul-0.6b, the smallest preset whose layers pass the default small-GEMM policy)")
-    p.add_argument("--fp8_recipe", default="delayed", choices=list(RECIPES))
-    a = p.parse_args(argv)
-    from .models import PRESETS
-    from .precision import format_report
+    from ..flags import parse_command
+    from ..precision import format_report
 
-    if a.model not in PRESETS:
-        from .errors import ConfigError
-
-        raise ConfigError("model", "one of " + ", ".join(PRESETS), a.model)
+    a = parse_command(VerifyArgs, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
     rows = collect(require_fp8=a.require_fp8, recipe=a.fp8_recipe)
     report = model_report(a.model, a.fp8_recipe)
     rb = report.get("te_readback") or {}

@@ -1,4 +1,12 @@
-"""Sequence-length curriculum: stages of (usually increasing) seq_length at constant tokens per step.
+"""The schedule of a run, as pure functions of the optimizer step: the learning rate (linear warmup,
+then cosine decay to ``min_lr_ratio * max_lr``) and the sequence-length curriculum.
+
+The trainer sets each step's LR from :func:`lr_at` itself instead of preparing a torch scheduler
+with accelerate: ``AcceleratedScheduler`` steps ``num_processes`` times per call (unless
+``split_batches``), which would tie the schedule to the world size; a pure function of the
+optimizer step also makes resume trivially exact.
+
+Curriculum: stages of (usually increasing) seq_length at constant tokens per step.
 
 ```yaml
 target_tokens_per_step: 65536
@@ -11,8 +19,8 @@ curriculum:
 Tokens per optimizer step are the same in every stage (each stage gets its own micro-batch and
 accumulation from :func:`yxanul.batching.plan_batch` with ``target_tokens_per_step``, i.e.
 ``tokens_per_step / seq_length`` sequences per step). Hence ``tokens_seen = step x tokens_per_step``
-exactly: the LR schedule, a function of the optimizer step (:func:`yxanul.optim.lr_at`), runs
-continuously over tokens across stages (:func:`lr_at_tokens`). Boundaries are stored as optimizer
+exactly: the LR schedule, a function of the optimizer step (:func:`lr_at`), runs
+continuously over tokens across stages (``lr_at(tokens_seen // tokens_per_step)``). Boundaries are stored as optimizer
 steps (``until_tokens`` rounds up to the first whole step at or past it), and the stage is a pure
 function of the step (or of the tokens seen), so a resumed run lands in the right stage.
 """
@@ -23,8 +31,24 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import ConfigError
-from .optim import lr_at
+from ..errors import ConfigError
+
+
+def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, decay_steps: int) -> float:
+    """Learning rate used for optimizer step ``step`` (0-based: the first update uses ``lr_at(0)``).
+
+    Linear warmup reaches ``max_lr`` at ``step == warmup_steps``; cosine decay reaches
+    ``min_lr_ratio * max_lr`` at ``step == decay_steps`` and stays there.
+    """
+    min_lr = max_lr * min_lr_ratio
+    if warmup_steps > 0 and step < warmup_steps:
+        return max_lr * (step + 1) / (warmup_steps + 1)
+    if step >= decay_steps:
+        return min_lr
+    span = max(1, decay_steps - warmup_steps)
+    progress = (step - warmup_steps) / span
+    return max_lr - 0.5 * (1.0 - math.cos(math.pi * progress)) * (max_lr - min_lr)
+
 
 _KEYS = {"seq_length", "until_tokens", "until_steps"}
 
@@ -119,9 +143,6 @@ class Curriculum:
     def max_seq_length(self) -> int:
         return max(s.seq_length for s in self.stages)
 
-    def boundaries(self) -> list[int]:
-        """Steps at which a new stage starts."""
-        return [s.end_step for s in self.stages[:-1] if s.end_step is not None]
 
     def plan_stages(self, micro_for: Callable[[int], int], world_size: int,
                     multiple: Callable[[int], int] | int = 1) -> list:
@@ -129,7 +150,7 @@ class Curriculum:
         ``micro_for(seq_length)`` is the largest micro-batch that fits at that length (the finder's
         result, or :func:`same_tokens_micro`), ``multiple`` the micro-batch multiple (or a function of
         the seq_length, e.g. for FP8)."""
-        from .batching import plan_batch
+        from ..batching import plan_batch
 
         plans = []
         for s in self.stages:
@@ -138,22 +159,9 @@ class Curriculum:
                                     target_tokens_per_step=self.tokens_per_step, multiple=m))
         return plans
 
-    def describe(self, max_steps: int | None = None) -> list[str]:
-        return [f"stage {i}: seq_length {s.seq_length}, steps {s.start_step}..{(s.end_step or max_steps or 'end')}"
-                f" ({s.sequences_per_step} sequences x {s.seq_length} = {self.tokens_per_step:,} tokens per step)"
-                for i, s in enumerate(self.stages)]
-
 
 def same_tokens_micro(base_micro: int, base_seq_length: int) -> Callable[[int], int]:
     """``micro_for`` keeping the tokens per micro-batch of a base plan (what fits at the base length
     roughly fits at a shorter one; attention memory grows faster, so probe longer stages instead)."""
     return lambda seq_length: max(1, base_micro * base_seq_length // seq_length)
 
-
-def lr_at_tokens(tokens_seen: int, *, tokens_per_step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int,
-                 decay_steps: int) -> float:
-    """:func:`yxanul.optim.lr_at` over tokens: the LR of the optimizer step that starts after
-    ``tokens_seen`` tokens. Exact because tokens per step are constant across stages:
-    ``lr_at_tokens(step * tokens_per_step) == lr_at(step)``."""
-    return lr_at(tokens_seen // tokens_per_step, max_lr=max_lr, min_lr_ratio=min_lr_ratio,
-                 warmup_steps=warmup_steps, decay_steps=decay_steps)

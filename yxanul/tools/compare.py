@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import ConfigError, UserError
 
 
 @dataclass
@@ -121,30 +121,40 @@ def plot(runs: list[Curves], out: Path, smooth_points: int = 10) -> None:
     plt.close(fig)
 
 
+@dataclass
+class CompareArgs:
+    """Plot and compare the loss curves of runs."""
+
+    runs: list[str] = field(metadata={"positional": True, "metavar": "RUN",
+                                      "help": "run directories (the first one is the baseline)"})
+    labels: str | None = field(default=None, metadata={"help": "Comma-separated legend labels, one per run "
+                                                       "(default: name + precision)."})
+    out: str = field(default="compare.png", metadata={"help": "PNG to write."})
+    window: float = field(default=0.2, metadata={"help": "Fraction of the common steps, at the end, whose mean "
+                                                 "training loss is compared."})
+    smooth: int = field(default=10, metadata={"help": "Points of the moving average in the plot."})
+    tolerance: float | None = field(default=None, metadata={"help": "Exit 1 when |relative difference| of the final "
+                                                            "training loss (or of the last val loss) exceeds this, "
+                                                            "e.g. 0.02."})
+    json: bool = field(default=False, metadata={"help": "Print the comparison as JSON."})
+
+    def __post_init__(self):
+        if len(self.runs) < 2:
+            raise UserError("compare: give at least two run directories")
+        if not 0 < self.window <= 1:
+            raise ConfigError("window", "a number in (0, 1]", self.window)
+        if self.smooth < 1:
+            raise ConfigError("smooth", "an integer >= 1", self.smooth)
+        if self.labels and len(self.labels.split(",")) != len(self.runs):
+            raise ConfigError("labels", f"{len(self.runs)} comma-separated labels", self.labels)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`yxanul compare RUN_A RUN_B [...] [--out compare.png] [--tolerance 0.02]`."""
-    from .config import _OneLineParser
+    from ..flags import parse_command
 
-    p = _OneLineParser(prog="yxanul compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="run directories (the first one is the baseline)")
-    p.add_argument("--labels", help="comma-separated legend labels, one per run (default: name + precision)")
-    p.add_argument("--out", default="compare.png", help="PNG to write (default: compare.png)")
-    p.add_argument("--window", type=float, default=0.2, help="fraction of the common steps, at the end, "
-                   "whose mean training loss is compared (default 0.2)")
-    p.add_argument("--smooth", type=int, default=10, help="points of the moving average in the plot (default 10)")
-    p.add_argument("--tolerance", type=float, default=None, help="exit 1 when |relative difference| of the "
-                   "final training loss (or of the last val loss) exceeds this, e.g. 0.02")
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    a = p.parse_args(argv)
-    if len(a.runs) < 2:
-        raise UserError("compare: give at least two run directories")
-    if not 0 < a.window <= 1:
-        raise UserError(f"compare: --window: expected a number in (0, 1], got {a.window}")
-    if a.smooth < 1:
-        raise UserError(f"compare: --smooth: expected an integer >= 1, got {a.smooth}")
+    a = parse_command(CompareArgs, argv, prog="yxanul compare", description=__doc__.split("\n\n")[0])
     labels = a.labels.split(",") if a.labels else [None] * len(a.runs)
-    if len(labels) != len(a.runs):
-        raise UserError(f"compare: --labels: expected {len(a.runs)} labels, got {len(labels)}")
     runs = [read_run(r, lab) for r, lab in zip(a.runs, labels)]
     results = [compare(runs[0], r, a.window) for r in runs[1:]]
     plot(runs, Path(a.out), a.smooth)

@@ -1,0 +1,3 @@
+"""User-facing tools around training: `yxanul bench` (bench.py), `yxanul compare` (compare.py),
+`yxanul plot-lr` (plot_lr.py) and `yxanul verify` (verify.py). Each module's ``main(argv)`` is the
+command; each parses its flags from a dataclass with :func:`yxanul.flags.parse_command`."""

@@ -1,0 +1,418 @@
+"""The training loop: config → data → model → precision/accelerator → steps → checkpoints/trackers.
+
+`Trainer` owns the run's state (``self.state``, a :class:`TrainState`); `fit()` is the loop and calls
+small methods: `setup()`, `resume()`, `train_step()`, `log()`, `evaluate()`, `save()`,
+`enter_stage()`. `train(cfg)` is the entry point (`yxanul train`). Features plug in through
+callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
+from ..errors import TrainingDiverged
+from ..guards import CollapseGuard, check_val_loss
+from ..preemption import StopRequest
+from ..tracking import (RUN_ID_FILE, MetricsLog, flat_tracker_config, format_step_line, mfu, peak_flops,
+                        tracker_init_kwargs, tracker_names, wandb_run_id)
+from .callbacks import CallbackList
+from .evaluation import evaluate_loss, sample
+from .schedule import lr_at
+from .state import TrainState
+from .runtime import StepTimer, configure_deepspeed
+from .step import StepOutput, train_step
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+class Trainer:
+    """One training run of ``cfg`` (a :class:`yxanul.config.Config`). Every process builds one."""
+
+    def __init__(self, cfg, callbacks=()):
+        self.cfg = cfg
+        self.callbacks = CallbackList(callbacks)
+        self.state = TrainState()
+        self.timer = StepTimer()
+        self.guard = CollapseGuard()  # a collapsed model stops like a diverged one
+        self.evaluated_at: int | None = None   # step of the last validation loss
+        self.first_loss = self.last_loss = self.tokens_per_sec = None
+        self.stage_idx: int | None = None
+        self._resumed_data: dict | None = None
+        self.train_iter = None
+        self._trackers_started = False
+        self.t_start = time.time()
+
+    # -- setup ---------------------------------------------------------------------------------
+    def setup(self) -> "Trainer":
+        """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
+        from accelerate import PartialState
+        from accelerate.utils import set_seed
+
+        from ..launch import preflight
+
+        cfg = self.cfg
+        # On a CPU-only machine tell accelerate so (else torchrun'd ranks each become 'rank 0 of 1'),
+        # except under DeepSpeed, which accelerate disables when cpu=True.
+        self.cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
+        self.dist = PartialState(cpu=self.cpu)
+        self.say = print if self.dist.is_main_process else _quiet
+        self.run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints
+        self.run_name = cfg.checkpoint.run_name or self.run_dir.name
+        preflight(cfg, say=self.say)  # what `accelerate launch` exported, a W&B key W&B would refuse
+        set_seed(cfg.train.seed)
+        self._setup_data()
+        model = self._setup_model()
+        self._setup_accelerator(model)
+        self._setup_loaders()
+        return self
+
+    def _setup_data(self) -> None:
+        from ..data.prepare import ensure_prepared, load_prepared_tokenizer
+
+        self.data_dir = ensure_prepared(self.cfg.data, is_main_process=self.dist.is_local_main_process,  # one per node
+                                        wait=self.dist.wait_for_everyone, say=self.say)
+        self.vocab_size = json.loads((Path(self.data_dir) / "meta.json").read_text())["vocab_size"]
+        self.tokenizer = load_prepared_tokenizer(self.data_dir)
+
+    def _setup_model(self):
+        """The model, the precision plan (applied to it) and the batch plan(s), before the Accelerator."""
+        from ..batching import plan_curriculum, resolve_batch, torch_reduce_min
+        from ..models.args import build_model
+        from ..precision import resolve_precision
+
+        cfg, world = self.cfg, self.dist.num_processes
+        model = build_model(cfg.model, vocab_size=self.vocab_size)
+        self.mcfg = model.config
+        self.plan = resolve_precision(cfg.precision, self.mcfg, say=self.say)
+        self.plan.prepare_model(model, say=self.say)  # small-GEMM policy, read-back hooks: the probe sees them too
+        finder = dict(model=model, plan=self.plan, run_dir=self.run_dir, write_cache=self.dist.is_main_process,
+                      reduce_min=torch_reduce_min() if world > 1 else None)
+        self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say, **finder)
+        self.state.tokens_per_step = self.batch.micro_batch * self.batch.grad_accum * world * cfg.model.seq_length
+        self.curriculum, self.stage_plans = plan_curriculum(cfg, self.batch, self.state.tokens_per_step, world,
+                                                            self.say, **finder)
+        return model
+
+    def _setup_accelerator(self, model) -> None:
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration
+
+        from ..models.args import describe
+        from ..optim import build_optimizer
+        from ..precision import format_report, precision_report
+
+        cfg, accum = self.cfg, self.batch.grad_accum
+        self.accelerator = acc = Accelerator(
+            **self.plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
+            log_with=tracker_names(cfg.tracking) or None,
+            project_config=ProjectConfiguration(project_dir=str(self.run_dir),
+                                                logging_dir=str(self.run_dir / "tensorboard")),
+            step_scheduler_with_optimizer=False, cpu=self.cpu)
+        configure_deepspeed(acc, cfg, self.batch.micro_batch, accum, self.say)
+        if acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            cfg.save(self.run_dir / "config.yaml")
+        self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
+        self.plan.after_prepare(self.model)
+        if cfg.train.torch_compile:
+            # On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many machines, and
+            # CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen there.
+            self.model = torch.compile(self.model, backend="inductor" if acc.device.type == "cuda" else "aot_eager")
+        self.say(describe(self.mcfg))
+        self.say(f"batch: micro {self.batch.micro_batch} x accumulation {accum} x world {acc.num_processes} "
+                 f"= {self.batch.micro_batch * accum * acc.num_processes} sequences x {cfg.model.seq_length} "
+                 f"= {self.state.tokens_per_step:,} tokens per optimizer step")
+        self.report = precision_report(self.unwrapped_model, self.plan)
+        self.say(format_report(self.report))
+        self.state.world_size, self.state.backend = acc.num_processes, self.mcfg.backend
+
+    def _make_loader(self, seq_length: int, micro: int):
+        """Curriculum stages share one chunk order (``base_length``)."""
+        from ..data.loader import WindowLoader
+
+        acc, cfg = self.accelerator, self.cfg
+        return WindowLoader(self.data_dir, "train", seq_length, micro, seed=cfg.train.seed,
+                            base_length=cfg.model.seq_length if self.curriculum is not None else None,
+                            rank=acc.process_index, world_size=acc.num_processes,
+                            num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda",
+                            packed=True)  # one (B, T + 1) shard-dtype tensor per micro-step
+
+    def _setup_loaders(self) -> None:
+        from ..data.loader import eval_batches
+
+        cfg, acc = self.cfg, self.accelerator
+        self.accum = self.batch.grad_accum
+        self.loader = self._make_loader(cfg.model.seq_length, self.batch.micro_batch)
+        if self.loader.windows.lost_fraction > 0.02:
+            self.say(f"warning: {self.loader.windows.lost_fraction:.0%} of the training tokens are shard tails shorter "
+                     "than a window (windows never cross shards): prepare with a larger shard_size_tokens")
+        self.val = list(eval_batches(self.data_dir, cfg.model.seq_length, self.batch.micro_batch,
+                                     cfg.tracking.eval_steps, rank=acc.process_index, world_size=acc.num_processes))
+        self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=acc.is_main_process)
+
+    @property
+    def unwrapped_model(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    # -- resume --------------------------------------------------------------------------------
+    def resume(self) -> Path | None:
+        """With ``--resume``: weights, optimizer, RNG, data position, FP8 scales and progress of the
+        checkpoint; returns its path (None: nothing to resume)."""
+        cfg = self.cfg
+        ckpt = resolve_resume(cfg.checkpoint.resume, self.run_dir, say=self.say) if cfg.checkpoint.resume else None
+        if cfg.checkpoint.resume and ckpt is None:
+            self.say(f"resume: no checkpoint under {self.run_dir}, starting from scratch")
+        if ckpt is None:
+            return None
+        load_for_resume(self.accelerator, ckpt, cfg)
+        saved = TrainState.from_dict(read_state(ckpt), source=str(Path(ckpt) / "trainer_state.json"))
+        st = self.state
+        st.step, st.tokens_seen, st.epoch, st.data = saved.step, saved.tokens_seen, saved.epoch, saved.data
+        st.val_loss, st.best_val_loss, st.wandb_run_id = saved.val_loss, saved.best_val_loss, saved.wandb_run_id
+        self.evaluated_at = saved.step if saved.val_loss is not None else None
+        self.loader.load_state_dict(saved.data)
+        self._resumed_data = saved.data
+        self.plan.restore_fp8_state(self.unwrapped_model, ckpt, cfg.model.seq_length)
+        now = {"world_size": self.accelerator.num_processes, "tokens_per_step": st.tokens_per_step,
+               "precision": "FP8" if self.plan.fp8_enabled else self.plan.label}
+        changes = [f"{k}: {getattr(saved, k)} -> {v}" for k, v in now.items() if getattr(saved, k) != v]
+        self.say(f"resumed from {ckpt} at step {st.step}" + (f" ({'; '.join(changes)})" if changes else ""))
+        return Path(ckpt)
+
+    # -- one step ------------------------------------------------------------------------------
+    def next_batches(self) -> list:
+        """The micro-batches of the next optimizer step: ``accum`` (x, y) pairs, (B, T) each."""
+        if self.train_iter is None:
+            self.train_iter = iter(self.loader)
+        return [next(self.train_iter) for _ in range(self.accum)]
+
+    def train_step(self, batches) -> StepOutput:
+        """One optimizer step at the scheduled LR; advances ``state.step`` and ``state.tokens_seen``."""
+        o = self.cfg.optim
+        self.lr = lr_at(self.state.step, max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
+                        decay_steps=o.lr_decay_steps or self.cfg.train.max_steps)
+        out = train_step(self.model, self.optimizer, batches, plan=self.plan, accelerator=self.accelerator,
+                         max_grad_norm=o.max_grad_norm, lr=self.lr)
+        self.state.step += 1
+        self.state.tokens_seen += self.state.tokens_per_step
+        self.timer.steps += 1
+        if not self._trackers_started:  # W&B's start is not step time
+            self.timer.exclude(self._start_trackers())
+        return out
+
+    def _start_trackers(self) -> float:
+        """After this process's first step, so that the run config (TensorBoard hparams, W&B config)
+        carries the precision report with TE's read-back. Returns the seconds it took."""
+        from ..precision import precision_report
+
+        t0 = time.perf_counter()
+        cfg, acc = self.cfg, self.accelerator
+        if cfg.tracking.use_wandb:
+            self.state.wandb_run_id = wandb_run_id(self.run_dir, self.state.wandb_run_id)
+            if acc.is_main_process:
+                (self.run_dir / RUN_ID_FILE).write_text(self.state.wandb_run_id + "\n")
+        init = tracker_init_kwargs(cfg.tracking, self.run_dir, self.run_name, self.state.wandb_run_id, say=self.say)
+        rep = precision_report(self.unwrapped_model, self.plan)
+        acc.init_trackers(cfg.tracking.wandb_project if cfg.tracking.use_wandb else self.run_name, init_kwargs=init,
+                          config=flat_tracker_config({**cfg.to_flat_dict(), "precision_report": rep}))
+        self._trackers_started = True
+        return time.perf_counter() - t0
+
+    # -- logging -------------------------------------------------------------------------------
+    def _mean(self, total) -> float | None:
+        return None if total is None else self.accelerator.reduce(total / self.accum, "mean").item()
+
+    def log(self, out: StepOutput) -> dict[str, Any]:
+        """Console line + metrics.jsonl + trackers (the only device sync of a training step)."""
+        st, acc = self.state, self.accelerator
+        loss, lm_loss, penalty = self._mean(out.loss), self._mean(out.lm_loss), self._mean(out.penalty)
+        norm = float(out.grad_norm) if out.grad_norm is not None else float("nan")
+        dt = self.timer.lap()
+        self.tokens_per_sec = st.tokens_per_step / dt
+        self.first_loss = loss if self.first_loss is None else self.first_loss
+        self.last_loss = loss
+        row = {"step": st.step, "epoch": self.loader.epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
+               "dt_ms": dt * 1e3, "tokens_per_sec": self.tokens_per_sec, "precision": self.plan.label,
+               "tokens_seen": st.tokens_seen, "seq_length": self.loader.seq_length}
+        if lm_loss is not None:
+            row.update(lm_loss=lm_loss, penalty=penalty)
+        if self.curriculum is not None:
+            row["stage"] = self.stage_idx
+        if self.peak:
+            row["mfu"] = self.mfu()
+        if self.plan.fp8_enabled and self.cfg.precision.fp8_stats:
+            row.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(self.unwrapped_model).items()})
+        self._refresh_precision_report()
+        self.say(format_step_line(st.step, self.loader.epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
+                                  self.plan.label, lm_loss=lm_loss, penalty=penalty), flush=True)
+        self.metrics.write(row)
+        acc.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=st.step)
+        if not (math.isfinite(loss) and (out.grad_norm is None or math.isfinite(norm))):
+            raise TrainingDiverged(f"step {st.step}: loss {loss}, gradient norm {norm}: stopping "
+                                   "(lower max_lr, or check the data)")
+        self.guard.observe(st.step, out.grad_norm if out.grad_norm is None else norm)
+        return row
+
+    def mfu(self) -> float | None:
+        """MFU of the last logged throughput at the current stage's seq_length (None: unknown peak)."""
+        if not self.tokens_per_sec:
+            return None
+        return mfu(self.mcfg.flops_per_token(self.loader.seq_length), self.tokens_per_sec, self.peak,
+                   self.accelerator.num_processes)
+
+    def _refresh_precision_report(self) -> None:
+        """Once TE has reported back (after the first FP8 forward), the report with its read-back."""
+        from ..precision import format_report, precision_report
+
+        if self.plan.fp8_enabled and self.report.get("te_readback") is None and self.plan.readback is not None:
+            self.report = precision_report(self.unwrapped_model, self.plan)
+            self.say(format_report(self.report))
+            self._write_precision_report()
+
+    def _write_precision_report(self) -> None:
+        if self.accelerator.is_main_process:
+            (self.run_dir / "precision_report.json").write_text(json.dumps(self.report, indent=2, default=str))
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        """Validation LM loss/perplexity on fixed batches, a generated sample, callbacks' metrics."""
+        t0 = time.perf_counter()
+        st, acc, tr = self.state, self.accelerator, self.cfg.tracking
+        val_loss = evaluate_loss(self.model, self.val, self.plan, acc)
+        check_val_loss(st.step, val_loss, self.run_dir)  # NaN would reach sampling's multinomial
+        st.record_eval(val_loss)
+        self.evaluated_at = st.step
+        row = {"step": st.step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)),
+               "tokens_seen": st.tokens_seen}
+        msg = f"eval step {st.step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
+        if self.peak and self.tokens_per_sec:
+            msg += f" | mfu: {self.mfu():.1%} of {self.peak[0]} BF16 dense peak"
+        if acc.is_main_process and tr.sample_tokens:
+            row["sample"] = sample(self.unwrapped_model, self.tokenizer, tr.sample_prompt, tr.sample_tokens,
+                                   acc.device)
+            with open(self.run_dir / "samples.txt", "a") as f:
+                f.write(f"--- step {st.step}\n{row['sample']}\n")
+            msg += f"\nsample: {row['sample']!r}"
+        extra = {k.removeprefix("eval/"): v for k, v in self.callbacks.on_evaluate(self).items()}
+        row.update(extra)
+        msg += "".join(f" | {k}: {v:.4f}" for k, v in extra.items() if isinstance(v, float))
+        self.say(msg, flush=True)
+        self.metrics.write(row)
+        acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"], **{f"eval/{k}": v for k, v in extra.items()}},
+                step=st.step)
+        self.timer.exclude(time.perf_counter() - t0)  # eval time is not step time
+        return row
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def save(self, out: StepOutput) -> Path:
+        """A checkpoint of this step (never of a diverged model); callbacks' ``on_save`` after it."""
+        t0 = time.perf_counter()
+        st, acc = self.state, self.accelerator
+        finite = torch.isfinite(acc.reduce(out.loss.detach(), "sum"))  # one sync per checkpoint
+        if out.grad_norm is not None:
+            finite &= torch.isfinite(torch.as_tensor(out.grad_norm, device=finite.device))
+        if not bool(finite):
+            raise TrainingDiverged(f"step {st.step}: loss or gradient norm is not finite; no checkpoint written over "
+                                   f"the good ones in {self.run_dir / 'checkpoints'} (lower max_lr, or check the data)")
+        self.guard.before_save(st.step, out.grad_norm)
+        st.epoch, st.data, st.precision = self.loader.epoch, self.loader.state_dict(), self.plan.label
+        for k, v in self.plan.metadata().items():
+            setattr(st, k, v)
+        state = st.for_checkpoint(self.evaluated_at)
+        ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
+                               config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
+                               extra=lambda d: self.plan.save_fp8_state(self.unwrapped_model, d))
+        is_best = state["val_loss"] is not None and state["val_loss"] == st.best_val_loss
+        self.callbacks.on_save(self, Path(ckpt), is_best)
+        self.timer.exclude(time.perf_counter() - t0)  # save time is not step time
+        return Path(ckpt)
+
+    # -- curriculum ----------------------------------------------------------------------------
+    def stage_changed(self) -> bool:
+        return self.curriculum is not None and self.curriculum.stage_at(self.state.step)[0] != self.stage_idx
+
+    def enter_stage(self) -> None:
+        """Curriculum: at a stage boundary, switch seq length, micro-batch, accumulation and loader."""
+        # the data goes on where the previous stage (or the checkpoint) left it: same position for the
+        # same seq_length, else the next epoch (another window grid); never back to epoch 0
+        prev = self._resumed_data or (self.loader.state_dict() if self.stage_idx is not None else None)
+        self.stage_idx, stage = self.curriculum.stage_at(self.state.step)
+        bp = self.stage_plans[self.stage_idx]
+        self.accum = self.accelerator.gradient_accumulation_steps = bp.grad_accum
+        self.loader = self._make_loader(stage.seq_length, bp.micro_batch)
+        if prev:
+            self.loader.load_state_dict(prev)
+        self._resumed_data, self.state.tokens_per_step = None, bp.tokens_per_step
+        self.train_iter = iter(self.loader)
+        self.say(f"curriculum stage {self.stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x "
+                 f"accumulation {bp.grad_accum} x world {bp.world_size} = {bp.tokens_per_step:,} tokens per step, "
+                 f"until step {stage.end_step or self.cfg.train.max_steps}")
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _due(self, every: int, is_last: bool) -> bool:
+        return bool(every and self.state.step % every == 0) or is_last
+
+    def fit(self) -> dict[str, Any]:
+        """Train from ``state.step`` to ``max_steps`` (call `setup()` and `resume()` first)."""
+        cfg, st = self.cfg, self.state
+        self._write_precision_report()
+        self.say(f"training {cfg.train.max_steps - st.step} steps from step {st.step} into {self.run_dir}")
+        self.model.train()
+        self.callbacks.on_train_begin(self)
+        self.timer = StepTimer()
+        with StopRequest() as stop:
+            while st.step < cfg.train.max_steps:
+                if self.stage_changed():
+                    self.enter_stage()
+                out = self.train_step(self.next_batches())
+                is_last = st.step == cfg.train.max_steps
+                if self._due(cfg.tracking.log_freq, is_last) or st.step == 1:  # step 1: the initial loss (~ln V)
+                    self.log(out)
+                if self._due(cfg.tracking.eval_freq, is_last):
+                    self.evaluate()
+                stopping = stop.poll(self.accelerator)
+                if stopping or self._due(cfg.checkpoint.checkpoint_freq, is_last and cfg.checkpoint.save_final):
+                    self.save(out)
+                if stopping:
+                    got = signal.Signals(stop.signum).name if stop.signum else "a stop signal on another rank"
+                    self.say(f"received {got}: checkpoint saved at step {st.step}, exiting")
+                    break
+            return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Close the metrics and trackers; the run's summary (also ``summary.json``)."""
+        st = self.state
+        self.metrics.close()
+        self.callbacks.on_train_end(self)
+        self.accelerator.end_training()
+        summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "first_loss": self.first_loss,
+                   "last_loss": self.last_loss, "val_loss": st.val_loss, "best_val_loss": st.best_val_loss,
+                   "precision": self.plan.label, "wall_time_s": time.time() - self.t_start, "run_dir": str(self.run_dir)}
+        if self.accelerator.is_main_process:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self.say(f"done: {st.step} steps, {st.tokens_seen:,} tokens in {summary['wall_time_s']:.1f}s; "
+                     f"loss {self.first_loss} -> {self.last_loss}; val_loss {st.val_loss}")
+        return summary
+
+
+def train(cfg, callbacks=None) -> dict[str, Any]:
+    """Train according to ``cfg`` (a :class:`yxanul.config.Config`); returns a summary dict.
+    ``callbacks``: None = the ones the config asks for (:func:`~yxanul.training.callbacks.from_config`)."""
+    from .callbacks import from_config
+
+    trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks).setup()
+    trainer.resume()
+    return trainer.fit()
