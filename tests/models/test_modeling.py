@@ -1,5 +1,5 @@
 """YxanulForCausalLM on its real code paths (torch backend, CPU, fp32): forward/loss, TE-shaped names,
-init, generate, activation checkpointing, save/load, TE `_extra_state` tolerance, and a golden
+init, activation checkpointing (generation: test_generation.py), save/load, TE `_extra_state` tolerance, and a golden
 reference against transformers' own LlamaForCausalLM with the same weights."""
 
 import math
@@ -139,29 +139,6 @@ def test_init_weights_ignores_class_names():
     mod = LayerNormLinear()
     m._init_weights(mod)
     assert not torch.all(mod.weight == 1) and mod.weight.std() > 0 and torch.all(mod.layer_norm_weight == 1)
-
-
-def test_generate_equals_manual_greedy_loop(tiny_config):
-    torch.manual_seed(0)
-    model = YxanulForCausalLM(tiny_config()).eval()
-    x = ids(2, 5)
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False, pad_token_id=0)
-    seq = x
-    with torch.no_grad():
-        for _ in range(8):
-            seq = torch.cat([seq, model(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, seq)
-
-
-def test_generate_past_the_context_window_slides(tiny_config):
-    model = YxanulForCausalLM(tiny_config(max_position_embeddings=8)).eval()
-    x = ids(1, 6)
-    out = model.generate(x, max_new_tokens=5, do_sample=False, pad_token_id=0)
-    seq = x
-    with torch.no_grad():
-        for _ in range(5):
-            seq = torch.cat([seq, model(seq[:, -8:]).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, seq)
 
 
 @pytest.mark.parametrize("api", ["set_activation_checkpointing", "gradient_checkpointing_enable",

@@ -44,7 +44,7 @@ def _penalty(kind: str, weight: float, lse, zmax, valid, denom) -> torch.Tensor:
     if kind == "none":
         return torch.zeros((), device=valid.device)
     term = lse if kind == "z_loss" else zmax
-    return weight * _reduce(term.float().pow(2) * valid, denom)
+    return weight * _reduce(term.to(torch.promote_types(term.dtype, torch.float32)).pow(2) * valid, denom)
 
 
 def _arg_max_logit(logits: torch.Tensor) -> torch.Tensor:

@@ -380,9 +380,8 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         chunked = shift_labels is not None and c.loss_impl == "chunked"
         logits = None
         if return_logits or not chunked:
-            h_kept = h if not logits_to_keep else h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) \
-                else h[:, logits_to_keep]                                              # transformers' slicing rule
-            logits = self.lm_head(h_kept)                                              # (B, T', V)
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
+            logits = self.lm_head(h[:, keep])                                          # (B, T', V)
         out = YxanulCausalLMOutput(logits=logits if return_logits else None, **{_CACHE_FIELD: cache})
         if shift_labels is None:
             return out
@@ -419,7 +418,9 @@ def torch_twin(model: YxanulForCausalLM) -> YxanulForCausalLM:
     config.backend = "torch"
     with torch.device("meta"):
         twin = YxanulForCausalLM(config)
-    twin.load_state_dict(model.state_dict(), strict=False, assign=True)  # TE's _extra_state: dropped by the twin
+    missing, _ = twin.load_state_dict(model.state_dict(), strict=False, assign=True)  # TE's _extra_state: dropped
+    assert not missing, missing
+    twin.tie_weights()  # assign=True gave the head its own Parameter object (same storage): tie it again
     twin.model.rotary_emb = model.model.rotary_emb                       # its non-persistent inv_freq, on device
     twin.generation_config = model.generation_config
     return twin.train(model.training)
