@@ -195,3 +195,15 @@ def test_te_parallel_cross_entropy_matches_fp32_reference(kind):
     g, = torch.autograd.grad(te_loss(leaf * 1, t, _te.parallel_cross_entropy, kind, 1e-3)[0], leaf)
     assert abs(loss.item() - ref.item()) <= 1e-4 and abs(pen.item() - ref_pen.item()) <= 1e-4
     torch.testing.assert_close(g.float(), ref_g.float(), rtol=1e-2, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl,kind", [("default", "none"), ("default", "z_loss"), ("chunked", "none")])
+def test_loader_windows_are_sliced_targets(tiny_config, impl, kind):
+    """The loader's x, y are slices of one (B, T+1) window: y is not contiguous, every path takes it."""
+    torch.manual_seed(0)
+    model = YxanulForCausalLM(tiny_config(loss_impl=impl, penalty_type=kind))
+    w = torch.randint(0, 1000, (2, 17), generator=torch.Generator().manual_seed(9))
+    x, y = w[:, :-1], w[:, 1:]
+    assert not y.is_contiguous()
+    with torch.no_grad():
+        assert torch.equal(model(x, shift_labels=y).loss, model(x, shift_labels=y.contiguous()).loss)

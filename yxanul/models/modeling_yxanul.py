@@ -395,8 +395,9 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         elif c.penalty_type != "none":
             out.loss, out.lm_loss, out.penalty = losses.loss_from_logits(logits, shift_labels, **pen)
         else:  # transformers' own ForCausalLMLoss: fp32 F.cross_entropy, the numbers yxanul always had
-            out.loss = out.lm_loss = self.loss_function(logits=logits, labels=None, vocab_size=c.vocab_size,
-                                                        shift_labels=shift_labels, num_items_in_batch=num_items_in_batch)
+            out.loss = out.lm_loss = self.loss_function(  # .contiguous(): it .view()s; the loader's y is a slice
+                logits=logits, labels=None, vocab_size=c.vocab_size, shift_labels=shift_labels.contiguous(),
+                num_items_in_batch=num_items_in_batch)
             out.penalty = torch.zeros((), device=out.loss.device)
         return out
 
