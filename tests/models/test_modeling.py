@@ -302,3 +302,24 @@ def test_return_logits_false_keeps_the_loss_and_skips_accelerates_fp32_copy(tiny
     finally:
         AcceleratorState._reset_state(True)
         GradientState._reset_state()
+
+
+def test_fused_qkv_hooks_save_and_load_the_contract_names(tiny_config):
+    """The hooks TE's fused QKV module gets (fuse_qkv_params), on a module with TE's fused layout
+    (`weight` = cat[q, k, v]): loaded from the torch twin's names, saved back under them."""
+    from yxanul.models.modeling_yxanul import fuse_split_qkv, split_fused_qkv
+
+    torch.manual_seed(0)
+    cfg = tiny_config()                                         # GQA: 4 heads, 2 kv
+    twin = YxanulForCausalLM(cfg).model.layers[0].self_attention.layernorm_qkv
+    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    fused = nn.Module()
+    fused.layer_norm_weight = nn.Parameter(torch.ones(h))
+    fused.weight = nn.Parameter(torch.zeros(h + 2 * kv, h))
+    fused.register_state_dict_post_hook(split_fused_qkv((h, kv, kv)))
+    fused.register_load_state_dict_pre_hook(fuse_split_qkv)
+    fused.load_state_dict(twin.state_dict())                     # strict: every q/k/v name consumed
+    assert torch.equal(fused.weight, torch.cat([twin.query_weight, twin.key_weight, twin.value_weight]))
+    saved = fused.state_dict()
+    assert set(saved) == set(twin.state_dict()) == {"layer_norm_weight", "query_weight", "key_weight", "value_weight"}
+    assert all(torch.equal(saved[k], v) for k, v in twin.state_dict().items())

@@ -51,6 +51,9 @@ class ModelArgs:
         default="default", metadata={"help": "Cross entropy: default (fp32 (B,T,V) logits), chunked (linear + CE over "
                                              "token chunks, no (B,T,V) logits), te (Transformer Engine's "
                                              "parallel_cross_entropy on BF16 logits; CUDA + TE)."})
+    fuse_qkv_params: bool = field(
+        default=False, metadata={"help": "TE backend: one fused QKV weight instead of three (fewer per-step weight "
+                                         "casts); checkpoints keep q/k/v names. Ignored by the torch backend."})
     init_from: str | None = field(
         default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
                                         "folder (model*.safetensors) of the same preset; optimizer, step and data "
@@ -77,7 +80,8 @@ def build_model(args: ModelArgs, vocab_size: int):
 
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
-                                penalty_weight=args.penalty_weight, loss_impl=args.loss_impl)
+                                penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
+                                fuse_qkv_params=args.fuse_qkv_params)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
         model.set_activation_checkpointing(True)

@@ -50,6 +50,7 @@ class YxanulConfig(PreTrainedConfig):
     penalty_type: Literal["none", "z_loss", "max_z_loss"] = "none"
     penalty_weight: float = 0.0
     loss_impl: Literal["default", "chunked", "te"] = "default"
+    fuse_qkv_params: bool = False  # TE backend: one fused QKV weight (state-dict names unchanged)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None

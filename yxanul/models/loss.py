@@ -30,7 +30,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .args import LOSS_IMPLS, PENALTY_TYPES  # noqa: F401 (the choices live with ModelArgs: torch-free)
 
 IGNORE_INDEX = -100
 
