@@ -268,30 +268,33 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         h = self.model(input_ids, is_first_microbatch=is_first_microbatch, cache=cache)  # (B, T, C)
         if labels is not None and shift_labels is None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)                   # (B, T), last has no target
-        c = self.config
-        chunked = shift_labels is not None and c.loss_impl == "chunked"
+        chunked = shift_labels is not None and self.config.loss_impl == "chunked"
         logits = None
         if return_logits or not chunked:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
             logits = self.lm_head(h[:, keep])                                          # (B, T', V)
         out = YxanulCausalLMOutput(logits=logits if return_logits else None, **{_CACHE_FIELD: cache})
-        if shift_labels is None:
-            return out
+        if shift_labels is not None:
+            out.loss, out.lm_loss, out.penalty = self._loss(h, logits, shift_labels, num_items_in_batch)
+        return out
+
+    def _loss(self, h, logits, shift_labels, num_items_in_batch):
+        """(loss, lm_loss, penalty) by ``config.loss_impl`` and ``config.penalty_type`` (loss.py)."""
+        c = self.config
         pen = dict(penalty_type=c.penalty_type, penalty_weight=c.penalty_weight, num_items_in_batch=num_items_in_batch)
-        if chunked:
-            out.loss, out.lm_loss, out.penalty = losses.chunked_loss(h, self.lm_head.weight, shift_labels, **pen)
-        elif c.loss_impl == "te":
+        if c.loss_impl == "chunked":
+            return losses.chunked_loss(h, self.lm_head.weight, shift_labels, **pen)
+        if c.loss_impl == "te":
             from .._te import parallel_cross_entropy
 
-            out.loss, out.lm_loss, out.penalty = losses.te_loss(logits, shift_labels, parallel_cross_entropy, **pen)
-        elif c.penalty_type != "none":
-            out.loss, out.lm_loss, out.penalty = losses.loss_from_logits(logits, shift_labels, **pen)
-        else:  # transformers' own ForCausalLMLoss: fp32 F.cross_entropy, the numbers yxanul always had
-            out.loss = out.lm_loss = self.loss_function(  # .contiguous(): it .view()s; the loader's y is a slice
-                logits=logits, labels=None, vocab_size=c.vocab_size, shift_labels=shift_labels.contiguous(),
-                num_items_in_batch=num_items_in_batch)
-            out.penalty = torch.zeros((), device=out.loss.device)
-        return out
+            return losses.te_loss(logits, shift_labels, parallel_cross_entropy, **pen)
+        if c.penalty_type != "none":
+            return losses.loss_from_logits(logits, shift_labels, **pen)
+        # no penalty: transformers' own ForCausalLMLoss, fp32 F.cross_entropy, the numbers yxanul always had
+        # (.contiguous(): it .view()s, and the loader's y is a slice of a (B, T+1) window)
+        loss = self.loss_function(logits=logits, labels=None, vocab_size=c.vocab_size,
+                                  shift_labels=shift_labels.contiguous(), num_items_in_batch=num_items_in_batch)
+        return loss, loss, torch.zeros((), device=loss.device)
 
     def generate(self, *args, **kwargs):
         """transformers' generate with a DynamicCache. TE backend: TE's blocks take no transformers Cache
@@ -312,7 +315,8 @@ def torch_twin(model: YxanulForCausalLM) -> YxanulForCausalLM:
     with torch.device("meta"):
         twin = YxanulForCausalLM(config)
     missing, _ = twin.load_state_dict(model.state_dict(), strict=False, assign=True)  # TE's _extra_state: dropped
-    assert not missing, missing
+    if missing:
+        raise RuntimeError(f"torch twin: the TE model lacks {missing[:3]}")
     twin.tie_weights()  # assign=True gave the head its own Parameter object (same storage): tie it again
     twin.model.rotary_emb = model.model.rotary_emb                       # its non-persistent inv_freq, on device
     twin.generation_config = model.generation_config
