@@ -10,6 +10,7 @@ TE_AVAILABLE = False
 TE_IMPORT_ERROR: str | None = None
 te = None          # transformer_engine.pytorch
 te_recipe = None   # transformer_engine.common.recipe
+parallel_cross_entropy = None  # transformer_engine.pytorch.cross_entropy.parallel_cross_entropy (TE >= 2.x)
 te_version: str | None = None
 
 
@@ -38,6 +39,10 @@ try:  # pragma: no cover - exercised on GPU machines with TE
 
     te_version = getattr(transformer_engine, "__version__", "unknown")
     TE_AVAILABLE = True
+    try:  # Triton kernel: fp32 CE on BF16 logits, gradient written in place (loss_impl "te")
+        from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
+    except Exception:  # noqa: BLE001 - an older TE without it, or no Triton
+        parallel_cross_entropy = None
 except Exception as e:  # noqa: BLE001 - RuntimeError when cuDNN/CUDA libs are missing
     TE_IMPORT_ERROR = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 

@@ -118,3 +118,33 @@ def test_te_model_saves_pretrained_and_loads_into_the_torch_backend(build, tmp_p
     ours = {k: v for k, v in m.state_dict().items() if not k.endswith("_extra_state")}
     assert ours.keys() == ref.state_dict().keys()
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ours.items())
+
+
+@pytest.mark.parametrize("preset", ["tiny", "yxanul-0.6b"])  # GQA both
+def test_fused_qkv_keeps_the_state_dict_names_and_round_trips(build, preset, tmp_path):
+    """fuse_qkv_params: ONE TE QKV weight, saved as query/key/value_weight (same names and shapes as the
+    torch twin), loaded back from them; a torch-backend model loads the same tensors."""
+    from transformers import AutoModelForCausalLM
+
+    m = build(preset, fuse_qkv_params=True)
+    qkv = m.model.layers[0].self_attention.layernorm_qkv
+    assert [n for n, _ in qkv.named_parameters()] == ["layer_norm_weight", "weight"]
+    assert shapes(m) == shapes(build(preset, backend="torch"))
+    if preset != "tiny":
+        return
+    m.to_empty(device="cpu")
+    m.tie_weights()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    m.save_pretrained(tmp_path)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, backend="torch")
+    h, kv = m.config.hidden_size, m.config.num_key_value_heads * m.config.head_dim
+    q, k, v = qkv.weight.detach().split([h, kv, kv])
+    a = ref.model.layers[0].self_attention.layernorm_qkv
+    assert torch.equal(a.query_weight, q) and torch.equal(a.key_weight, k) and torch.equal(a.value_weight, v)
+    again = build(preset, fuse_qkv_params=True)
+    again.to_empty(device="cpu")
+    again.load_state_dict(ref.state_dict(), strict=False)
+    assert torch.equal(again.model.layers[0].self_attention.layernorm_qkv.weight, qkv.weight)

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConfigError, UserError
 from .presets import BACKENDS, PRESETS
+
+PENALTY_TYPES = ("none", "z_loss", "max_z_loss")
+LOSS_IMPLS = ("default", "chunked", "te")
+
+
+def validate_loss(penalty_type, penalty_weight, loss_impl) -> None:
+    """One-line ConfigError for a bad penalty/loss setting (ModelArgs and YxanulConfig share it; no torch)."""
+    if penalty_type not in PENALTY_TYPES:
+        raise ConfigError("penalty_type", "one of " + ", ".join(PENALTY_TYPES), penalty_type)
+    if (isinstance(penalty_weight, bool) or not isinstance(penalty_weight, (int, float))
+            or not math.isfinite(penalty_weight) or penalty_weight < 0):
+        raise ConfigError("penalty_weight", "a number >= 0", penalty_weight)
+    if loss_impl not in LOSS_IMPLS:
+        raise ConfigError("loss_impl", "one of " + ", ".join(LOSS_IMPLS), loss_impl)
 
 if TYPE_CHECKING:
     from .configuration_yxanul import YxanulConfig
@@ -27,14 +42,22 @@ class ModelArgs:
                                         "default, tied)."})
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute activations in backward to save memory (slower)."})
+    penalty_type: Literal["none", "z_loss", "max_z_loss"] = field(
+        default="none", metadata={"help": "Penalty added to the training loss: z_loss = weight*mean(logsumexp(logits)^2) "
+                                          "(PaLM/OLMo), max_z_loss = weight*mean(max logit^2) (Baichuan 2); "
+                                          "docs/models.md. Validation uses the LM loss only."})
+    penalty_weight: float = field(default=0.0, metadata={"help": "Weight (lambda >= 0) of penalty_type."})
+    loss_impl: Literal["default", "chunked", "te"] = field(
+        default="default", metadata={"help": "Cross entropy: default (fp32 (B,T,V) logits), chunked (linear + CE over "
+                                             "token chunks, no (B,T,V) logits), te (Transformer Engine's "
+                                             "parallel_cross_entropy on BF16 logits; CUDA + TE)."})
+    fuse_qkv_params: bool = field(
+        default=False, metadata={"help": "TE backend: one fused QKV weight instead of three (fewer per-step weight "
+                                         "casts); checkpoints keep q/k/v names. Ignored by the torch backend."})
     init_from: str | None = field(
         default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
                                         "folder (model*.safetensors) of the same preset; optimizer, step and data "
                                         "start fresh (use --resume to continue a run)."})
-    penalty_type: Literal["none", "z_loss"] = field(
-        default="none", metadata={"help": "Regulariser added to the training loss (none, z_loss)."})
-    penalty_weight: float = field(default=0.0, metadata={"help": "Weight (lambda >= 0) of penalty_type."})
-
     def __post_init__(self):
         if self.model not in PRESETS:
             raise ConfigError("model", "one of " + ", ".join(PRESETS), self.model)
@@ -42,8 +65,9 @@ class ModelArgs:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
         if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 2:
             raise ConfigError("seq_length", "an integer >= 2", self.seq_length)
-        if self.penalty_weight < 0:
-            raise ConfigError("penalty_weight", "a number >= 0", self.penalty_weight)
+        if isinstance(self.penalty_weight, int) and not isinstance(self.penalty_weight, bool):
+            self.penalty_weight = float(self.penalty_weight)
+        validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
         if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
             raise ConfigError("init_from", "a folder path", self.init_from)  # existence: checked at build
 
@@ -54,7 +78,9 @@ def build_model(args: ModelArgs, vocab_size: int):
     from .modeling_yxanul import YxanulForCausalLM
 
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
-                                tie_word_embeddings=args.tie_word_embeddings)
+                                tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
+                                penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
+                                fuse_qkv_params=args.fuse_qkv_params)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
         model.set_activation_checkpointing(True)

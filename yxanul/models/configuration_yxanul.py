@@ -11,6 +11,7 @@ from typing import Literal
 from transformers import AutoConfig, PreTrainedConfig
 
 from ..errors import ConfigError
+from .args import validate_loss
 from .presets import BACKENDS, PRESETS  # noqa: F401  (re-exported; the shapes live in a torch-free module)
 
 
@@ -45,6 +46,11 @@ class YxanulConfig(PreTrainedConfig):
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
     backend: Literal["auto", "te", "torch"] = "torch"  # ModelArgs (the CLI) defaults to "auto"
+    # The training loss (yxanul/models/loss.py): in the config so the HF model applies it under Trainer too.
+    penalty_type: Literal["none", "z_loss", "max_z_loss"] = "none"
+    penalty_weight: float = 0.0
+    loss_impl: Literal["default", "chunked", "te"] = "default"
+    fuse_qkv_params: bool = False  # TE backend: one fused QKV weight (state-dict names unchanged)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -85,6 +91,7 @@ class YxanulConfig(PreTrainedConfig):
                               self.hidden_size)
         if self.backend not in BACKENDS:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
+        validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
 
 
 AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)

@@ -9,7 +9,9 @@ are TE's own, and equal the torch twin's (read in TE 2.20's sources):
 - `attention/multi_head_attention.py`: `layernorm_qkv = LayerNormLinear(...,
   parameters_split={"query", "key", "value"})` when fuse_qkv_params=False, whose parameters are
   `layer_norm_weight`, `query_weight`, `key_weight`, `value_weight` (`layernorm_linear.py`:
-  f"{name.rstrip('_')}_weight"); `proj = Linear(...)` -> `proj.weight`; `core_attention`
+  f"{name.rstrip('_')}_weight"). With `fuse_qkv_params` (config key, default off) it holds one
+  `weight` = cat[q, k, v] (`qkv_weight_interleaved=False`: TE splits it as [(np/ng + 2), ng, hn]);
+  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`; `core_attention`
   (DotProductAttention) has no parameters, only `_extra_state`.
 - `module/layernorm_mlp.py`: `layer_norm_weight`, `fc1_weight` (2*ffn x hidden for SwiGLU, gate
   first), `fc2_weight`.
@@ -71,11 +73,19 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             hidden_dropout=0.0, attention_dropout=0.0,
             init_method=init_method, output_layer_init_method=output_layer_init_method,
             layer_number=layer_idx + 1, self_attn_mask_type="causal", normalization="RMSNorm",
-            activation="swiglu", bias=False, attn_input_format="bshd", fuse_qkv_params=False,
+            activation="swiglu", bias=False, attn_input_format="bshd",
+            fuse_qkv_params=config.fuse_qkv_params, qkv_weight_interleaved=False,  # fused rows: cat[q, k, v]
             params_dtype=torch.float32, device=_device(),
         )
         self.layer_idx = layer_idx
         no_pickled_extra_state(self)
+        if config.fuse_qkv_params:  # one QKV parameter (one weight cast/quantize per step); names unchanged
+            from .modeling_yxanul import fuse_split_qkv, split_fused_qkv
+
+            kv = config.num_key_value_heads * config.head_dim
+            qkv = self.self_attention.layernorm_qkv
+            qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))
+            qkv.register_load_state_dict_pre_hook(fuse_split_qkv)
 
     def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):
         """(B, T, C) -> (B, T, C); ``rotary_pos_emb`` [T, 1, 1, head_dim] (non-interleaved)."""

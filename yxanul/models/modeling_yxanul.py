@@ -1,28 +1,42 @@
 """`YxanulForCausalLM`: a Llama-style decoder whose modules are shaped like Transformer Engine's.
 
-The torch backend below produces the same module tree and state-dict names as TE's
-``TransformerLayer`` (``self_attention.layernorm_qkv.{layer_norm_weight,query_weight,key_weight,
-value_weight}``, ``self_attention.proj.weight``, ``layernorm_mlp.{layer_norm_weight,fc1_weight,
-fc2_weight}``), so a checkpoint moves between backends with no renaming. The TE backend lives in
-``modeling_te.py`` and is imported only when chosen; this file never imports TE.
+The decoder blocks come from ``modeling_torch.py`` (plain PyTorch twins with TE's module tree and
+state-dict names) or ``modeling_te.py`` (Transformer Engine, imported only when chosen); a checkpoint
+moves between backends with no renaming. This file never imports TE. The loss is ``loss.py``;
+generation is transformers' ``GenerationMixin`` with a ``DynamicCache``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..errors import ConfigError
+from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
+from .modeling_torch import RMSNorm, YxanulDecoderLayer, apply_rotary  # noqa: F401 (apply_rotary: re-exported)
 
-_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+# transformers 5.24 names the KV cache `cache` (outputs and generate's kwargs); 5.17 (the GPU image)
+# `past_key_values`. forward accepts both and answers under the name this transformers reads back.
+_CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@dataclass
+class YxanulCausalLMOutput(CausalLMOutputWithPast):
+    """``loss`` = ``lm_loss`` + ``penalty`` (the weighted penalty; 0 for penalty_type "none").
+    Validation and checkpoint selection use ``lm_loss`` so runs with different λ compare."""
+
+    lm_loss: torch.Tensor | None = None
+    penalty: torch.Tensor | None = None
 
 
 def resolve_backend(requested: str) -> str:
@@ -38,123 +52,6 @@ def resolve_backend(requested: str) -> str:
     except Exception:  # noqa: BLE001 - TE raises RuntimeError (not ImportError) without CUDA libs
         te_ok = False
     return "te" if te_ok and torch.cuda.is_available() else "torch"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm like TE's kernel: normalized and scaled in fp32, rounded once to the input dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    """Twin of ``te.RMSNorm`` (final norm)."""
-
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-
-class LayerNormQKV(nn.Module):
-    """Twin of ``te.LayerNormLinear(normalization="RMSNorm", parameters_split=q/k/v, bias=False)``."""
-
-    def __init__(self, config: YxanulConfig):
-        super().__init__()
-        h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
-        self.eps = config.rms_norm_eps
-        self.layer_norm_weight = nn.Parameter(torch.ones(h))
-        self.query_weight = nn.Parameter(torch.empty(h, h))
-        self.key_weight = nn.Parameter(torch.empty(kv, h))
-        self.value_weight = nn.Parameter(torch.empty(kv, h))
-
-    def forward(self, x):  # x (B, T, C) -> q (B, T, C), k/v (B, T, n_kv*hd)
-        x = rms_norm(x, self.layer_norm_weight, self.eps)
-        return F.linear(x, self.query_weight), F.linear(x, self.key_weight), F.linear(x, self.value_weight)
-
-
-class Linear(nn.Module):
-    """Twin of ``te.Linear(bias=False)``."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-
-    def forward(self, x):
-        return F.linear(x, self.weight)
-
-
-class LayerNormMLP(nn.Module):
-    """Twin of ``te.LayerNormMLP(normalization="RMSNorm", activation="swiglu", bias=False)``:
-    ``fc1_weight = cat([gate, up])`` and SiLU applies to the first (gate) half."""
-
-    def __init__(self, config: YxanulConfig):
-        super().__init__()
-        h, f = config.hidden_size, config.intermediate_size
-        self.eps = config.rms_norm_eps
-        self.layer_norm_weight = nn.Parameter(torch.ones(h))
-        self.fc1_weight = nn.Parameter(torch.empty(2 * f, h))
-        self.fc2_weight = nn.Parameter(torch.empty(h, f))
-
-    def forward(self, x):
-        x = rms_norm(x, self.layer_norm_weight, self.eps)          # (B, T, C)
-        gate, up = F.linear(x, self.fc1_weight).chunk(2, dim=-1)   # (B, T, F) each
-        return F.linear(F.silu(gate) * up, self.fc2_weight)        # (B, T, C)
-
-
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x (B, T, nh, hd), freqs [T, 1, 1, hd] in TE's layout (non-interleaved, like HF Llama)."""
-    f = freqs[:, 0, 0, :][None, :, None, :]  # (1, T, 1, hd)
-    xf = x.float()
-    return (xf * f.cos() + rotate_half(xf) * f.sin()).to(x.dtype)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, config: YxanulConfig):
-        super().__init__()
-        self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.layernorm_qkv = LayerNormQKV(config)
-        self.proj = Linear(config.hidden_size, config.hidden_size)
-
-    def forward(self, x, rotary_pos_emb):
-        B, T, C = x.shape
-        q, k, v = self.layernorm_qkv(x)
-        q = apply_rotary(q.view(B, T, self.n_head, self.head_dim), rotary_pos_emb).transpose(1, 2)  # (B, nh, T, hd)
-        k = apply_rotary(k.view(B, T, self.n_kv, self.head_dim), rotary_pos_emb).transpose(1, 2)    # (B, nkv, T, hd)
-        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                                   # (B, nkv, T, hd)
-        if self.n_kv == self.n_head:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif _SDPA_HAS_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:  # pragma: no cover - torch < 2.5
-            rep = self.n_head // self.n_kv
-            y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                               is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, nh, T, hd) -> (B, T, C)
-
-
-class YxanulDecoderLayer(GradientCheckpointingLayer):
-    """Pre-norm block with the children of ``te.TransformerLayer`` (the norms live inside the linears)."""
-
-    def __init__(self, config: YxanulConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.self_attention = SelfAttention(config)
-        self.layernorm_mlp = LayerNormMLP(config)
-
-    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):  # is_first_microbatch: TE only
-        device = hidden_states.device.type
-        if torch.is_autocast_enabled(device):  # as te.TransformerLayer: the residual runs in the autocast dtype
-            hidden_states = hidden_states.to(torch.get_autocast_dtype(device))
-        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb)  # (B, T, C)
-        return x + self.layernorm_mlp(x)                                        # (B, T, C)
 
 
 class YxanulRotaryEmbedding(nn.Module):
@@ -193,12 +90,30 @@ def _forgive_missing_extra_state(module, incompatible_keys):
     missing[:] = [k for k in missing if not k.endswith("_extra_state")]
 
 
+def split_fused_qkv(sizes: tuple[int, int, int]):
+    """``fuse_qkv_params``: TE's ``LayerNormLinear`` then holds ONE ``weight`` whose rows are cat[q, k, v]
+    (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
+    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint.py gives views own storage)."""
+    def hook(module, state_dict, prefix, local_metadata):
+        fused = state_dict.pop(prefix + "weight")                       # (h_q + 2 h_kv, C)
+        for name, part in zip(("query", "key", "value"), fused.split(list(sizes))):
+            state_dict[f"{prefix}{name}_weight"] = part
+    return hook
+
+
+def fuse_split_qkv(module, state_dict, prefix, *args):
+    """Load pre-hook of a fused QKV module: a checkpoint's q/k/v weights -> the fused ``weight``."""
+    names = [f"{prefix}{n}_weight" for n in ("query", "key", "value")]
+    if all(n in state_dict for n in names):
+        state_dict[prefix + "weight"] = torch.cat([state_dict.pop(n) for n in names])
+
+
 class YxanulPreTrainedModel(PreTrainedModel):
     config_class = YxanulConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["YxanulDecoderLayer", "TEDecoderLayer"]
-    _supports_sdpa = True
+    _supports_sdpa = True  # the torch backend's attention IS F.scaled_dot_product_attention (checked in YxanulModel)
     # TE's FP8 state: present in TE checkpoints, absent in torch ones; never an error either way.
     _keys_to_ignore_on_load_unexpected = [r"_extra_state$"]
     _keys_to_ignore_on_load_missing = [r"_extra_state$"]
@@ -244,6 +159,9 @@ class YxanulModel(YxanulPreTrainedModel):
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
         config.backend = resolve_backend(config.backend)
+        attn = getattr(config, "_attn_implementation", None)
+        if attn not in (None, "sdpa"):  # one attention per backend: SDPA (torch), TE's fused attention (te)
+            raise ConfigError("attn_implementation", "'sdpa' (the only attention yxanul implements)", attn)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.backend == "te":
             try:
@@ -267,17 +185,25 @@ class YxanulModel(YxanulPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def forward(self, input_ids, is_first_microbatch=None):
-        x = self.embed_tokens(input_ids)                  # (B, T, C)
-        freqs = self.rotary_emb(input_ids.shape[1])       # [T, 1, 1, hd]
+    def forward(self, input_ids, is_first_microbatch=None, cache=None):
+        """(B, T) ids -> (B, T, C). ``cache``: a transformers Cache (torch backend), updated in place;
+        the new tokens sit at positions cache_length ... cache_length + T - 1 (RoPE offset)."""
+        if cache is not None and self.config.backend == "te":
+            raise ConfigError("backend", "'torch' for a KV cache (generate() on a TE model runs on its torch "
+                              "twin with the same weights)", "te")
+        x = self.embed_tokens(input_ids)                                       # (B, T, C)
+        offset = cache.get_seq_length() if cache is not None else 0
+        freqs = self.rotary_emb(input_ids.shape[1], offset)                    # [T, 1, 1, hd]
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
                 from .modeling_te import checkpointed_forward  # TE blocks: TE's own checkpoint (FP8-aware)
 
                 x = checkpointed_forward(layer, x, freqs, is_first_microbatch)
+            elif cache is not None:
+                x = layer(x, freqs, is_first_microbatch=is_first_microbatch, cache=cache)
             else:
                 x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
-        return self.norm(x)                               # (B, T, C)
+        return self.norm(x)                                                    # (B, T, C)
 
 
 class LMHead(nn.Module):
@@ -299,6 +225,12 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
 
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
+        if config.loss_impl == "te":
+            from .. import _te
+
+            if _te.parallel_cross_entropy is None or not torch.cuda.is_available():
+                raise ConfigError("loss_impl", "'default' or 'chunked' here ('te' needs Transformer Engine's "
+                                  "parallel_cross_entropy and a CUDA device)", "te")
         self.model = YxanulModel(config)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size)
         self.post_init()
@@ -315,39 +247,80 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def forward(self, input_ids, labels=None, shift_labels=None, is_first_microbatch=None,
-                attention_mask=None, return_logits=True, **kwargs) -> CausalLMOutput:
+    def forward(self, input_ids, labels=None, shift_labels=None, is_first_microbatch=None, attention_mask=None,
+                position_ids=None, cache=None, past_key_values=None, use_cache=None, logits_to_keep=0,
+                return_logits=True, num_items_in_batch=None, **kwargs) -> YxanulCausalLMOutput:
         """Causal LM over unpadded sequences. ``labels``: HF-style (position t predicts labels[t+1],
-        shifted here); ``shift_labels``: targets already aligned with the inputs (the loader's y).
-        Loss: mean fp32 cross entropy, ignore_index -100. ``attention_mask`` is accepted (generate
-        passes it) and ignored: attention is always causal, padding is not masked.
-        ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching); the torch backend ignores it.
-        ``return_logits=False`` (training/eval steps, which need only the loss): no (B, T, V) logits in
-        the output, which accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`):
-        B*T*V*4 bytes of extra peak memory and bandwidth per micro-step."""
-        h = self.model(input_ids, is_first_microbatch=is_first_microbatch)  # (B, T, C)
-        logits = self.lm_head(h)                                             # (B, T, V)
-        loss = None
+        shifted here); ``shift_labels``: targets already aligned with the inputs (the loader's y);
+        ignore_index -100. ``num_items_in_batch`` (transformers' Trainer under gradient accumulation):
+        the loss is the sum over targets divided by it instead of the mean. ``attention_mask`` and
+        ``position_ids`` are accepted (generate passes them) and ignored: attention is always causal,
+        padding is not masked, positions continue from the cache. ``cache`` (``past_key_values`` on
+        transformers < 5.24) / ``use_cache``: transformers' KV cache; ``logits_to_keep`` = k > 0:
+        logits of the last k positions only (generate asks for 1). ``is_first_microbatch`` goes to TE's
+        blocks (FP8 weight caching). ``return_logits=False`` (training/eval steps): no (B, T, V) logits
+        in the output, which accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`)."""
+        cache = cache if cache is not None else past_key_values
+        if use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
+        if self.model.gradient_checkpointing and self.training:
+            cache = None  # recomputation in backward would append the keys twice (as transformers' layers do)
+        h = self.model(input_ids, is_first_microbatch=is_first_microbatch, cache=cache)  # (B, T, C)
         if labels is not None and shift_labels is None:
-            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)          # (B, T), last has no target
+            shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)                   # (B, T), last has no target
+        chunked = shift_labels is not None and self.config.loss_impl == "chunked"
+        logits = None
+        if return_logits or not chunked:
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
+            logits = self.lm_head(h[:, keep])                                          # (B, T', V)
+        out = YxanulCausalLMOutput(logits=logits if return_logits else None, **{_CACHE_FIELD: cache})
         if shift_labels is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                   shift_labels.reshape(-1).to(logits.device), ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits if return_logits else None)
+            out.loss, out.lm_loss, out.penalty = self._loss(h, logits, shift_labels, num_items_in_batch)
+        return out
 
-    # -- generation: there is no KV cache, so every step re-reads the whole (window of the) prefix ----
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
-        # HF would feed only the last token when it thinks a cache exists: always feed the full ids,
-        # cropped nanoGPT-style to the last max_position_embeddings tokens.
-        return {"input_ids": input_ids[:, -self.config.max_position_embeddings:], "use_cache": False}
+    def _loss(self, h, logits, shift_labels, num_items_in_batch):
+        """(loss, lm_loss, penalty) by ``config.loss_impl`` and ``config.penalty_type`` (loss.py)."""
+        c = self.config
+        pen = dict(penalty_type=c.penalty_type, penalty_weight=c.penalty_weight, num_items_in_batch=num_items_in_batch)
+        if c.loss_impl == "chunked":
+            return losses.chunked_loss(h, self.lm_head.weight, shift_labels, **pen)
+        if c.loss_impl == "te":
+            from .._te import parallel_cross_entropy
 
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:  # transformers: don't build a cache for us
-        return False
+            return losses.te_loss(logits, shift_labels, parallel_cross_entropy, **pen)
+        if c.penalty_type != "none":
+            return losses.loss_from_logits(logits, shift_labels, **pen)
+        # no penalty: transformers' own ForCausalLMLoss, fp32 F.cross_entropy, the numbers yxanul always had
+        # (.contiguous(): it .view()s, and the loader's y is a slice of a (B, T+1) window)
+        loss = self.loss_function(logits=logits, labels=None, vocab_size=c.vocab_size,
+                                  shift_labels=shift_labels.contiguous(), num_items_in_batch=num_items_in_batch)
+        return loss, loss, torch.zeros((), device=loss.device)
 
     def generate(self, *args, **kwargs):
-        kwargs["use_cache"] = False
+        """transformers' generate with a DynamicCache. TE backend: TE's blocks take no transformers Cache
+        (TE's InferenceParams is a different, CUDA-only protocol), so generation runs on the torch twin
+        that shares this model's weight tensors (no copy; results as the torch backend would give)."""
+        if self.config.backend == "te":
+            return torch_twin(self).generate(*args, **kwargs)
         return super().generate(*args, **kwargs)
+
+
+def torch_twin(model: YxanulForCausalLM) -> YxanulForCausalLM:
+    """A torch-backend model whose parameters ARE ``model``'s tensors (state-dict names are equal across
+    backends; ``assign=True`` takes the tensors themselves). Built on the meta device: nothing allocated."""
+    if model.config.backend == "torch":
+        return model
+    config = copy.deepcopy(model.config)
+    config.backend = "torch"
+    with torch.device("meta"):
+        twin = YxanulForCausalLM(config)
+    missing, _ = twin.load_state_dict(model.state_dict(), strict=False, assign=True)  # TE's _extra_state: dropped
+    if missing:
+        raise RuntimeError(f"torch twin: the TE model lacks {missing[:3]}")
+    twin.tie_weights()  # assign=True gave the head its own Parameter object (same storage): tie it again
+    twin.model.rotary_emb = model.model.rotary_emb                       # its non-persistent inv_freq, on device
+    twin.generation_config = model.generation_config
+    return twin.train(model.training)
 
 
 AutoModelForCausalLM.register(YxanulConfig, YxanulForCausalLM, exist_ok=True)

@@ -300,15 +300,15 @@ class Trainer:
         msg = f"eval step {st.step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
         if self.peak and self.tokens_per_sec:
             msg += f" | mfu: {self.mfu():.1%} of {self.peak[0]} BF16 dense peak"
+        extra = {k.removeprefix("eval/"): v for k, v in self.callbacks.on_evaluate(self).items()}
+        row.update(extra)
+        msg += "".join(f" | {k}: {v:.4f}" for k, v in extra.items() if isinstance(v, float))
         if acc.is_main_process and tr.sample_tokens:
             row["sample"] = sample(self.unwrapped_model, self.tokenizer, tr.sample_prompt, tr.sample_tokens,
                                    acc.device)
             with open(self.run_dir / "samples.txt", "a") as f:
                 f.write(f"--- step {st.step}\n{row['sample']}\n")
             msg += f"\nsample: {row['sample']!r}"
-        extra = {k.removeprefix("eval/"): v for k, v in self.callbacks.on_evaluate(self).items()}
-        row.update(extra)
-        msg += "".join(f" | {k}: {v:.4f}" for k, v in extra.items() if isinstance(v, float))
         self.say(msg, flush=True)
         self.metrics.write(row)
         acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"], **{f"eval/{k}": v for k, v in extra.items()}},
