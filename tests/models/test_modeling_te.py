@@ -120,7 +120,7 @@ def test_te_model_saves_pretrained_and_loads_into_the_torch_backend(build, tmp_p
     assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ours.items())
 
 
-@pytest.mark.parametrize("preset", ["tiny", "yxanul-0.6b"])  # GQA both
+@pytest.mark.parametrize("preset", ["nano", "yxanul-0.6b"])  # GQA both
 def test_fused_qkv_keeps_the_state_dict_names_and_round_trips(build, preset, tmp_path):
     """fuse_qkv_params: ONE TE QKV weight, saved as query/key/value_weight (same names and shapes as the
     torch twin), loaded back from them; a torch-backend model loads the same tensors."""
@@ -130,7 +130,7 @@ def test_fused_qkv_keeps_the_state_dict_names_and_round_trips(build, preset, tmp
     qkv = m.model.layers[0].self_attention.layernorm_qkv
     assert [n for n, _ in qkv.named_parameters()] == ["layer_norm_weight", "weight"]
     assert shapes(m) == shapes(build(preset, backend="torch"))
-    if preset != "tiny":
+    if preset != "nano":
         return
     m.to_empty(device="cpu")
     m.tie_weights()
