@@ -106,9 +106,6 @@ class MaskSomeLabels:
         return batch
 
 
-@pytest.mark.xfail(strict=True, reason="YxanulForCausalLM.forward ignores num_items_in_batch (Trainer then neither "
-                                       "divides by accumulation nor normalises globally); fixed by the model change "
-                                       "that uses transformers' loss with num_items_in_batch: un-xfail at merge")
 def test_gradient_accumulation_matches_the_big_batch(small_data, tmp_path):
     """GA=4 x micro 2 gives the loss and gradient of GA=1 x micro 8 with Trainer's own normalisation."""
     data_dir, vocab = small_data
