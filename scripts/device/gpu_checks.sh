@@ -5,6 +5,8 @@
 #   bash scripts/device/gpu_checks.sh slow     # GPU tests that train via the CLI / DeepSpeed (~5-9 min)
 #   bash scripts/device/gpu_checks.sh parity   # medium BF16 vs FP8 on the bundled corpus + compare
 #   bash scripts/device/gpu_checks.sh bench    # yxanul bench (time-limited) + one profile
+#   bash scripts/device/gpu_checks.sh speed    # issue 22's table: BF16/FP8 x loss (default, chunked, te) x fused QKV
+#                                              # x torch.compile, one bench.json per variant (-> docs/bench/)
 #   bash scripts/device/gpu_checks.sh all      # the three, in that order (mind the 600 s call limit)
 #
 # Everything that matters lands in $OUT (at most 8 files come back): session.log, gpu-tests.xml, gpu-slow-tests.xml,
@@ -68,13 +70,27 @@ bench() {
   cat /tmp/profile/profile-*.txt > "$OUT/profiles.txt" 2>/dev/null || true
 }
 
+speed() {  # every new speed path measured against today's default in ONE call (issue 22, point 5)
+  local presets=${SPEED_PRESETS:-gpt2-124m,medium,xlarge} day; day=$(date +%F)
+  local common=(--backend te --presets "$presets" --seq_lengths 1024 --precisions bf16,fp8-delayed
+                --fp8_min_gemm_dim 0 --steps "${SPEED_STEPS:-10}" --time_limit "${SPEED_TIME:-100}")
+  local v name
+  for v in "" "--loss_impl te" "--loss_impl chunked" "--fuse_qkv_params" "--torch_compile"; do
+    name=$(echo "${v:-default}" | tr -d ' -' | sed 's/lossimpl/loss-/')
+    # shellcheck disable=SC2086  # $v is a flag and its value, split on purpose
+    step "speed-$name" python3 -m yxanul bench "${common[@]}" $v --out "/tmp/speed/$name"
+    cp "/tmp/speed/$name/bench.json" "$OUT/$day-h100-$name.json" 2>/dev/null || true
+  done
+}
+
 case "$stage" in
   tests) tests ;;
   slow) slow ;;
   parity) parity ;;
   bench) bench ;;
+  speed) speed ;;
   all) tests; slow; parity; bench ;;
-  *) echo "unknown stage '$stage' (tests | slow | parity | bench | all)" >&2; exit 2 ;;
+  *) echo "unknown stage '$stage' (tests | slow | parity | bench | speed | all)" >&2; exit 2 ;;
 esac
 echo "=== done: status $status" | tee -a "$log"
 exit "$status"

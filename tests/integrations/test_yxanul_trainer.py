@@ -14,7 +14,8 @@ from yxanul.data.hf_dataset import ShardWindowDataset
 from yxanul.errors import ConfigError, UserError
 from yxanul.integrations import YxanulTrainer, precision_args_from_env
 from yxanul.models import ModelArgs, build_model
-from yxanul.optim import OptimArgs, build_optimizer, lr_at
+from yxanul.optim import OptimArgs, build_optimizer
+from yxanul.training.schedule import lr_at
 from yxanul.precision import PrecisionArgs
 
 PRESET = "nano"  # the 5M CPU preset: the one place to change it

@@ -2,7 +2,7 @@
 
 Trials are ranked like W&B ranks sweep runs: by the metric's last logged value (W&B's run summary),
 ``goal`` minimize or maximize. The loss curves of all trials go on one plot with
-:func:`yxanul.compare.plot` (the same figure as ``yxanul compare``).
+:func:`yxanul.tools.compare.plot` (the same figure as ``yxanul compare``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from ..compare import Curves, plot, read_run
+from ..tools.compare import Curves, plot, read_run
 from ..errors import UserError
 from ..tracking import read_metrics
 

@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from typing import Literal
+
 from ..errors import ConfigError
 
 PRECISIONS = ("fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "fp8-mxfp8")
@@ -48,6 +50,12 @@ class BenchArgs:
     fp8_min_gemm_dim: int = field(default=-1, metadata={"help": "Small-GEMM policy threshold for the FP8 cases "
                                                         "(-1: the training default; 0: every layer FP8)."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
+    loss_impl: Literal["default", "chunked", "te"] = field(
+        default="default", metadata={"help": "The loss of every case (issue 22: measure chunked / TE's "
+                                     "parallel_cross_entropy against the default before either becomes one)."})
+    fuse_qkv_params: bool = field(default=False, metadata={"help": "TE backend: one fused QKV weight per block."})
+    torch_compile: bool = field(default=False, metadata={"help": "torch.compile the model of every case "
+                                                         "(inductor on CUDA, aot_eager on CPU, as the trainer)."})
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
                                                      "as skipped (0: no limit)."})
     profile: bool = field(default=False, metadata={"help": "Also write a torch-profiler kernel table per case "
@@ -79,6 +87,13 @@ class BenchArgs:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
 
 
+def variant(a: BenchArgs) -> str:
+    """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
+    parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
+    parts += ["fused_qkv"] * a.fuse_qkv_params + ["compile"] * a.torch_compile
+    return "+".join(parts)
+
+
 def _split(s: str) -> list[str]:
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
@@ -108,9 +123,10 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
 
     # 'auto' resolved before the precision plan, as the trainer does (else every FP8 case is skipped
     # with "backend is 'auto'", seen on an H100)
-    config = config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend))
+    config = config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend),
+                                loss_impl=a.loss_impl, fuse_qkv_params=a.fuse_qkv_params)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
-           "backend": config.backend, "params": None, "status": "ok", "reason": None}
+           "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None}
     notes: list[str] = []
     plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim), config, say=notes.append)
     if precision.startswith("fp8") and not plan.fp8_enabled:
@@ -129,6 +145,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         if precision.startswith("fp8") and not plan.fp8_enabled:
             return {**row, "status": "skipped", "reason": plan.fallback_reason}
         opt = build_optimizer(model, OptimArgs())
+        if a.torch_compile:
+            model = torch.compile(model, backend="inductor" if cuda else "aot_eager")
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
@@ -267,8 +285,9 @@ def markdown(rows: list[dict], env: dict) -> str:
         b = base.get((r["preset"], r["seq_length"]))
         vs = f"{r['tokens_per_sec'] / b:.2f}x" if b else "-"
         mfu = f"{100 * r['mfu_bf16_peak']:.1f}%" if r.get("mfu_bf16_peak") is not None else "n/a"
+        prec = r["precision"] + (f" ({r['variant']})" if r.get("variant") else "")
         lines.append(
-            f"| {r['preset']} | {r['seq_length']} | {r['micro_batch']} | {r['precision']} | {r['fp8_layers'] or '-'} | "
+            f"| {r['preset']} | {r['seq_length']} | {r['micro_batch']} | {prec} | {r['fp8_layers'] or '-'} | "
             f"{r['step_ms']:.1f} | {r['tokens_per_sec']:,.0f} | {vs} | "
             f"{mfu} | {r['peak_memory_gib'] if r['peak_memory_gib'] is not None else '-'} | "
             f"{r['loss_first']:.3f}→{r['loss_last']:.3f} |")
