@@ -72,11 +72,11 @@ bench() {
 
 speed() {  # every new speed path measured against today's default in ONE call (issue 22, point 5)
   local presets=${SPEED_PRESETS:-gpt2-124m,medium,xlarge} day; day=$(date +%F)
-  local common=(--backend te --presets "$presets" --seq_lengths 1024 --precisions bf16,fp8-delayed
+  local common=(--backend te --presets "$presets" --seq_lengths 1024 --precisions "bf16,fp8-delayed"
                 --fp8_min_gemm_dim 0 --steps "${SPEED_STEPS:-10}" --time_limit "${SPEED_TIME:-100}")
   local v name
   for v in "" "--loss_impl te" "--loss_impl chunked" "--fuse_qkv_params" "--torch_compile"; do
-    name=$(echo "${v:-default}" | tr -d ' -' | sed 's/lossimpl/loss-/')
+    name=$(echo "${v:-default}" | tr -d ' -' | sed 's/loss_impl/loss-/')
     # shellcheck disable=SC2086  # $v is a flag and its value, split on purpose
     step "speed-$name" python3 -m yxanul bench "${common[@]}" $v --out "/tmp/speed/$name"
     cp "/tmp/speed/$name/bench.json" "$OUT/$day-h100-$name.json" 2>/dev/null || true
