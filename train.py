@@ -8,4 +8,4 @@ import sys
 from yxanul.cli import run, train_main
 
 if __name__ == "__main__":
-    sys.exit(run(train_main, sys.argv[1:]))
+    sys.exit(run(train_main, sys.argv[1:], process_exit=True))

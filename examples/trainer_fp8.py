@@ -100,4 +100,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(main, sys.argv[1:]))
+    sys.exit(run(main, sys.argv[1:], process_exit=True))

@@ -85,12 +85,21 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `cmd | head` k
 EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long whatever hangs
 
 
-def run(func, argv) -> int:
+def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
     a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk -> one
     line naming the file, 2; a closed stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other
-    exception -> its traceback (a bug: report it), then one line, 1. On every error a watchdog ends
-    the process after ``EXIT_GRACE_S`` if something (a thread, a child) would keep it alive."""
+    exception -> its traceback (a bug: report it), then one line, 1. ``process_exit``: the process
+    exits with the returned code (the `yxanul` entry points, train.py): then, on every error, a
+    watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread, a child) would keep it
+    alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
+    code = _run(func, argv)
+    if code != 0 and process_exit:
+        _exit_watchdog(code)
+    return code
+
+
+def _run(func, argv) -> int:
     from .errors import UserError
 
     try:
@@ -126,7 +135,6 @@ def _fail(line: str, code: int) -> int:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-    _exit_watchdog(code)
     return code
 
 
@@ -157,6 +165,9 @@ def _exit_watchdog(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `yxanul` entry point. ``argv`` None: this process's own command line, and the process exits
+    with the returned code (so the exit watchdog is armed on errors)."""
+    process_exit = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command '{name}' (expected one of: {', '.join(COMMANDS)})", file=sys.stderr)
         return 2
     module, func, _ = COMMANDS[name]
-    return run(getattr(importlib.import_module(module), func), rest)
+    return run(getattr(importlib.import_module(module), func), rest, process_exit=process_exit)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Shared by tests/hub and tests/evaluation: random yxanul models saved like the trainer saves them, a small
 prepared dataset (the bundled corpus and tokenizer) and a run whose config.yaml points at that data."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import yaml
@@ -44,11 +46,11 @@ def save_run(model, run_dir, te_views: bool = True, step: int = 2):
     prepared = acc.prepare(model)
     flat = {"model": PRESET, "seq_length": 64, "tie_word_embeddings": model.config.tie_word_embeddings,
             "data_dir": str(run_dir / "no-data")}
+    n_layers = model.config.num_hidden_layers
     save_checkpoint(acc, run_dir, {"step": step, "tokens_seen": 100 * step, "val_loss": 5.0, "precision": "FP32",
-                                   "backend": "te" if te_views else "torch"},
-                    keep_last=3, config_yaml=yaml.safe_dump(flat))
-    if te_views:
-        add_te_fp8_state(run_dir / "checkpoints" / f"step_{step}", model.config.num_hidden_layers)
+                                   "backend": "te" if te_views else "torch", "data": {"epoch": 0, "position": 0}},
+                    keep_last=3, config_yaml=yaml.safe_dump(flat),
+                    extra=(lambda d: add_te_fp8_state(Path(d), n_layers)) if te_views else None)  # before the manifest
     return prepared
 
 

@@ -123,7 +123,7 @@ def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
 
     from yxanul.hub.loading import load_checkpoint_model, resolve_checkpoint
 
-    ds("--max_steps", "2", "--checkpoint_freq", "2", "--output_dir", str(tmp_path / "ds"))
+    ds("--max_steps", "2", "--warmup_steps", "1", "--checkpoint_freq", "2", "--output_dir", str(tmp_path / "ds"))
     ckpt = resolve_checkpoint(tmp_path / "ds")
     assert (ckpt / "pytorch_model").is_dir() and not list(ckpt.glob("model*.safetensors"))
     out = export(tmp_path / "ds", tmp_path / "llama", dtype="fp32")
@@ -139,7 +139,7 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     config.yaml; plain transformers generates from the folder; the card has the run's numbers."""
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--checkpoint_freq", "3", "--eval_freq", "3",
+    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--warmup_steps", "1", "--checkpoint_freq", "3", "--eval_freq", "3",
                 "--eval_steps", "1", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
                 "--seq_length", "32", "--micro_batch_size", "2", "--max_documents", "60", "--val_fraction", "0.1",
                 "--output_dir", str(run)]) == 0
