@@ -21,6 +21,7 @@ A full disk removes the partial save and is one line naming the directory and th
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -61,26 +62,32 @@ class CheckpointArgs:
             raise ConfigError("keep_last", "an integer >= 1", self.keep_last)
 
 
+def _names(cfg) -> tuple[str, str]:
+    """(run_name, output_dir) of a config: the given ones, else ``<model>-<timestamp>`` and
+    ``runs/<run_name>``."""
+    ck = cfg.checkpoint
+    name = ck.run_name or f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return name, ck.output_dir or str(Path("runs") / name)
+
+
 def run_dir_of(cfg) -> Path:
     """The run directory of a config: ``output_dir``, else ``runs/<run_name>`` (default name:
-    ``<model>-<timestamp>``). Fills both fields in ``cfg.checkpoint``."""
-    ck = cfg.checkpoint
-    if ck.run_name is None:
-        ck.run_name = f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if ck.output_dir is None:
-        ck.output_dir = str(Path("runs") / ck.run_name)
-    return Path(ck.output_dir)
+    ``<model>-<timestamp>``). Reads the config only (`prepare_run_dir` settles the names)."""
+    return Path(_names(cfg)[1])
 
 
 def prepare_run_dir(cfg) -> Path:
     """`run_dir_of`, refusing what would lose or misplace work: ``resume: latest`` without a fixed
     run directory (the default name is new at every launch), an output_dir under a file, and a new
-    run (no ``resume``) into a directory holding checkpoints, whose ``latest`` it would take over."""
+    run (no ``resume``) into a directory holding checkpoints, whose ``latest`` it would take over.
+    Sets ``cfg.checkpoint.run_name``/``output_dir`` to the names it settled on (the one writer of them)."""
     ck = cfg.checkpoint
     if ck.resume == "latest" and ck.output_dir is None and ck.run_name is None:
         raise UserError("resume 'latest': set --output_dir or --run_name too (the default run directory is "
                         "new at every launch)")
-    run_dir = run_dir_of(cfg)
+    # settle the names once, explicitly: config.yaml and the trackers record the run directory used
+    cfg.checkpoint = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), _names(cfg))))
+    run_dir = Path(cfg.checkpoint.output_dir)
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
