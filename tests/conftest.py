@@ -33,3 +33,16 @@ def tiny_config():
         return config_from_preset("nano", 1000, 64, **overrides)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate's AcceleratorState/GradientState are process-wide singletons: a test that builds an
+    Accelerator (in-process trainer, Trainer integration, checkpoint helpers) must not decide the
+    mixed precision of the next one."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()

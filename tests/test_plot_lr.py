@@ -52,7 +52,7 @@ def test_config_file_flags_override_and_curriculum(tmp_path, capsys):
 def test_errors(tmp_path):
     with pytest.raises(ConfigError, match="max_lr"):
         main(["--max_lr", "-1", "--out", str(tmp_path / "x.png")])
-    with pytest.raises(UserError, match=r"'max_stepz': expected a known flag \(did you mean 'max_steps'\?\)"):
+    with pytest.raises(UserError, match=r"unknown flag '--max_stepz' \(did you mean '--max_steps'\?\)"):
         main(["--max_stepz", "1"])  # the one CLI builder: one line, "did you mean"
     cfg = tmp_path / "c.yaml"
     cfg.write_text("curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")

@@ -16,7 +16,7 @@ from yxanul.tracking import read_metrics
 
 # Small and fast on 2 cores; the bundled corpus and tokenizer (the real default data path).
 FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1",
-        "--eval_freq", "0", "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "5",
+        "--eval_freq", "0", "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "1",
         "--max_lr", "2e-3", "--use_tensorboard", "false", "--num_workers", "0"]
 
 
@@ -199,8 +199,8 @@ def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
 def _cfg(tmp_path, *extra):
     from yxanul.config import parse_args
 
-    return parse_args([*FAST, "--checkpoint_freq", "0", "--save_final", "false", "--output_dir", str(tmp_path / "run"),
-                       *extra])
+    return parse_args([*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0", "--save_final", "false",
+                       "--output_dir", str(tmp_path / "run"), *extra])  # warmup must fit in the short runs
 
 
 def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
@@ -215,11 +215,13 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     assert t.resume() is None and t.state.step == 0
     before = [p.detach().clone() for p in t.model.parameters()]
     out = t.train_step(t.next_batches())
-    assert (t.state.step, t.state.tokens_seen) == (1, 4 * 32) and out.accum == 1 and out.lm_loss is None
+    assert (t.state.step, t.state.tokens_seen) == (1, 4 * 32) and out.accum == 1
+    assert torch.equal(out.lm_loss, out.loss) and out.penalty.item() == 0.0  # no penalty: loss == LM loss
     assert abs(out.loss.item() - math.log(t.mcfg.vocab_size)) < 0.5  # the initial loss is ~ln V
     assert any(not torch.equal(a, b) for a, b in zip(before, t.model.parameters()))
     row = t.log(out)
     assert row["loss"] == pytest.approx(out.loss.item()) and read_metrics(t.run_dir / "metrics.jsonl")[-1] == row
+    assert "lm_loss" not in row and "penalty" not in row  # the default line and metrics stay as they were
     out = t.train_step(t.next_batches())
     rng = torch.get_rng_state()
     ev = t.evaluate()

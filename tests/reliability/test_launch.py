@@ -26,9 +26,11 @@ def test_no_false_rank_0_of_1_warning_when_yxanul_forces_cpu():
 
 
 def test_deepspeed_without_gpus_is_an_error_with_gpus_not():
-    env = {"ACCELERATE_USE_DEEPSPEED": "true"}
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "8"}
     assert "ACCELERATE_USE_DEEPSPEED" in _keys(check_launch_environment(env, cuda_available=False), "error")
     assert check_launch_environment(env, cuda_available=True) == []
+    one = {"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "1"}  # one CPU process trains (test_deepspeed.py)
+    assert check_launch_environment(one, cuda_available=False) == []
 
 
 def test_wandb_key_format_is_checked_at_start_offline():

@@ -238,7 +238,10 @@ class Trainer:
     def log(self, out: StepOutput) -> dict[str, Any]:
         """Console line + metrics.jsonl + trackers (the only device sync of a training step)."""
         st, acc = self.state, self.accelerator
-        loss, lm_loss, penalty = self._mean(out.loss), self._mean(out.lm_loss), self._mean(out.penalty)
+        loss = self._mean(out.loss)
+        # lm_loss/penalty apart only when a penalty is configured: the default console line stays as it was
+        penalized = getattr(self.mcfg, "penalty_type", "none") != "none"
+        lm_loss, penalty = (self._mean(out.lm_loss), self._mean(out.penalty)) if penalized else (None, None)
         norm = float(out.grad_norm) if out.grad_norm is not None else float("nan")
         dt = self.timer.lap()
         self.tokens_per_sec = st.tokens_per_step / dt
