@@ -115,7 +115,7 @@ def _safetensors_problem(path: Path) -> str | None:
 def _legacy_problems(ckpt: Path) -> list[str]:
     problems = []
     models = sorted(ckpt.glob("model*.safetensors"))
-    if not models:
+    if not models and not any((ckpt / "pytorch_model").glob("*model_states.pt")):  # DeepSpeed's own layout
         problems.append("model.safetensors missing")
     problems += [p for p in map(_safetensors_problem, models) if p]
     for opt in ("optimizer.bin",):
@@ -146,7 +146,7 @@ def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False) -> l
             problems.append(f"{name} has {f.stat().st_size:,} bytes, the manifest says {entry.get('size'):,}")
         elif not state_only and _sha256(f) != entry.get("sha256"):
             problems.append(f"{name} does not match its sha256 (changed or corrupted since the save)")
-    if not any(n.startswith("model") for n in manifest["files"]):
+    if not any(n.startswith(("model", "pytorch_model")) for n in manifest["files"]):  # pytorch_model/: DeepSpeed
         problems.append("the manifest lists no model weights")
     return problems
 

@@ -45,7 +45,7 @@ def data_dir_of(model_path: str) -> Path | None:
     cfg = run_config(resolve_checkpoint(model_path))
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
-        return Path(keys.get("data_dir") or target_dir(DataArgs(**keys), seed=cfg.get("seed", 0))[0])
+        return Path(keys.get("data_dir") or target_dir(DataArgs(**keys))[0])
     except Exception:  # noqa: BLE001 - the run's source data is not here: no default validation set
         return None
 

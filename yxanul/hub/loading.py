@@ -122,7 +122,7 @@ def tokenizer_of_checkpoint(ckpt: Path):
     cfg = run_config(ckpt)
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
-        data_dir = keys.get("data_dir") or target_dir(DataArgs(**keys), seed=cfg.get("seed", 0))[0]
+        data_dir = keys.get("data_dir") or target_dir(DataArgs(**keys))[0]
         return load_prepared_tokenizer(data_dir)
     except Exception as e:  # noqa: BLE001 - a missing tokenizer must not stop an export of the weights
         log.warning("no tokenizer found for %s (%s): the export has none", ckpt, e)
