@@ -110,8 +110,9 @@ def test_user_mistakes_at_start_are_one_line_before_training(tmp_path):
 def test_deepspeed_launch_without_gpus_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "5", "--output_dir",
                         str(tmp_path / "d")], capture_output=True, text=True, timeout=300,
-                       env=dict(env(), ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE="none"))
-    one_line(r, 2, "DeepSpeed was launched but this machine has no CUDA GPU")
+                       env=dict(env(), ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE="none",
+                                WORLD_SIZE="8"))  # what the 8-GPU DeepSpeed profile exports to each rank
+    one_line(r, 2, "DeepSpeed was launched with 8 processes but this machine has no CUDA GPU")
 
 
 def _tmpfs(path, size_bytes: int) -> bool:

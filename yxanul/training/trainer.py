@@ -63,6 +63,8 @@ class Trainer:
         from ..launch import preflight
 
         cfg = self.cfg
+        # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
+        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else _quiet)
         # On a CPU-only machine tell accelerate so (else torchrun'd ranks each become 'rank 0 of 1'),
         # except under DeepSpeed, which accelerate disables when cpu=True.
         self.cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
@@ -70,7 +72,6 @@ class Trainer:
         self.say = print if self.dist.is_main_process else _quiet
         self.run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints
         self.run_name = cfg.checkpoint.run_name or self.run_dir.name
-        preflight(cfg, say=self.say)  # what `accelerate launch` exported, a W&B key W&B would refuse
         set_seed(cfg.train.seed)
         self._setup_data()
         model = self._setup_model()
