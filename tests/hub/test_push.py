@@ -196,3 +196,32 @@ def test_hub_config_keys(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     cfg.save(tmp_path / "c.yaml")  # the run's config.yaml: no token key, no token value
     assert SECRET not in (tmp_path / "c.yaml").read_text() and "hub_token" not in cfg.to_flat_dict()
+
+
+@pytest.mark.slow
+def test_yxanul_train_pushes_each_save_and_scores_eval_tasks_from_its_config(tmp_path, monkeypatch):
+    """The trainer builds its callbacks from the config (`--push_to_hub`, `--eval_tasks`): every saved
+    checkpoint is exported and uploaded in the background, every evaluation scores the bundled cloze task,
+    and the token appears nowhere in the run."""
+    from yxanul.cli import DEFAULT_CONFIG
+    from yxanul.config import parse_args
+    from yxanul.tracking import read_metrics
+    from yxanul.training import train
+
+    api = RecordingHfApi()
+    monkeypatch.setattr("yxanul.hub.push.default_api", lambda: api)
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    run_dir = tmp_path / "run"
+    cfg = parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "4", "--warmup_steps", "1", "--eval_freq", "2",
+                      "--checkpoint_freq", "2", "--eval_steps", "1", "--sample_tokens", "0", "--use_tensorboard",
+                      "false", "--num_workers", "0", "--seq_length", "32", "--micro_batch_size", "2",
+                      "--eval_tasks", "cloze", "--eval_tasks_limit", "8", "--push_to_hub", "--hub_model_id", "me/run",
+                      "--hub_strategy", "every_save", "--output_dir", str(run_dir)])
+    train(cfg)
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4] and all(0.0 <= r["cloze_acc"] <= 1.0 for r in evals)
+    uploads = api.uploads()
+    assert [u["message"] for u in uploads] == ["Training in progress, step 2", "Training in progress, step 4"]
+    assert all("model.safetensors" in u["files"] and "config.json" in u["files"] for u in uploads)
+    for f in run_dir.rglob("*"):
+        assert not f.is_file() or SECRET.encode() not in f.read_bytes(), f
