@@ -96,10 +96,15 @@ def te_loss(logits, targets, parallel_cross_entropy, penalty_type="none", penalt
     return lm + pen, lm, pen
 
 
+MIN_CHUNK_TOKENS = 1024  # (1024, V) fp32 logits: 206 MB at V = 50,304
+
+
 def chunk_size(n_tokens: int, hidden: int, vocab: int) -> int:
     """Tokens per chunk so that a chunk's logits (chunk, V) are about the size of the hidden states
-    (N, C): Liger Kernel's rule, ceil(N / ceil(V / C))."""
-    return max(1, -(-n_tokens // -(-vocab // hidden)))
+    (N, C) — Liger Kernel's rule, ceil(N / ceil(V / C)) — but at least ``MIN_CHUNK_TOKENS``: every chunk
+    also adds a (V, C) weight gradient, which dominates when narrow models make the chunks tiny (nano,
+    C = 256: 3 tokens a chunk, 16x slower than the default loss on a CPU)."""
+    return max(1, -(-n_tokens // -(-vocab // hidden)), min(n_tokens, MIN_CHUNK_TOKENS))
 
 
 class _ChunkedLinearCE(torch.autograd.Function):
