@@ -110,6 +110,31 @@ def precision_args(precision: str, min_gemm_dim: int):
     return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **kw)
 
 
+def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, float | None]:
+    """(seconds of each timed step, every step's loss, peak GiB or None): ``warmup`` untimed steps, then
+    ``steps`` timed ones, with CUDA events (no host sync inside the timed region) or perf_counter on CPU."""
+    import torch
+
+    losses = [step(i) for i in range(warmup)]
+    if device.type != "cuda":
+        times = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            losses.append(step(warmup + i))
+            times.append(time.perf_counter() - t0)
+        return times, losses, None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        losses.append(step(warmup + i))
+        end.record()
+    torch.cuda.synchronize(device)  # the only sync: after the timed region
+    times = [s.elapsed_time(e) / 1e3 for s, e in events]
+    return times, losses, round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+
 def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, device, profile_dir=None) -> dict:
     """Measure one case; returns a row (status ok / skipped / OOM)."""
     import torch
@@ -150,30 +175,10 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
-        def step(i: int):  # the trainer's own step (autocast, FP8 context, clip 1.0, AdamW)
-            x = batches[i % 2]  # (B, T + 1)
-            return train_step(model, opt, [(x[:, :-1], x[:, 1:])], plan=plan, max_grad_norm=1.0).loss
+        def step(i: int):  # the trainer's own step and batch form: packed (B, T + 1), autocast, FP8, clip, AdamW
+            return train_step(model, opt, [batches[i % 2]], plan=plan, max_grad_norm=1.0).loss
 
-        losses = [step(i) for i in range(a.warmup)]
-        if cuda:
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(a.steps)]
-            for i, (start, end) in enumerate(events):
-                start.record()
-                losses.append(step(a.warmup + i))
-                end.record()
-            torch.cuda.synchronize(device)
-            times = [s.elapsed_time(e) / 1e3 for s, e in events]
-            row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-        else:
-            times = []
-            for i in range(a.steps):
-                t0 = time.perf_counter()
-                losses.append(step(a.warmup + i))
-                times.append(time.perf_counter() - t0)
-            row["peak_memory_gib"] = None
+        times, losses, row["peak_memory_gib"] = _time_steps(step, a.warmup, a.steps, device)
         if profile_dir is not None:
             row["profile"] = _profile(step, device, Path(profile_dir), row)
         loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
