@@ -34,8 +34,9 @@ def test_verify_require_fp8_json_exits_1(capsys):
     assert "fp8 recipe delayed" not in failed  # only the requested recipe is a requirement
     te_row = next(r for r in out["checks"] if r["check"] == "transformer_engine")
     assert te_row["status"] == ("PASS" if _te.TE_AVAILABLE else "FAIL")
-    mlp = out["precision_report"]["layers"]["mlp"]
-    assert mlp["fp8"] == 0 and mlp["bf16"] == 21 and mlp["why"] == out["precision_report"]["fallback_reason"]
+    rep = out["precision_report"]
+    mlp = rep["layers"]["mlp"]
+    assert mlp["fp8"] == 0 and mlp[rep["base_dtype"]] == 21 and mlp["why"] == rep["fallback_reason"]
     assert out["failed"] == len(failed)
 
 

@@ -78,7 +78,7 @@ def test_fp8_request_falls_back_with_one_line_report_and_parity_with_yxanul_trai
     assert trainer.accelerator.mixed_precision == "no" and not trainer.plan.fp8_enabled
     rep = json.loads((tmp_path / "hf" / "precision_report.json").read_text())
     assert rep["fp8_requested"] and not rep["fp8"] and rep["fallback_reason"] == "no CUDA device"
-    assert rep["precision"] == "FP32" and rep["layers"]["mlp"] == {"fp8": 0, "bf16": 4, "why": "no CUDA device"}
+    assert rep["precision"] == "FP32" and rep["layers"]["mlp"] == {"fp8": 0, "fp32": 4, "why": "no CUDA device"}
     first = rec.sent[0]  # what report_to loggers receive at the first logging step
     assert first["precision/fp8_requested"] == 1.0 and first["precision/fp8"] == 0.0
     assert first["precision/layers/qkv/fp8"] == 0.0 and "loss" in first

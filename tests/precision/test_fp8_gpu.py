@@ -98,7 +98,7 @@ def test_recipe_read_back_from_te(recipe, cls):
     rb = plan.readback
     assert rb["fp8_enabled"] and rb["recipe"] == cls and rb["module_recipes"] == [cls]
     assert rb["fp8_format"] == ("E4M3" if recipe != "delayed" else "HYBRID")
-    assert rb["layers"]["mlp"] == {"fp8": 24, "bf16": 0} and plan.label == "FP8"
+    assert rb["layers"]["mlp"] == {"fp8": 24, plan.base: 0} and plan.label == "FP8"
 
 
 def test_small_gemm_policy_and_keep_bf16_run_bf16_inside_fp8():
@@ -111,6 +111,7 @@ def test_small_gemm_policy_and_keep_bf16_run_bf16_inside_fp8():
     _step(model, plan)
     rep = precision_report(model, plan)
     assert rep["layers_source"] == "te"
+    assert rep["base_dtype"] == "bf16"  # an FP8 run's non-FP8 modules run in BF16 on a GPU
     assert rep["layers"]["qkv"] == {"fp8": 23, "bf16": 1, "why": rep["layers"]["qkv"]["why"]}
     assert rep["layers"]["mlp"]["fp8"] == 22 and rep["layers"]["mlp"]["bf16"] == 2
     assert model.model.layers[0].layernorm_mlp.fp8 is False and model.model.layers[1].layernorm_mlp.fp8 is True

@@ -82,7 +82,7 @@ def test_fp8_plan_on_the_real_te_tree(monkeypatch):
     assert all(modules[n]._forward_hooks for n in plan.decisions)          # TE read-back hooks
     rep = precision_report(model, plan)
     assert rep["layers_source"] == "plan" and rep["backend"] == "te"
-    assert {k: (v["fp8"], v["bf16"]) for k, v in rep["layers"].items()} == {
+    assert {k: (v["fp8"], v[rep["base_dtype"]]) for k, v in rep["layers"].items()} == {
         "qkv": (23, 1), "proj": (23, 1), "mlp": (23, 1), "lm_head": (0, 1)}
     text = format_report(rep)
     assert "configured: DelayedScaling(margin=1" in text and "TE read-back: pending" in text

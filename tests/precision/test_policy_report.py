@@ -64,7 +64,7 @@ def test_report_from_a_torch_model_says_why():
     rep = precision_report(model, plan)
     json.dumps(rep)  # JSON-able for precision_report.json / trackers
     assert rep["precision"] == "FP32" and rep["fp8_requested"] and not rep["fp8"]
-    assert rep["layers"]["qkv"] == {"fp8": 0, "bf16": 4, "why": "no CUDA device"}
+    assert rep["base_dtype"] == "fp32" and rep["layers"]["qkv"] == {"fp8": 0, "fp32": 4, "why": "no CUDA device"}
     assert rep["layers"]["lm_head"]["fp8"] == 0 and rep["layers_source"] == "n/a"
     text = format_report(rep)
     assert text.splitlines()[0] == "precision: FP32 (backend torch)"
@@ -77,6 +77,8 @@ def test_report_without_fp8_request():
     plan = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config, CPU)
     rep = precision_report(model, plan)
     assert rep["precision"] == "BF16" and rep["layers"]["mlp"]["why"] == "FP8 not requested"
+    assert rep["base_dtype"] == "bf16" and rep["layers"]["mlp"]["bf16"] == 4 and "fp32" not in rep["layers"]["mlp"]
+    assert "| BF16   4" in format_report(rep)
     assert "FP8 requested" not in format_report(rep)
 
 
@@ -110,4 +112,22 @@ def test_meta_model_report_is_cheap():
         model = YxanulForCausalLM(cfg("xlarge"))
     plan = resolve_precision(PrecisionArgs(use_fp8=True), model.config, CPU, say=lambda *a: None)
     plan.prepare_model(model)
-    assert precision_report(model, plan)["layers"]["mlp"]["bf16"] == 32
+    assert precision_report(model, plan)["layers"]["mlp"]["fp32"] == 32  # CPU facts: auto -> fp32
+
+
+def test_fp32_run_report_names_fp32_never_bf16(tmp_path, capsys):
+    """`yxanul train --mixed_precision fp32`: precision_report.json counts its non-FP8 modules as fp32 (it
+    said "bf16" for every run), top-level base_dtype fp32; the console table says FP32."""
+    from yxanul.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--model", "nano", "--seq_length", "16", "--micro_batch_size", "2", "--max_steps", "1",
+                 "--warmup_steps", "1", "--eval_freq", "0", "--eval_steps", "1", "--sample_tokens", "0",
+                 "--checkpoint_freq", "0", "--use_tensorboard", "false", "--num_workers", "0",
+                 "--mixed_precision", "fp32", "--output_dir", str(out)]) == 0
+    rep = json.loads((out / "precision_report.json").read_text())
+    assert rep["precision"] == "FP32" and rep["base_dtype"] == "fp32" and rep["non_fp8_precision"] == "FP32"
+    assert {k: (d["fp8"], d["fp32"]) for k, d in rep["layers"].items()} == {
+        "qkv": (0, 4), "proj": (0, 4), "mlp": (0, 4), "lm_head": (0, 1)}
+    assert not any("bf16" in d for d in rep["layers"].values())
+    assert "| FP32   4" in capsys.readouterr().out and "BF16" not in format_report(rep)

@@ -79,9 +79,10 @@ def _precision_lines(report: dict[str, Any]) -> list[str]:
     recipe = report.get("configured_recipe")
     if recipe:
         lines.append(f"- FP8 recipe: `{recipe.get('name')}` {json.dumps(recipe.get('kwargs') or {})}")
+    base = report.get("base_dtype", "bf16")  # reports before base_dtype keyed every non-FP8 count "bf16"
     for kind, d in (report.get("layers") or {}).items():
-        lines.append(f"  - {kind}: {d.get('fp8', 0)} layers in FP8, {d.get('bf16', 0)} in "
-                     f"{report.get('non_fp8_precision', 'BF16')}" + (f" ({d['why']})" if d.get("why") else ""))
+        lines.append(f"  - {kind}: {d.get('fp8', 0)} layers in FP8, {d.get(base, 0)} in "
+                     f"{report.get('non_fp8_precision', base.upper())}" + (f" ({d['why']})" if d.get("why") else ""))
     return lines
 
 

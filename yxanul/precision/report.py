@@ -7,8 +7,10 @@ The read-back comes from TE, during the first training forward after `prepare_mo
 - a forward POST-hook on every policy module reads what that module actually did: TE sets
   `module.fp8` in `init_fp8_metadata` (`module/base.py`) from the autocast state in effect inside
   its forward, and `module.fp8_meta["recipe"]` to the recipe it used.
-The hooks remove themselves once every module has been seen. `precision_report` then counts FP8/BF16
-per kind from TE's answers ("layers_source": "te"); before that, from the plan ("plan").
+The hooks remove themselves once every module has been seen. `precision_report` then counts FP8 and
+non-FP8 modules per kind from TE's answers ("layers_source": "te"); before that, from the plan ("plan").
+The non-FP8 count is keyed by the dtype that actually ran, the plan's base (``"base_dtype"``): per kind
+``{"fp8": n, "bf16": m}`` in a BF16 run, ``{"fp8": 0, "fp32": m}`` in an FP32 run.
 """
 
 from __future__ import annotations
@@ -58,10 +60,10 @@ def _fmt(recipe) -> str | None:
 def _finish(plan, glob: dict, seen: dict) -> None:
     from ..errors import UserError
 
-    layers = {k: {"fp8": 0, "bf16": 0} for k in KINDS}
+    layers = {k: {"fp8": 0, plan.base: 0} for k in KINDS}
     recipes = set()
     for kind, fp8, recipe in seen.values():
-        layers[kind]["fp8" if fp8 else "bf16"] += 1
+        layers[kind]["fp8" if fp8 else plan.base] += 1
         if recipe:
             recipes.add(recipe)
     n_fp8 = sum(v["fp8"] for v in layers.values())
@@ -77,7 +79,7 @@ def _finish(plan, glob: dict, seen: dict) -> None:
 def precision_report(model, plan) -> dict:
     """JSON-able report (trainer: run_dir/precision_report.json and the tracker config)."""
     cfg = model.config
-    base = plan.base.upper()
+    base = plan.base  # the dtype every non-FP8 module ran in: "bf16" or "fp32"
     layers: dict[str, dict] = {}
     rb = plan.readback
     decisions = plan.decisions or {n: (k, False, plan.fallback_reason or "FP8 not requested")
@@ -86,18 +88,18 @@ def precision_report(model, plan) -> dict:
         mods = [(fp8, why) for k, fp8, why in decisions.values() if k == kind]
         whys = sorted({why for _, why in mods})
         if rb is not None:
-            fp8_n, bf16_n = rb["layers"][kind]["fp8"], rb["layers"][kind]["bf16"]
+            fp8_n, other_n = rb["layers"][kind]["fp8"], rb["layers"][kind][base]
         else:
             fp8_n = sum(1 for fp8, _ in mods if fp8) if plan.fp8_enabled else 0
-            bf16_n = len(mods) - fp8_n
-        layers[kind] = {"fp8": fp8_n, "bf16": bf16_n, "why": "; ".join(whys)}
-    layers["lm_head"] = {"fp8": 0, "bf16": 1, "why": LM_HEAD_WHY}
+            other_n = len(mods) - fp8_n
+        layers[kind] = {"fp8": fp8_n, base: other_n, "why": "; ".join(whys)}
+    layers["lm_head"] = {"fp8": 0, base: 1, "why": LM_HEAD_WHY}
     f = plan.facts
     return {
-        "precision": plan.label, "base": plan.base, "fp8_requested": plan.args.use_fp8, "fp8": plan.fp8_enabled,
+        "precision": plan.label, "base": base, "base_dtype": base, "fp8_requested": plan.args.use_fp8, "fp8": plan.fp8_enabled,
         "fallback_reason": plan.fallback_reason, "backend": getattr(cfg, "backend", "torch"),
         "layers": layers, "layers_source": "te" if rb is not None else ("plan" if plan.fp8_enabled else "n/a"),
-        "non_fp8_precision": base,
+        "non_fp8_precision": base.upper(),
         "configured_recipe": {"name": plan.recipe_name, "kwargs": plan.recipe_kwargs,
                               "fp8_interval_recorded": plan.args.fp8_interval} if plan.fp8_enabled else None,
         "te_readback": rb, "device": f.device_name,
@@ -112,10 +114,11 @@ def format_report(rep: dict) -> str:
     lines = [f"precision: {rep['precision']} (backend {rep['backend']}{where})"]
     if rep["fp8_requested"] and not rep["fp8"]:
         lines.append(f"  FP8 requested but off: {rep['fallback_reason']}")
-    other = rep.get("non_fp8_precision", rep["base"].upper())
+    base = rep.get("base_dtype", rep["base"])
+    other = base.upper()
     for kind, d in rep["layers"].items():
         label = "mlp(fc1+fc2)" if kind == "mlp" else kind
-        lines.append(f"  {label:<12} FP8 {d['fp8']:>3} | {other} {d['bf16']:>3}   {d['why']}")
+        lines.append(f"  {label:<12} FP8 {d['fp8']:>3} | {other} {d[base]:>3}   {d['why']}")
     if rep["fp8"]:
         rc = rep["configured_recipe"]
         lines.append(f"  configured: {rc['name']}({', '.join(f'{k}={v}' for k, v in rc['kwargs'].items())})"
