@@ -101,7 +101,9 @@ def run(func, argv, *, process_exit: bool = False) -> int:
 
 def _run(func, argv) -> int:
     from .errors import UserError
+    from .tracking import quiet_tensorboard_writer_thread
 
+    quiet_tensorboard_writer_thread()  # its OSError is raised again in this thread: one line below
     try:
         return int(func(argv) or 0)
     except UserError as e:
@@ -113,12 +115,21 @@ def _run(func, argv) -> int:
         return _fail("error: standard output was closed (broken pipe, e.g. `| head`); stopping", EXIT_BROKEN_PIPE)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = f" writing '{e.filename}'" if e.filename else ""
-            return _fail(f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, "
-                         "then --resume latest", 2)
+            return _fail(_disk_full_line(e), 2)
         return _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)
+
+
+def _disk_full_line(e: OSError) -> str:
+    from .tracking import tensorboard_logdir
+
+    tb_dir = tensorboard_logdir(e)
+    if tb_dir:
+        return (f"error: disk full writing TensorBoard events to {tb_dir}: {e.strerror}; free space, choose another "
+                "--output_dir or --use_tensorboard false, then --resume latest")
+    where = f" writing '{e.filename}'" if e.filename else ""
+    return f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, then --resume latest"
 
 
 def _bug(e: BaseException) -> int:

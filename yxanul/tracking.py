@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,43 @@ def flat_tracker_config(config: dict[str, Any], prefix: str = "") -> dict[str, A
         else:
             out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else v
     return out
+
+# TensorBoard's SummaryWriter writes its event file from a daemon thread (tensorboard's
+# `event_file_writer._AsyncWriterThread`). An OSError there (a full disk) ends that thread and is raised
+# again in the main thread at the writer's next write/flush -- accelerate's TensorBoardTracker flushes
+# after every `log`, so at the very next log. The thread's own traceback is noise on top of that.
+_TB_THREAD = ("tensorboard.summary.writer.event_file_writer", "_AsyncWriterThread")
+
+
+def quiet_tensorboard_writer_thread() -> None:
+    """Install (once) a `threading.excepthook` that drops an OSError ending TensorBoard's writer thread
+    (the main thread raises it next and reports it as one line, see :func:`tensorboard_logdir`); every
+    other thread exception goes to the previous hook."""
+    previous = threading.excepthook
+    if getattr(previous, "_yxanul_tb", False):
+        return
+
+    def hook(args):
+        cls = type(args.thread) if args.thread is not None else None
+        if cls is not None and (cls.__module__, cls.__name__) == _TB_THREAD and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook._yxanul_tb = True
+    threading.excepthook = hook
+
+
+def tensorboard_logdir(exc: BaseException) -> str | None:
+    """The directory of the TensorBoard event file whose write raised ``exc`` (None: not TensorBoard's).
+    Read from the traceback: tensorboard's `EventFileWriter` (``get_logdir()``) or its file (``filename``)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_globals.get("__name__", "").startswith("tensorboard."):
+            obj = frame.f_locals.get("self")
+            if callable(getattr(obj, "get_logdir", None)):
+                return str(obj.get_logdir())
+            if isinstance(getattr(obj, "filename", None), str):
+                return os.path.dirname(obj.filename)
+        tb = tb.tb_next
+    return None

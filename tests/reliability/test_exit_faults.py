@@ -9,8 +9,11 @@ import time
 
 import pytest
 import torch
-from _reliability import EXIT_BOUND_S, FAST, env, ok, one_line, popen, yx
+from _reliability import EXIT_BOUND_S, FAST, env, kill_group, ok, one_line, popen, wait_for, yx
 from safetensors.torch import load_file, save_file
+
+from yxanul.checkpoint import latest_good_checkpoint
+from yxanul.manifest import verify_checkpoint
 
 LONG = [*FAST, "--max_steps", "100000", "--checkpoint_freq", "0"]
 
@@ -139,3 +142,26 @@ def test_disk_full_on_a_small_tmpfs(base_run, tmp_path):
         ok(yx("checkpoints", str(out)))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_tensorboard_disk_full_mid_run_is_one_line(tmp_path):
+    """TensorBoard writes its event file from a thread: a full disk there printed that thread's traceback,
+    and the main thread's line named no directory. The event file becomes /dev/full (a real ENOSPC from the
+    kernel, no root needed) once a checkpoint exists: one line naming the directory, exit 2, checkpoint intact."""
+    out = tmp_path / "r"
+    p = popen("train", *LONG[:-2], "--checkpoint_freq", "2", "--use_tensorboard", "true",
+              "--output_dir", str(out), start_new_session=True)
+    try:
+        wait_for(out / "checkpoints" / "latest")
+        (event,) = (out / "tensorboard").glob("*/events.out.tfevents.*")
+        event.unlink()
+        event.symlink_to("/dev/full")
+        t0 = time.time()
+        _, stderr = p.communicate(timeout=EXIT_BOUND_S)
+        assert time.time() - t0 < EXIT_BOUND_S
+    finally:
+        kill_group(p)
+    assert p.returncode == 2 and len(stderr.strip().splitlines()) == 1, stderr[-3000:]
+    assert stderr.startswith(f"error: disk full writing TensorBoard events to {event.parent}: No space left on device")
+    good = latest_good_checkpoint(out, say=None)
+    assert good is not None and verify_checkpoint(good) == []
