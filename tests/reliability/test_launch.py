@@ -1,8 +1,11 @@
 """Launch-level checks (issue 17 item 6) and the trainer guards' one-line stops, on their real functions."""
 
 import math
+import os
+from pathlib import Path
 
 import pytest
+import torch
 
 from yxanul.errors import TrainingDiverged
 from yxanul.guards import CollapseGuard, check_val_loss
@@ -59,3 +62,31 @@ def test_non_finite_val_loss_stops_before_sampling():
     check_val_loss(3, 4.2)
     with pytest.raises(TrainingDiverged, match="validation loss nan"):
         check_val_loss(3, float("nan"), "runs/x")
+
+
+def test_cpu_yaml_is_two_torchrun_ranks_that_need_accelerate_use_cpu(monkeypatch):
+    """accelerate_configs/cpu.yaml through accelerate 1.15's own launcher code: torchrun with 2 processes
+    (MULTI_CPU would go to the one-process simple launcher); the env it gives the workers carries
+    ACCELERATE_USE_CPU only from the caller (the YAML's use_cpu never reaches torchrun's workers), and a
+    worker's backend is gloo/MULTI_CPU with it, "rank 0 of 1" without it (docs/distributed.md)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, parse_flag_from_env
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    yaml_path = Path(__file__).resolve().parents[2] / "accelerate_configs" / "cpu.yaml"
+    for caller_env, expected in ({}, DistributedType.NO), ({"ACCELERATE_USE_CPU": "1"}, DistributedType.MULTI_CPU):
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+        for k, v in caller_env.items():
+            monkeypatch.setenv(k, v)
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+            ["--config_file", str(yaml_path), "script.py"]))
+        assert args.multi_gpu and not args.cpu and args.use_cpu  # -> multi_gpu_launcher (torchrun)
+        env = prepare_multi_gpu_env(args)
+        assert args.nproc_per_node == "2" and env.get("ACCELERATE_USE_CPU") == caller_env.get("ACCELERATE_USE_CPU")
+        worker = {**env, "LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}  # what torchrun adds per worker
+        monkeypatch.setattr(os, "environ", worker)
+        cpu = parse_flag_from_env("ACCELERATE_USE_CPU")  # what AcceleratorState() reads
+        if not torch.cuda.is_available():
+            assert PartialState._prepare_backend(object.__new__(PartialState), cpu)[1] == expected
+        monkeypatch.undo()
