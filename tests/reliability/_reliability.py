@@ -1,8 +1,9 @@
-"""Fault-injection suite helpers: the real CLI in subprocesses."""
+"""Fault-injection suite helpers: the real CLI in subprocesses (`popen`) or in this process (`yx_here`)."""
 
+import contextlib
+import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,14 +18,39 @@ EXIT_BOUND_S = 60  # "within seconds" on 2 shared cores: start-up included, far 
 
 
 def env():
-    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # one intra-op thread: a nano step takes ~0.1 s instead of 1-4 s when 2 threads compete with the rest of
+    # a loaded 2-core CI box (same losses; every run of the suite uses the same setting, so bit-identity holds)
+    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+             MKL_NUM_THREADS="1")
     e.pop("WANDB_API_KEY", None)
     return e
 
 
-def yx(*args, timeout=300, **kw):
-    return subprocess.run([sys.executable, "-m", "yxanul", *args], capture_output=True, text=True, env=env(),
-                          timeout=timeout, **kw)
+def yx_here(*args):
+    """The real CLI (`yxanul.cli.main`) in this process, for what needs no process of its own (one-line
+    errors, resume choices, a run that stops itself): saves an interpreter + torch start-up per call.
+    One intra-op thread as in `env()`; the signal handlers `yxanul train` installs are put back."""
+    import torch
+
+    from yxanul.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+
+        AcceleratorState._reset_state(True)  # process-wide singletons: the next run decides its own
+        GradientState._reset_state()
+        PartialState._reset_state()
+        torch.set_num_threads(threads)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return subprocess.CompletedProcess(["yxanul", *args], code, out.getvalue(), err.getvalue())
 
 
 def ok(r):

@@ -3,14 +3,15 @@
 import shutil
 
 import pytest
-from _reliability import FAST, ok, yx
+from _reliability import FAST, ok, yx_here
 
 
 @pytest.fixture(scope="session")
 def base_run(tmp_path_factory):
-    """8 steps, a checkpoint every 2 (step_2 .. step_8, all kept): copy it, never change it."""
+    """8 steps, a checkpoint every 2 (step_2 .. step_8, all kept): copy it, never change it. Trained in
+    this process; the subprocess runs of test_kill9 reproduce its losses bit for bit."""
     out = tmp_path_factory.mktemp("base") / "run"
-    ok(yx("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10", "--output_dir", str(out)))
+    ok(yx_here("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10", "--output_dir", out))
     return out
 
 

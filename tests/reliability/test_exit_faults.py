@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from _reliability import EXIT_BOUND_S, FAST, env, kill_group, ok, one_line, popen, wait_for, yx
+from _reliability import EXIT_BOUND_S, FAST, env, kill_group, ok, one_line, popen, wait_for, yx_here
 from safetensors.torch import load_file, save_file
 
 from yxanul.checkpoint import latest_good_checkpoint
@@ -75,8 +75,8 @@ def test_collapsed_model_stops_like_a_divergence(base_run, tmp_path):
     state = load_file(base_run / "checkpoints" / "step_2" / "model.safetensors")
     save_file({k: torch.zeros_like(v) for k, v in state.items()}, zero / "model.safetensors")
     out = tmp_path / "r"
-    r = yx("train", *FAST, "--max_steps", "20", "--checkpoint_freq", "4", "--init_from", str(zero),
-           "--output_dir", str(out))
+    r = yx_here("train", *FAST, "--max_steps", "20", "--checkpoint_freq", "4", "--init_from", zero,
+                "--output_dir", out)
     one_line(r, 3, "collapsed")
     assert not list((out / "checkpoints").glob("step_*")) if (out / "checkpoints").exists() else True
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -94,27 +94,36 @@ def test_sigterm_before_the_training_loop_exits_cleanly(base_run, tmp_path):
     assert "received SIGTERM before training started: nothing to save; exiting" in stdout
 
 
-def test_user_mistakes_at_start_are_one_line_before_training(tmp_path):
-    dup, empty = tmp_path / "dup.yaml", tmp_path / "empty.yaml"
-    dup.write_text("max_steps: 10\nmax_lr: 1e-3\nmax_steps: 20\n")
-    empty.write_text("# nothing here\n")
-    one_line(yx("train", "--config", str(dup)), 2, "line 3: key 'max_steps' given twice (lines 1 and 3")
-    one_line(yx("train", "--config", str(empty)), 2, f"config file '{empty}': empty")
-    one_line(yx("train", "--max_steps", "10"), 2, "config key 'warmup_steps': expected at most max_steps (10)")
-    bad_key = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "5", "--use_wandb",
-                              "--output_dir", str(tmp_path / "w")], capture_output=True, text=True,
-                             env={**{k: v for k, v in env().items() if k != "WANDB_MODE"},
-                                  "WANDB_API_KEY": "not-a-key"}, timeout=300)
-    one_line(bad_key, 2, "WANDB_API_KEY: API key must have 40+ characters")
+MISTAKES = {  # config file text (None: the default config), flags, the one line's needle
+    "duplicate key": ("max_steps: 10\nmax_lr: 1e-3\nmax_steps: 20\n", [],
+                      "line 3: key 'max_steps' given twice (lines 1 and 3"),
+    "empty yaml": ("# nothing here\n", [], "config file '{config}': empty"),
+    "warmup > max_steps": (None, ["--max_steps", "10"], "config key 'warmup_steps': expected at most max_steps (10)"),
+    "bad W&B key": (None, [*FAST, "--max_steps", "5", "--use_wandb"],
+                    "WANDB_API_KEY: API key must have 40+ characters"),
+}
+
+
+@pytest.mark.parametrize("case", MISTAKES)
+def test_user_mistakes_at_start_are_one_line_before_training(case, tmp_path, monkeypatch):
+    text, flags, needle = MISTAKES[case]
+    monkeypatch.setenv("WANDB_API_KEY", "not-a-key")  # read only with --use_wandb
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    config = []
+    if text is not None:
+        (tmp_path / "c.yaml").write_text(text)
+        config = ["--config", tmp_path / "c.yaml"]
+    r = yx_here("train", *config, *flags, "--output_dir", tmp_path / "w")
+    one_line(r, 2, needle.format(config=tmp_path / "c.yaml"))
     assert not (tmp_path / "w" / "metrics.jsonl").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the launch on a machine without GPUs")
-def test_deepspeed_launch_without_gpus_is_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "5", "--output_dir",
-                        str(tmp_path / "d")], capture_output=True, text=True, timeout=300,
-                       env=dict(env(), ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE="none",
-                                WORLD_SIZE="8"))  # what the 8-GPU DeepSpeed profile exports to each rank
+def test_deepspeed_launch_without_gpus_is_one_line(tmp_path, monkeypatch):
+    for k, v in dict(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE="none",
+                     WORLD_SIZE="8").items():  # what the 8-GPU DeepSpeed profile exports to each rank
+        monkeypatch.setenv(k, v)
+    r = yx_here("train", *FAST, "--max_steps", "5", "--output_dir", tmp_path / "d")
     one_line(r, 2, "DeepSpeed was launched with 8 processes but this machine has no CUDA GPU")
 
 
@@ -134,12 +143,11 @@ def test_disk_full_on_a_small_tmpfs(base_run, tmp_path):
                     "tests/test_checkpoint.py covers ENOSPC through /dev/full")
     try:
         out = mnt / "run"
-        r = yx("train", *FAST, "--max_steps", "6", "--checkpoint_freq", "2", "--output_dir", str(out),
-               timeout=EXIT_BOUND_S * 5)
+        r = yx_here("train", *FAST, "--max_steps", "6", "--checkpoint_freq", "2", "--output_dir", out)
         one_line(r, 2, "error: disk full: saving checkpoint step_4 into ")
         assert f"{out / 'checkpoints'} needs about " in r.stderr and "step_2 is intact" in r.stderr
         assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step_2"]
-        ok(yx("checkpoints", str(out)))
+        assert "step_2" in ok(yx_here("checkpoints", out)).stdout
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 

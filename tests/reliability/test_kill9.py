@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from _reliability import FAST, env, losses, ok, popen, yx
+from _reliability import FAST, env, losses, ok, popen, yx_here
 
 from yxanul.checkpoint import latest_good_checkpoint, list_checkpoints
 from yxanul.manifest import verify_checkpoint
@@ -49,7 +49,7 @@ def test_kill9_inside_save_and_prune_never_leaves_a_listed_damaged_checkpoint(tm
         assert p.stdout.readline().strip() == "READY"
         time.sleep(rng.uniform(0.2, 2.0))
         p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
+        assert p.wait(timeout=30) == -signal.SIGKILL
         good = _assert_consistent(run)
         assert good is not None or not steps
         steps.append(int(good.name.split("_")[-1]) if good else 0)
@@ -70,7 +70,7 @@ def test_kill9_during_training_resumes_bit_identically(base_run, tmp_path):
                 break
         time.sleep(rng.uniform(0.0, 1.5))
         p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
+        assert p.wait(timeout=30) == -signal.SIGKILL, "the run ended before the kill: it tested nothing"
         _assert_consistent(out)
-    ok(yx("train", *args, "--resume", "latest"))
+    ok(yx_here("train", *args, "--resume", "latest"))  # the rest in this process, like base_run
     assert losses(out) == losses(base_run)

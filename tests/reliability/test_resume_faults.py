@@ -9,7 +9,7 @@ import torch
 
 from yxanul.manifest import MANIFEST, write_manifest
 
-from _reliability import FAST, losses, ok, one_line, yx
+from _reliability import FAST, losses, ok, one_line, yx_here
 
 
 def _flip(p):
@@ -22,8 +22,8 @@ def test_damaged_latest_falls_back_and_resumes_exactly(run_copy, base_run):
     """A flipped bit in the weights resumed silently before. Every other damage case: test_checkpoint.py."""
     _flip(run_copy / "checkpoints" / "step_8" / "model.safetensors")
     (run_copy / "checkpoints" / "step_6" / MANIFEST).unlink()  # and an old checkpoint without a manifest
-    r = ok(yx("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10",
-              "--output_dir", str(run_copy), "--resume", "latest"))
+    r = ok(yx_here("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10",
+                   "--output_dir", run_copy, "--resume", "latest"))
     warn = [line for line in r.stdout.splitlines() if "is damaged" in line]
     assert len(warn) == 1 and "step_8" in warn[0] and "resuming from step_6" in warn[0], r.stdout[-2000:]
     assert sum("no manifest.json" in line for line in r.stdout.splitlines()) == 1
@@ -34,12 +34,12 @@ def test_damaged_latest_falls_back_and_resumes_exactly(run_copy, base_run):
 def test_explicitly_named_or_all_damaged_is_one_line_exit_2(run_copy):
     step8 = run_copy / "checkpoints" / "step_8"
     (step8 / "model.safetensors").unlink()
-    r = yx("train", *FAST, "--max_steps", "10", "--output_dir", str(run_copy), "--resume", str(step8))
+    r = yx_here("train", *FAST, "--max_steps", "10", "--output_dir", run_copy, "--resume", step8)
     one_line(r, 2, "damaged checkpoint (model.safetensors missing)")
     (run_copy / "checkpoints" / "latest").write_bytes(b"\x00\x81\xfe\xff")
     for d in (run_copy / "checkpoints").glob("step_[2-6]"):
         (d / "trainer_state.json").write_text("not json")
-    listing = ok(yx("checkpoints", str(run_copy))).stdout
+    listing = ok(yx_here("checkpoints", run_copy)).stdout
     assert listing.count("DAMAGED") == 4 and "warning: 'latest' pointer is not text" in listing, listing
 
 
@@ -59,7 +59,7 @@ def test_pickle_payload_is_refused_even_with_a_matching_manifest(run_copy, tmp_p
     marker = tmp_path / "pwned"
     torch.save({"state": _Payload(marker), "param_groups": []}, ckpt / name)
     write_manifest(ckpt, lambda p, text: p.write_text(text))
-    r = yx("train", *FAST, "--max_steps", "9", "--output_dir", str(run_copy), "--resume", str(ckpt))
+    r = yx_here("train", *FAST, "--max_steps", "9", "--output_dir", run_copy, "--resume", ckpt)
     one_line(r, 2, "holds a pickle that would run code; refused")
     assert not marker.exists()
     assert json.loads((ckpt / MANIFEST).read_text())["files"][name]["size"] == (ckpt / name).stat().st_size

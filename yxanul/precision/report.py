@@ -96,7 +96,8 @@ def precision_report(model, plan) -> dict:
     layers["lm_head"] = {"fp8": 0, base: 1, "why": LM_HEAD_WHY}
     f = plan.facts
     return {
-        "precision": plan.label, "base": base, "base_dtype": base, "fp8_requested": plan.args.use_fp8, "fp8": plan.fp8_enabled,
+        "precision": plan.label, "base": base, "base_dtype": base, "fp8_requested": plan.args.use_fp8,
+        "fp8": plan.fp8_enabled,
         "fallback_reason": plan.fallback_reason, "backend": getattr(cfg, "backend", "torch"),
         "layers": layers, "layers_source": "te" if rb is not None else ("plan" if plan.fp8_enabled else "n/a"),
         "non_fp8_precision": base.upper(),
