@@ -131,3 +131,8 @@ def test_fp32_run_report_names_fp32_never_bf16(tmp_path, capsys):
         "qkv": (0, 4), "proj": (0, 4), "mlp": (0, 4), "lm_head": (0, 1)}
     assert not any("bf16" in d for d in rep["layers"].values())
     assert "| FP32   4" in capsys.readouterr().out and "BF16" not in format_report(rep)
+    from yxanul.hub.card import _precision_lines
+
+    assert "  - mlp: 0 layers in FP8, 4 in FP32 (FP8 not requested)" in _precision_lines(rep)  # the model card
+    old = {"precision": "BF16", "non_fp8_precision": "BF16", "layers": {"mlp": {"fp8": 2, "bf16": 2}}}
+    assert _precision_lines(old)[-1] == "  - mlp: 2 layers in FP8, 2 in BF16"  # a report from before base_dtype
