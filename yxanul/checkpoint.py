@@ -17,6 +17,8 @@ either the old checkpoint set or the new one. Re-saving a step moves the old cop
 ``.del-step_N`` before deleting it. Before use (resume, init_from) a checkpoint is verified against
 its manifest; a damaged ``latest`` falls back to the newest checkpoint that verifies, with one line.
 A full disk removes the partial save and is one line naming the directory and the bytes needed.
+The pointers live in checkpoint_pointers.py, the atomic writes and weight loading in checkpoint_io.py,
+the listing table in checkpoint_table.py.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError, UserError
-from .checkpoint_io import _own_storage_for_views, load_for_resume  # noqa: F401 (re-exported)
+from .checkpoint_io import _fsync_dir, _own_storage_for_views, _write_atomic, load_for_resume  # noqa: F401
+from .checkpoint_pointers import _pointer, _pointer_name, _update_best, checkpoints_dir  # noqa: F401 (re-exported)
 from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
                        read_state_checked, verify_checkpoint, write_manifest)
 
@@ -98,32 +101,6 @@ def prepare_run_dir(cfg) -> Path:
     return run_dir
 
 
-def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _step_of(name: str) -> int | None:
     name = name[len(".old-"):] if name.startswith(".old-") else name
     return int(name[5:]) if STEP_NAME.match(name) else None
@@ -149,31 +126,6 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         entry.update(step=step, path=str(d))
         out.append(entry)
     return sorted(out, key=lambda s: (s["step"], s["path"].endswith(f"step_{s['step']}")))
-
-
-def _pointer_name(run_dir, name: str) -> tuple[str | None, str | None]:
-    """(target folder name, None), (None, None) when there is no pointer file, or (None, problem).
-    A pointer is a checkpoint NAME inside the run's checkpoints folder, never a path out of it."""
-    p = checkpoints_dir(run_dir) / name
-    if not p.is_file():
-        return None, None
-    try:
-        target = p.read_bytes().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None, f"'{name}' pointer is not text"
-    if not STEP_NAME.match(target):
-        return None, f"'{name}' pointer {target[:60]!r} is not a checkpoint name (step_N)"
-    return target, None
-
-
-def _pointer(run_dir, name: str) -> Path | None:
-    target, _ = _pointer_name(run_dir, name)
-    if target is None:
-        return None
-    for d in (checkpoints_dir(run_dir) / target, checkpoints_dir(run_dir) / f".old-{target}"):
-        if (d / STATE_FILE).is_file():
-            return d
-    return None
 
 
 def latest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
@@ -360,19 +312,6 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
         _fsync_dir(tmp)
         if _fault:
             _fault("after_manifest")
-
-
-def _update_best(run_dir, state, final: Path) -> None:
-    """Point ``best`` at ``final`` if its val loss beats the current best's. A best without a val
-    loss (re-saved without an eval), damaged or gone, is beaten by any val loss."""
-    val = state.get("val_loss")
-    if not isinstance(val, (int, float)) or val != val:
-        return
-    best = _pointer(run_dir, "best")
-    theirs = read_state_checked(best)[0] if best is not None else None
-    old = theirs.get("val_loss") if theirs else None
-    if not isinstance(old, (int, float)) or old != old or val < old or best == final:
-        _write_atomic(checkpoints_dir(run_dir) / "best", final.name + "\n")
 
 
 def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:

@@ -1,11 +1,35 @@
-"""Loading and saving model weights inside accelerate's save_state/load_state: the pre-hooks that
-keep TE's fused q/k/v views intact, and `load_for_resume` with its one-line shape-mismatch error."""
+"""Checkpoint file I/O: atomic text writes and directory fsyncs (the commit steps of a save), and
+loading and saving model weights inside accelerate's save_state/load_state: the pre-hooks that keep
+TE's fused q/k/v views intact, and `load_for_resume` with its one-line shape-mismatch error."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .errors import UserError
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def load_for_resume(accelerator, ckpt: Path, cfg) -> None:

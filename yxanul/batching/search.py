@@ -77,9 +77,9 @@ def find_micro_batch(probe: Callable[[int], None], *, start: int = 1, max_size: 
     """Largest micro-batch (a multiple of ``multiple``, <= ``max_size``) for which ``probe(size)``
     doesn't raise an out-of-memory error.
 
-    ``probe(size)`` runs the workload (e.g. :func:`make_training_probe`); an exception for which
-    ``is_oom`` is true counts as "doesn't fit", any other exception propagates. ``free()`` runs after
-    every probe. ``on_probe(size, ok, seconds)`` is called after each probe (live output).
+    ``probe(size)`` runs the workload (e.g. a :class:`~yxanul.batching.probe.TrainingProbe`); an
+    exception for which ``is_oom`` is true counts as "doesn't fit", any other exception propagates.
+    ``free()`` runs after every probe. ``on_probe(size, ok, seconds)`` is called after each probe (live output).
     ``reduce_min(x) -> min of x over all ranks`` makes every rank take the same path (a size fits only
     if it fit everywhere): pass e.g. ``lambda x: int(accelerator.reduce(torch.tensor(x, device=d), "min"))``
     (accelerate has no "min" reduction: use :func:`torch_reduce_min`). Every rank must call this.
@@ -87,52 +87,70 @@ def find_micro_batch(probe: Callable[[int], None], *, start: int = 1, max_size: 
     if multiple < 1 or max_size < multiple:
         raise ValueError(f"find_micro_batch: need 1 <= multiple <= max_size, got multiple={multiple}, "
                          f"max_size={max_size}")
-    probes: list[tuple[int, bool, float]] = []
-
-    def fits(k: int) -> bool:
-        size = k * multiple
-        t = time.perf_counter()
-        ok = True
-        try:
-            probe(size)
-        except Exception as e:  # noqa: BLE001 - only OOMs are swallowed
-            if not is_oom(e):
-                raise
-            ok = False
-        finally:
-            if free is not None:
-                free()
-        if reduce_min is not None:
-            ok = bool(reduce_min(int(ok)))
-        dt = time.perf_counter() - t
-        probes.append((size, ok, dt))
-        if on_probe is not None:
-            on_probe(size, ok, dt)
-        return ok
-
+    prober = _Prober(probe, multiple, is_oom, on_probe, reduce_min, free)
     kmax = max_size // multiple
-    k = min(max(1, -(-start // multiple)), kmax)
-    lo, hi = 0, None  # in units of `multiple`: lo fits (0: nothing yet), hi doesn't
-    while True:
-        if fits(k):
-            lo = k
-            if k == kmax:
-                break
-            k = min(kmax, 2 * k)
-        else:
-            hi = k
-            break
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = _grow(prober, min(max(1, -(-start // multiple)), kmax), kmax)
+    lo, hi = _bisect(prober, lo, hi)
     if lo == 0:
         raise NoFitError(f"even a micro-batch of {multiple} runs out of memory: enable gradient_checkpointing, "
                          "lower seq_length or use a smaller model")
     largest, fail = lo * multiple, (None if hi is None else hi * multiple)
-    return SearchResult(apply_margin(largest, fail, safety_margin, multiple), largest, fail, probes)
+    return SearchResult(apply_margin(largest, fail, safety_margin, multiple), largest, fail, prober.probes)
+
+
+class _Prober:
+    """One probe of ``k`` x ``multiple`` sequences: OOM = doesn't fit, memory freed, agreed over ranks,
+    recorded in ``probes`` as (size, ok, seconds) and passed to ``on_probe``."""
+
+    def __init__(self, probe, multiple, is_oom, on_probe, reduce_min, free):
+        self.probe, self.multiple, self.is_oom = probe, multiple, is_oom
+        self.on_probe, self.reduce_min, self.free = on_probe, reduce_min, free
+        self.probes: list[tuple[int, bool, float]] = []
+
+    def fits(self, k: int) -> bool:
+        size = k * self.multiple
+        t = time.perf_counter()
+        ok = True
+        try:
+            self.probe(size)
+        except Exception as e:  # noqa: BLE001 - only OOMs are swallowed
+            if not self.is_oom(e):
+                raise
+            ok = False
+        finally:
+            if self.free is not None:
+                self.free()
+        if self.reduce_min is not None:
+            ok = bool(self.reduce_min(int(ok)))
+        dt = time.perf_counter() - t
+        self.probes.append((size, ok, dt))
+        if self.on_probe is not None:
+            self.on_probe(size, ok, dt)
+        return ok
+
+
+def _grow(prober: _Prober, k: int, kmax: int) -> tuple[int, int | None]:
+    """Double from ``k`` until a size doesn't fit or ``kmax`` fits: (lo, hi) in units of ``multiple``,
+    lo the largest that fit (0: none), hi the first that didn't (None: none)."""
+    lo = 0
+    while True:
+        if not prober.fits(k):
+            return lo, k
+        lo = k
+        if k == kmax:
+            return lo, None
+        k = min(kmax, 2 * k)
+
+
+def _bisect(prober: _Prober, lo: int, hi: int | None) -> tuple[int, int | None]:
+    """Between a size that fit (``lo``) and one that didn't (``hi``), down to neighbours."""
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        if prober.fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
 
 
 def torch_reduce_min(device=None) -> Callable[[int], int]:

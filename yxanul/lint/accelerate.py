@@ -72,26 +72,48 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
                     ds_file_exists=None) -> list[Problem]:
     """`ds_file_exists(path) -> bool` resolves deepspeed_config_file (None: not checked)."""
     P, add = collector(file)
-
     if not isinstance(cfg, dict):
         add("<root>", ERROR, "an accelerate config must be a YAML mapping", "write a mapping")
         return P
+    dt = str(cfg.get("distributed_type", ""))
+    mp = None if cfg.get("mixed_precision") is None else str(cfg["mixed_precision"])
+    _check_keys(cfg, dt, add)
+    _check_mixed_precision(mp, add)
+    fp8 = _check_fp8_keys(cfg, add)
+    _check_fp8_backend(fp8, mp, dt, add)
+    _check_processes(cfg, dt, add)
+    if dt == "DEEPSPEED":
+        _check_deepspeed_plugin(cfg, mp, ds_file_exists, add)
+    if not (dt == "DEEPSPEED" and mp is None):
+        found = precision_mismatch(mp, use_fp8, source="accelerate config")
+        if found:
+            add("mixed_precision", WARNING, *found)
+    return P
+
+
+# -- the rule families of lint_accelerate, in the order they report ---------------------------------
+def _check_keys(cfg: dict, dt: str, add) -> None:
+    """Keys ClusterConfig doesn't know; distributed_type missing or invalid."""
     for key in sorted(set(cfg) - ACC_KEYS):
         add(key, ERROR, "unknown key: accelerate's ClusterConfig.from_yaml_file raises ValueError "
             "('had unknown keys')", "remove it")
-    dt = str(cfg.get("distributed_type", ""))
     if "distributed_type" not in cfg:
         add("distributed_type", ERROR, "missing: accelerate raises 'A `distributed_type` must be "
             "specified'", "add distributed_type: NO | MULTI_GPU | DEEPSPEED")
     elif dt not in DISTRIBUTED_TYPES:
         add("distributed_type", ERROR, f"invalid value {dt!r}", f"one of {sorted(DISTRIBUTED_TYPES)}")
-    mp = cfg.get("mixed_precision")
-    mp = None if mp is None else str(mp)
+
+
+def _check_mixed_precision(mp: str | None, add) -> None:
     if mp is not None and mp.lower() not in MIXED_PRECISIONS:
         add("mixed_precision", ERROR, f"invalid value {mp!r}", "one of no, fp16, bf16, fp8")
     if mp == "fp16":
         add("mixed_precision", WARNING, "yxanul trains in bf16 or fp8, never fp16",
             "use bf16 or fp8")
+
+
+def _check_fp8_keys(cfg: dict, add) -> dict:
+    """fp8_config: a mapping, keys something reads, amax_compute_algo that reaches TE. Returns it ({}: none)."""
     fp8 = cfg.get("fp8_config") or {}
     if not isinstance(fp8, dict):
         add("fp8_config", ERROR, "must be a mapping", "write fp8_config: {backend: TE}")
@@ -104,6 +126,11 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
     if isinstance(algo, str) and algo.lower() == "most_recent":
         add("fp8_config.amax_compute_algo", WARNING, "'most_recent' is accelerate's default, so it "
             "is never passed to TE, whose default 'max' applies", "remove it (TE uses max)")
+    return fp8
+
+
+def _check_fp8_backend(fp8: dict, mp: str | None, dt: str, add) -> None:
+    """The FP8 backend: valid, upper case, TE under mixed_precision fp8; fp8_config without fp8."""
     backend = fp8.get("backend", fp8.get("fp8_backend"))
     if backend is not None:
         if str(backend).upper() in FP8_BACKENDS and str(backend) != str(backend).upper():
@@ -123,6 +150,10 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
     elif fp8 and dt != "DEEPSPEED":
         add("fp8_config", WARNING, "ignored: accelerate exports fp8_config only when "
             "mixed_precision is fp8", "remove fp8_config or set mixed_precision: fp8")
+
+
+def _check_processes(cfg: dict, dt: str, add) -> None:
+    """num_processes / num_machines against the launcher that distributed_type picks."""
     nproc, nmach = cfg.get("num_processes"), cfg.get("num_machines", 1)
     if dt == "MULTI_CPU" and isinstance(nproc, int) and nproc > 1 and not cfg.get("mpirun_config"):
         add("distributed_type", ERROR, f"MULTI_CPU without mpirun_config: `accelerate launch` "
@@ -134,34 +165,32 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
     if isinstance(nproc, int) and isinstance(nmach, int) and nmach > 1 and nproc % nmach:
         add("num_processes", ERROR, f"{nproc} processes do not split over {nmach} machines "
             "(num_processes counts every node)", "num_processes = num_machines x GPUs per node")
-    if dt == "DEEPSPEED":
-        ds = cfg.get("deepspeed_config") or {}
-        for key in sorted(set(ds) - DS_YAML_KEYS):
-            add(f"deepspeed_config.{key}", WARNING, "not an accelerate DeepSpeed option: ignored",
-                "remove it")
-        path = ds.get("deepspeed_config_file")
-        if not path:
-            add("deepspeed_config.deepspeed_config_file", WARNING, "not set: accelerate builds a "
-                "DeepSpeed config from zero_stage (default 2) and friends", "point it at "
-                "ds_configs/zero1.json")
-        else:
-            if "mixed_precision" in cfg and mp is not None:
-                add("mixed_precision", ERROR, "with deepspeed_config_file accelerate raises "
-                    "ValueError ('the following accelerate config variables will be ignored') "
-                    "when mixed_precision comes from the YAML", "remove mixed_precision: yxanul "
-                    "sets it from its own config (use_fp8)")
-            for key in sorted(DS_FILE_CONFLICTS & set(ds)):
-                add(f"deepspeed_config.{key}", ERROR, "with deepspeed_config_file accelerate "
-                    "raises ValueError for this key", "remove it; set it in the DeepSpeed JSON")
-            if ds_file_exists is not None and not ds_file_exists(path):
-                add("deepspeed_config.deepspeed_config_file", WARNING, f"{path} not found "
-                    "(resolved from the current directory at launch)",
-                    "launch from the repository root or give an absolute path")
-    if not (dt == "DEEPSPEED" and mp is None):
-        found = precision_mismatch(mp, use_fp8, source="accelerate config")
-        if found:
-            add("mixed_precision", WARNING, *found)
-    return P
+
+
+def _check_deepspeed_plugin(cfg: dict, mp: str | None, ds_file_exists, add) -> None:
+    """deepspeed_config: accelerate's options only; with a deepspeed_config_file, no key it conflicts with."""
+    ds = cfg.get("deepspeed_config") or {}
+    for key in sorted(set(ds) - DS_YAML_KEYS):
+        add(f"deepspeed_config.{key}", WARNING, "not an accelerate DeepSpeed option: ignored",
+            "remove it")
+    path = ds.get("deepspeed_config_file")
+    if not path:
+        add("deepspeed_config.deepspeed_config_file", WARNING, "not set: accelerate builds a "
+            "DeepSpeed config from zero_stage (default 2) and friends", "point it at "
+            "ds_configs/zero1.json")
+        return
+    if "mixed_precision" in cfg and mp is not None:
+        add("mixed_precision", ERROR, "with deepspeed_config_file accelerate raises "
+            "ValueError ('the following accelerate config variables will be ignored') "
+            "when mixed_precision comes from the YAML", "remove mixed_precision: yxanul "
+            "sets it from its own config (use_fp8)")
+    for key in sorted(DS_FILE_CONFLICTS & set(ds)):
+        add(f"deepspeed_config.{key}", ERROR, "with deepspeed_config_file accelerate "
+            "raises ValueError for this key", "remove it; set it in the DeepSpeed JSON")
+    if ds_file_exists is not None and not ds_file_exists(path):
+        add("deepspeed_config.deepspeed_config_file", WARNING, f"{path} not found "
+            "(resolved from the current directory at launch)",
+            "launch from the repository root or give an absolute path")
 
 
 def fix_accelerate(cfg: dict) -> dict:

@@ -86,13 +86,25 @@ def harmful_ds_keys(cfg: dict) -> list[tuple[str, str, str]]:
 
 
 def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[Problem]:
+    """The problems of a DeepSpeed JSON config, in rule order (`world_size`: check train_batch_size
+    against it too)."""
     P, add = collector(file)
-
     if not isinstance(cfg, dict):
         add("<root>", ERROR, "a DeepSpeed config must be a JSON object", "write a JSON object")
         return P
     for key, msg, fix in harmful_ds_keys(cfg):
         add(key, WARNING, msg, fix)
+    _check_removed_keys(cfg, add)
+    _check_strict_blocks(cfg, add)
+    _check_yxanul_owns(cfg, add)
+    _check_values(cfg, add)
+    _check_batch_size(cfg, world_size, add)
+    return P
+
+
+# -- the rule families of lint_deepspeed, in the order they report ----------------------------------
+def _check_removed_keys(cfg: dict, add) -> None:
+    """Keys DeepSpeed removed (DeepSpeedConfigError); zero_optimization missing."""
     for key in sorted(DS_REMOVED_TOP & set(cfg)):
         add(key, ERROR, "removed from DeepSpeed: DeepSpeedConfig raises DeepSpeedConfigError",
             f"remove \"{key}\"")
@@ -104,6 +116,10 @@ def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[
         for key in sorted(DS_REMOVED_ZERO & set(zero)):
             add(f"zero_optimization.{key}", ERROR, "removed from DeepSpeed: DeepSpeedConfig "
                 "raises DeepSpeedConfigError", "remove it")
+
+
+def _check_strict_blocks(cfg: dict, add) -> None:
+    """Unknown keys in the blocks whose pydantic models forbid extra keys."""
     for block, valid in STRICT_BLOCKS.items():
         sub = _get(cfg, block)
         if isinstance(sub, dict):
@@ -111,6 +127,10 @@ def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[
                 add(f"{block}.{key}", ERROR, f"unknown key in '{block}': DeepSpeed's pydantic "
                     "model forbids extra keys and raises ValidationError",
                     f"remove it (valid: {', '.join(sorted(valid)[:8])}, ...)")
+
+
+def _check_yxanul_owns(cfg: dict, add) -> None:
+    """What yxanul sets itself: the precision (never fp16), the optimizer and the scheduler."""
     fp16_on = _get(cfg, "fp16.enabled")
     if fp16_on is True or (isinstance(fp16_on, str) and fp16_on.lower() == "true"):
         add("fp16.enabled", ERROR, "yxanul trains in bf16 or fp8; accelerate raises ValueError "
@@ -123,6 +143,10 @@ def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[
                 f"specify an {block} in the config file and in the code at the same time' (and a "
                 "DeepSpeed optimizer cannot be prepared together with TE FP8 layers)",
                 f"remove \"{block}\"; set the learning rate etc. in the yxanul config")
+
+
+def _check_values(cfg: dict, add) -> None:
+    """Values: "auto" where accelerate fills nothing, a communication_data_type DeepSpeed refuses."""
     for path, value in _walk(cfg):
         if value == "auto" and path not in DS_AUTO_FILLED:
             add(path, ERROR, "accelerate does not fill 'auto' for this key: DeepSpeed would see "
@@ -132,23 +156,27 @@ def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[
     if comm is not None and comm != "auto" and str(comm).lower() not in ("fp16", "bf16", "fp32"):
         add("communication_data_type", ERROR, f"invalid value {comm!r}: DeepSpeed accepts fp16, "
             "bf16, fp32", "remove it")
+
+
+def _check_batch_size(cfg: dict, world_size: int | None, add) -> None:
+    """A fixed train_batch_size must be micro x accumulation x world size exactly."""
     tb, mb, ga = (cfg.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
                                         "gradient_accumulation_steps"))
-    if isinstance(tb, int) and not isinstance(tb, bool):
-        if isinstance(mb, int) and isinstance(ga, int):
-            if tb % (mb * ga):
-                add("train_batch_size", ERROR, f"{tb} is not a multiple of micro batch {mb} x "
-                    f"accumulation {ga}: DeepSpeed asserts train_batch_size == micro x accum x "
-                    "world size", "set \"train_batch_size\": \"auto\"")
-            elif world_size and tb != mb * ga * world_size:
-                add("train_batch_size", ERROR, f"{tb} != micro {mb} x accumulation {ga} x world "
-                    f"size {world_size} = {mb * ga * world_size}: DeepSpeed raises at initialize",
-                    "set \"train_batch_size\": \"auto\"")
-        elif mb == "auto" or ga == "auto":
-            add("train_batch_size", WARNING, f"fixed at {tb} while micro batch/accumulation are "
-                "'auto': accelerate keeps the fixed value and DeepSpeed raises unless it equals "
-                "micro x accumulation x world size exactly", "set \"train_batch_size\": \"auto\"")
-    return P
+    if not isinstance(tb, int) or isinstance(tb, bool):
+        return
+    if isinstance(mb, int) and isinstance(ga, int):
+        if tb % (mb * ga):
+            add("train_batch_size", ERROR, f"{tb} is not a multiple of micro batch {mb} x "
+                f"accumulation {ga}: DeepSpeed asserts train_batch_size == micro x accum x "
+                "world size", "set \"train_batch_size\": \"auto\"")
+        elif world_size and tb != mb * ga * world_size:
+            add("train_batch_size", ERROR, f"{tb} != micro {mb} x accumulation {ga} x world "
+                f"size {world_size} = {mb * ga * world_size}: DeepSpeed raises at initialize",
+                "set \"train_batch_size\": \"auto\"")
+    elif mb == "auto" or ga == "auto":
+        add("train_batch_size", WARNING, f"fixed at {tb} while micro batch/accumulation are "
+            "'auto': accelerate keeps the fixed value and DeepSpeed raises unless it equals "
+            "micro x accumulation x world size exactly", "set \"train_batch_size\": \"auto\"")
 
 
 def fix_deepspeed(cfg: dict) -> dict:

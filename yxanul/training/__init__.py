@@ -1,6 +1,7 @@
 """Training: `TrainState` (state.py), the one training step (step.py), the LR schedule and the
 curriculum (schedule.py), validation and samples (evaluation.py), callbacks (callbacks.py), the
-`Trainer` and `train(cfg)` (trainer.py), `TrainArgs` (args.py)."""
+`Trainer` and `train(cfg)` (trainer.py) with its helpers: the Accelerator and the step timer
+(runtime.py), the data it reads (loaders.py), what it reports (reporting.py); `TrainArgs` (args.py)."""
 
 from .._lazy import lazy_exports
 

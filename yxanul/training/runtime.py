@@ -1,8 +1,15 @@
-"""Pieces of a run around the loop: the step timer and the DeepSpeed config the trainer fills in."""
+"""Pieces of a run around the loop: the step timer, the Accelerator (and the DeepSpeed config the
+trainer fills in), ``--torch_compile``."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+
+
+def quiet(*args, **kwargs) -> None:
+    """``say`` of the processes that don't print."""
 
 
 class StepTimer:
@@ -39,3 +46,38 @@ def configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
               gradient_clipping=cfg.optim.max_grad_norm)
     plugin.deepspeed_config.clear()
     plugin.deepspeed_config.update(ds)
+
+
+def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
+    """The run's Accelerator: the precision plan's kwargs, gradient accumulation, the trackers the
+    config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    from ..tracking import tracker_names
+
+    acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
+                      log_with=tracker_names(cfg.tracking) or None,
+                      project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                                          logging_dir=str(run_dir / "tensorboard")),
+                      step_scheduler_with_optimizer=False, cpu=cpu)
+    configure_deepspeed(acc, cfg, batch.micro_batch, batch.grad_accum, say)
+    return acc
+
+
+def compile_model(model, device_type: str):
+    """``--torch_compile``. On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many
+    machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen."""
+    import torch
+
+    return torch.compile(model, backend="inductor" if device_type == "cuda" else "aot_eager")
+
+
+def process_state():
+    """(cpu, accelerate's PartialState). On a CPU-only machine accelerate is told so (else torchrun'd
+    ranks each become 'rank 0 of 1'), except under DeepSpeed, which accelerate disables when cpu=True."""
+    import torch
+    from accelerate import PartialState
+
+    cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
+    return cpu, PartialState(cpu=cpu)

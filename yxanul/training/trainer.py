@@ -8,7 +8,7 @@ callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 import signal
@@ -23,18 +23,15 @@ from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_r
 from ..errors import TrainingDiverged
 from ..guards import CollapseGuard, check_val_loss
 from ..preemption import StopRequest
-from ..tracking import (RUN_ID_FILE, MetricsLog, flat_tracker_config, format_step_line, mfu, peak_flops,
-                        tracker_init_kwargs, tracker_names, wandb_run_id)
+from ..tracking import MetricsLog, format_step_line, mfu, peak_flops
 from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
+from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
+from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
 from .schedule import lr_at
 from .state import TrainState
-from .runtime import StepTimer, configure_deepspeed
+from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet
 from .step import StepOutput, train_step
-
-
-def _quiet(*args, **kwargs) -> None:
-    pass
 
 
 class Trainer:
@@ -57,35 +54,23 @@ class Trainer:
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> "Trainer":
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
-        from accelerate import PartialState
         from accelerate.utils import set_seed
 
         from ..launch import preflight
 
         cfg = self.cfg
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
-        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else _quiet)
-        # On a CPU-only machine tell accelerate so (else torchrun'd ranks each become 'rank 0 of 1'),
-        # except under DeepSpeed, which accelerate disables when cpu=True.
-        self.cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
-        self.dist = PartialState(cpu=self.cpu)
-        self.say = print if self.dist.is_main_process else _quiet
+        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else quiet)
+        self.cpu, self.dist = process_state()
+        self.say = print if self.dist.is_main_process else quiet
         self.run_dir = prepare_run_dir(cfg)  # refuses to train over another run's checkpoints
         self.run_name = cfg.checkpoint.run_name or self.run_dir.name
         set_seed(cfg.train.seed)
-        self._setup_data()
+        self.data_dir, self.vocab_size, self.tokenizer = prepared_data(cfg.data, self.dist, self.say)
         model = self._setup_model()
         self._setup_accelerator(model)
         self._setup_loaders()
         return self
-
-    def _setup_data(self) -> None:
-        from ..data.prepare import ensure_prepared, load_prepared_tokenizer
-
-        self.data_dir = ensure_prepared(self.cfg.data, is_main_process=self.dist.is_local_main_process,  # one per node
-                                        wait=self.dist.wait_for_everyone, say=self.say)
-        self.vocab_size = json.loads((Path(self.data_dir) / "meta.json").read_text())["vocab_size"]
-        self.tokenizer = load_prepared_tokenizer(self.data_dir)
 
     def _setup_model(self):
         """The model, the precision plan (applied to it) and the batch plan(s), before the Accelerator."""
@@ -107,62 +92,32 @@ class Trainer:
         return model
 
     def _setup_accelerator(self, model) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration
-
         from ..models.args import describe
         from ..optim import build_optimizer
-        from ..precision import format_report, precision_report
 
-        cfg, accum = self.cfg, self.batch.grad_accum
-        self.accelerator = acc = Accelerator(
-            **self.plan.accelerator_kwargs(), gradient_accumulation_steps=accum,
-            log_with=tracker_names(cfg.tracking) or None,
-            project_config=ProjectConfiguration(project_dir=str(self.run_dir),
-                                                logging_dir=str(self.run_dir / "tensorboard")),
-            step_scheduler_with_optimizer=False, cpu=self.cpu)
-        configure_deepspeed(acc, cfg, self.batch.micro_batch, accum, self.say)
+        cfg = self.cfg
+        self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.run_dir / "config.yaml")
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
-            # On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many machines, and
-            # CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen there.
-            self.model = torch.compile(self.model, backend="inductor" if acc.device.type == "cuda" else "aot_eager")
+            self.model = compile_model(self.model, acc.device.type)
         self.say(describe(self.mcfg))
-        self.say(f"batch: micro {self.batch.micro_batch} x accumulation {accum} x world {acc.num_processes} "
-                 f"= {self.batch.micro_batch * accum * acc.num_processes} sequences x {cfg.model.seq_length} "
-                 f"= {self.state.tokens_per_step:,} tokens per optimizer step")
-        self.report = precision_report(self.unwrapped_model, self.plan)
-        self.say(format_report(self.report))
+        self.say(f"batch: {self.batch.line()}")
+        self.report = PrecisionReport(self.plan, self.run_dir, acc.is_main_process, self.say)
+        self.report.build(self.unwrapped_model)
         self.state.world_size, self.state.backend = acc.num_processes, self.mcfg.backend
 
-    def _make_loader(self, seq_length: int, micro: int):
-        """Curriculum stages share one chunk order (``base_length``)."""
-        from ..data.loader import WindowLoader
-
-        acc, cfg = self.accelerator, self.cfg
-        return WindowLoader(self.data_dir, "train", seq_length, micro, seed=cfg.train.seed,
-                            base_length=cfg.model.seq_length if self.curriculum is not None else None,
-                            rank=acc.process_index, world_size=acc.num_processes,
-                            num_workers=cfg.data.num_workers, pin_memory=acc.device.type == "cuda",
-                            packed=True)  # one (B, T + 1) shard-dtype tensor per micro-step
-
     def _setup_loaders(self) -> None:
-        from ..data.loader import eval_batches
-
-        cfg, acc = self.cfg, self.accelerator
         self.accum = self.batch.grad_accum
-        self.loader = self._make_loader(cfg.model.seq_length, self.batch.micro_batch)
-        if self.loader.windows.lost_fraction > 0.02:
-            self.say(f"warning: {self.loader.windows.lost_fraction:.0%} of the training tokens are shard tails shorter "
-                     "than a window (windows never cross shards): prepare with a larger shard_size_tokens")
-        self.val = list(eval_batches(self.data_dir, cfg.model.seq_length, self.batch.micro_batch,
-                                     cfg.tracking.eval_steps, rank=acc.process_index, world_size=acc.num_processes))
+        self.loader = train_loader(self.data_dir, self.cfg, self.cfg.model.seq_length, self.batch.micro_batch,
+                                   self.accelerator, curriculum=self.curriculum is not None)
+        warn_lost_tokens(self.loader, self.say)
+        self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator)
         self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=acc.is_main_process)
+        self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
 
     @property
     def unwrapped_model(self):
@@ -187,10 +142,9 @@ class Trainer:
         self.loader.load_state_dict(saved.data)
         self._resumed_data = saved.data
         self.plan.restore_fp8_state(self.unwrapped_model, ckpt, cfg.model.seq_length)
-        now = {"world_size": self.accelerator.num_processes, "tokens_per_step": st.tokens_per_step,
-               "precision": "FP8" if self.plan.fp8_enabled else self.plan.label}
-        changes = [f"{k}: {getattr(saved, k)} -> {v}" for k, v in now.items() if getattr(saved, k) != v]
-        self.say(f"resumed from {ckpt} at step {st.step}" + (f" ({'; '.join(changes)})" if changes else ""))
+        self.say(resumed_line(ckpt, saved, world_size=self.accelerator.num_processes,
+                              tokens_per_step=st.tokens_per_step,
+                              precision="FP8" if self.plan.fp8_enabled else self.plan.label))
         return Path(ckpt)
 
     # -- one step ------------------------------------------------------------------------------
@@ -215,20 +169,11 @@ class Trainer:
         return out
 
     def _start_trackers(self) -> float:
-        """After this process's first step, so that the run config (TensorBoard hparams, W&B config)
-        carries the precision report with TE's read-back. Returns the seconds it took."""
-        from ..precision import precision_report
-
+        """After this process's first step, so that the run config carries the precision report with
+        TE's read-back. Returns the seconds it took."""
         t0 = time.perf_counter()
-        cfg, acc = self.cfg, self.accelerator
-        if cfg.tracking.use_wandb:
-            self.state.wandb_run_id = wandb_run_id(self.run_dir, self.state.wandb_run_id)
-            if acc.is_main_process:
-                (self.run_dir / RUN_ID_FILE).write_text(self.state.wandb_run_id + "\n")
-        init = tracker_init_kwargs(cfg.tracking, self.run_dir, self.run_name, self.state.wandb_run_id, say=self.say)
-        rep = precision_report(self.unwrapped_model, self.plan)
-        acc.init_trackers(cfg.tracking.wandb_project if cfg.tracking.use_wandb else self.run_name, init_kwargs=init,
-                          config=flat_tracker_config({**cfg.to_flat_dict(), "precision_report": rep}))
+        self.state.wandb_run_id = start_trackers(self.accelerator, self.cfg, self.run_dir, self.run_name,
+                                                 self.unwrapped_model, self.plan, self.state.wandb_run_id, self.say)
         self._trackers_started = True
         return time.perf_counter() - t0
 
@@ -259,7 +204,7 @@ class Trainer:
             row["mfu"] = self.mfu()
         if self.plan.fp8_enabled and self.cfg.precision.fp8_stats:
             row.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(self.unwrapped_model).items()})
-        self._refresh_precision_report()
+        self.report.refresh(self.unwrapped_model)
         self.say(format_step_line(st.step, self.loader.epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
                                   self.plan.label, lm_loss=lm_loss, penalty=penalty), flush=True)
         self.metrics.write(row)
@@ -276,19 +221,6 @@ class Trainer:
             return None
         return mfu(self.mcfg.flops_per_token(self.loader.seq_length), self.tokens_per_sec, self.peak,
                    self.accelerator.num_processes)
-
-    def _refresh_precision_report(self) -> None:
-        """Once TE has reported back (after the first FP8 forward), the report with its read-back."""
-        from ..precision import format_report, precision_report
-
-        if self.plan.fp8_enabled and self.report.get("te_readback") is None and self.plan.readback is not None:
-            self.report = precision_report(self.unwrapped_model, self.plan)
-            self.say(format_report(self.report))
-            self._write_precision_report()
-
-    def _write_precision_report(self) -> None:
-        if self.accelerator.is_main_process:
-            (self.run_dir / "precision_report.json").write_text(json.dumps(self.report, indent=2, default=str))
 
     # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
@@ -338,7 +270,7 @@ class Trainer:
         state = st.for_checkpoint(self.evaluated_at)
         ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
                                config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
-                               extra=lambda d: self.plan.save_fp8_state(self.unwrapped_model, d))
+                               extra=functools.partial(self.plan.save_fp8_state, self.unwrapped_model))
         is_best = state["val_loss"] is not None and state["val_loss"] == st.best_val_loss
         self.callbacks.on_save(self, Path(ckpt), is_best)
         self.timer.exclude(time.perf_counter() - t0)  # save time is not step time
@@ -356,7 +288,7 @@ class Trainer:
         self.stage_idx, stage = self.curriculum.stage_at(self.state.step)
         bp = self.stage_plans[self.stage_idx]
         self.accum = self.accelerator.gradient_accumulation_steps = bp.grad_accum
-        self.loader = self._make_loader(stage.seq_length, bp.micro_batch)
+        self.loader = train_loader(self.data_dir, self.cfg, stage.seq_length, bp.micro_batch, self.accelerator, True)
         if prev:
             self.loader.load_state_dict(prev)
         self._resumed_data, self.state.tokens_per_step = None, bp.tokens_per_step
@@ -372,7 +304,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from ``state.step`` to ``max_steps`` (call `setup()` and `resume()` first)."""
         cfg, st = self.cfg, self.state
-        self._write_precision_report()
+        self.report.write()
         self.say(f"training {cfg.train.max_steps - st.step} steps from step {st.step} into {self.run_dir}")
         self.model.train()
         self.callbacks.on_train_begin(self)
@@ -398,17 +330,13 @@ class Trainer:
 
     def finish(self) -> dict[str, Any]:
         """Close the metrics and trackers; the run's summary (also ``summary.json``)."""
-        st = self.state
         self.metrics.close()
         self.callbacks.on_train_end(self)
         self.accelerator.end_training()
-        summary = {"steps": st.step, "tokens_seen": st.tokens_seen, "first_loss": self.first_loss,
-                   "last_loss": self.last_loss, "val_loss": st.val_loss, "best_val_loss": st.best_val_loss,
-                   "precision": self.plan.label, "wall_time_s": time.time() - self.t_start, "run_dir": str(self.run_dir)}
+        summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
+                              time.time() - self.t_start, self.run_dir)
         if self.accelerator.is_main_process:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            self.say(f"done: {st.step} steps, {st.tokens_seen:,} tokens in {summary['wall_time_s']:.1f}s; "
-                     f"loss {self.first_loss} -> {self.last_loss}; val_loss {st.val_loss}")
+            write_summary(summary, self.run_dir, self.say)
         return summary
 
 

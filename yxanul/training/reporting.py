@@ -1,0 +1,76 @@
+"""What a run reports besides its step and eval lines: the precision report (console and
+``precision_report.json``, rebuilt once TE has read back), the trackers' start with the run config,
+and the run's summary (``summary.json``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..tracking import RUN_ID_FILE, flat_tracker_config, tracker_init_kwargs, wandb_run_id
+
+
+class PrecisionReport:
+    """The precision report of a run (``self.data``): built after ``accelerate.prepare``, rebuilt once
+    after the first FP8 forward, when TE has reported back; the main process writes the file."""
+
+    def __init__(self, plan, run_dir: Path, is_main: bool, say):
+        self.plan, self.path, self.is_main, self.say = plan, Path(run_dir) / "precision_report.json", is_main, say
+        self.data: dict[str, Any] = {}
+
+    def build(self, model) -> dict[str, Any]:
+        from ..precision import format_report, precision_report
+
+        self.data = precision_report(model, self.plan)
+        self.say(format_report(self.data))
+        return self.data
+
+    def refresh(self, model) -> None:
+        """Once TE has reported back (after the first FP8 forward), the report with its read-back."""
+        if self.plan.fp8_enabled and self.data.get("te_readback") is None and self.plan.readback is not None:
+            self.build(model)
+            self.write()
+
+    def write(self) -> None:
+        if self.is_main:
+            self.path.write_text(json.dumps(self.data, indent=2, default=str))
+
+
+def start_trackers(accelerator, cfg, run_dir: Path, run_name: str, model, plan, wandb_id: str | None,
+                   say) -> str | None:
+    """accelerate's trackers, with the flat run config and ``model``'s precision report as their config
+    (TensorBoard hparams, W&B config): call it after the first step so that the report carries TE's
+    read-back. Returns the W&B run id (``wandb_id`` as given without W&B), also written to the run dir."""
+    from ..precision import precision_report
+
+    tr = cfg.tracking
+    if tr.use_wandb:
+        wandb_id = wandb_run_id(run_dir, wandb_id)
+        if accelerator.is_main_process:
+            (run_dir / RUN_ID_FILE).write_text(wandb_id + "\n")
+    init = tracker_init_kwargs(tr, run_dir, run_name, wandb_id, say=say)
+    config = flat_tracker_config({**cfg.to_flat_dict(), "precision_report": precision_report(model, plan)})
+    accelerator.init_trackers(tr.wandb_project if tr.use_wandb else run_name, init_kwargs=init, config=config)
+    return wandb_id
+
+
+def resumed_line(ckpt, saved, **now) -> str:
+    """``resumed from CKPT at step N``, with what differs between the checkpoint (``saved``, a
+    TrainState) and this run (``now``: field=value), e.g. ``(world_size: 1 -> 2)``."""
+    changes = [f"{k}: {getattr(saved, k)} -> {v}" for k, v in now.items() if getattr(saved, k) != v]
+    return f"resumed from {ckpt} at step {saved.step}" + (f" ({'; '.join(changes)})" if changes else "")
+
+
+def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float, run_dir) -> dict[str, Any]:
+    """What `train()` returns and ``summary.json`` holds."""
+    return {"steps": state.step, "tokens_seen": state.tokens_seen, "first_loss": first_loss, "last_loss": last_loss,
+            "val_loss": state.val_loss, "best_val_loss": state.best_val_loss, "precision": precision,
+            "wall_time_s": wall_time_s, "run_dir": str(run_dir)}
+
+
+def write_summary(summary: dict[str, Any], run_dir: Path, say) -> None:
+    """``summary.json`` and the run's last console line (main process)."""
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    say(f"done: {summary['steps']} steps, {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.1f}s; "
+        f"loss {summary['first_loss']} -> {summary['last_loss']}; val_loss {summary['val_loss']}")
