@@ -1,13 +1,16 @@
 """YxanulTrainer on CPU: the FP8 request falls back with one line, the precision report reaches output_dir
 and the loggers, require_fp8 is a one-line error, and the loss curve is `yxanul train`'s."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
 from yxanul.data.hf_dataset import ShardWindowDataset
@@ -17,7 +20,9 @@ from yxanul.models import ModelArgs, build_model
 from yxanul.optim import OptimArgs, build_optimizer
 from yxanul.training.schedule import lr_at
 from yxanul.precision import PrecisionArgs
+from yxanul.precision.state import FILE
 
+ROOT = Path(__file__).resolve().parents[2]
 PRESET = "nano"  # the 5M CPU preset: the one place to change it
 T, B, STEPS, SEED = 32, 4, 8, 0
 OPT = OptimArgs(max_lr=2e-3, warmup_steps=3, lr_decay_steps=STEPS, min_lr_ratio=0.1, weight_decay=0.1,
@@ -176,3 +181,28 @@ def test_whole_precision_report_reaches_tensorboard_and_wandb(small_data, tmp_pa
     assert acc.Scalars("train/precision/fp8_requested")[0].value == 1.0
     text = acc.Tensors("precision_report/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"fallback_reason": "no CUDA device"' in text and '"precision": "FP32"' in text
+
+
+@pytest.mark.slow  # one DeepSpeed process, two short trainings: 15-40 s here
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+def test_deepspeed_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_data, tmp_path):
+    """Under DeepSpeed Trainer loads checkpoints with DeepSpeed's own loader, never `_load_from_checkpoint`:
+    YxanulTrainer must still find checkpoint-N/fp8_state.safetensors after the model is prepared. On CPU FP8
+    is off, so the restore says it restored nothing and why (tests/integrations/ds_resume_driver.py; the
+    GPU twin in test_trainer_gpu.py compares the restored TE scales with the saved ones)."""
+    data_dir, _ = small_data
+    cfg = str(ROOT / "ds_configs" / "zero1.json")
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--deepspeed_config_file",
+                        cfg, "--num_processes", "1", "--num_machines", "1", "--main_process_port", "0",
+                        str(ROOT / "tests" / "integrations" / "ds_resume_driver.py"), str(data_dir), str(tmp_path),
+                        "--plant"], capture_output=True, text=True, cwd=ROOT, timeout=900, env=_ds_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resumed to step 3 under DeepSpeedEngine" in r.stdout
+    state = tmp_path / "checkpoint-2" / FILE
+    assert r.stdout.count(f"{state} not restored: FP8 is off in this run (no CUDA device)") == 1, r.stdout[-3000:]
+    assert load_file(str(tmp_path / "restored_fp8_state.safetensors")) == {}  # no TE module: nothing to hold it
+
+
+def _ds_env():
+    cache = Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
+    return dict(os.environ, HF_HUB_OFFLINE="1", TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"))

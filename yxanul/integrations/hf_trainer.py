@@ -19,7 +19,8 @@ says which (LLaMA-Factory#9500). Here the plan decides BEFORE the Accelerator ex
   GPU, DDP and DeepSpeed alike; training forwards get `is_first_microbatch` (TE's FP8 weight cache
   across gradient-accumulation micro-batches);
 - `PrecisionCallback` (callback.py) writes the precision report with TE's read-back and the FP8
-  statistics; the delayed-scaling state travels with Trainer checkpoints (`fp8_state.safetensors`).
+  statistics; the delayed-scaling state travels with Trainer checkpoints (`fp8_state.safetensors`),
+  restored on `resume_from_checkpoint` after the model is prepared, under DeepSpeed too.
 
 Without FP8 requested it behaves exactly as `transformers.Trainer`.
 """
@@ -137,11 +138,37 @@ class YxanulTrainer(Trainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     # -- checkpoints: TE's delayed-scaling state, without pickle -----------------------------------
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        n = self.plan.restore_fp8_state(model if model is not None else self.model, resume_from_checkpoint, 64)
-        if n and self.args.process_index == 0:
-            print(f"restored {n} FP8 scaling tensors from {resume_from_checkpoint}")
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        # The one place every resume passes after the model is prepared AND its weights are loaded:
+        # Trainer loads a plain model in `_load_from_checkpoint` before prepare, but a DeepSpeed one
+        # here, through DeepSpeed's own loader (transformers 5.17 and 5.24 alike).
+        model, dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        if resume_from_checkpoint is not None:
+            self._restore_fp8_state(model, resume_from_checkpoint)
+        return model, dataloader
+
+    def _restore_fp8_state(self, wrapped, checkpoint: str) -> int:
+        """``checkpoint/fp8_state.safetensors`` (PrecisionCallback.on_save) into the prepared model's TE
+        modules; says what happened on the main process. Returns tensors restored."""
+        from ..precision.state import FILE
+
+        path = os.path.join(checkpoint, FILE)
+        if not os.path.isfile(path):
+            return 0
+        if id(wrapped) not in self._yx_prepared:  # accelerate's FP8 wrapper off before the allocating forward
+            self.plan.after_prepare(wrapped)
+            self._yx_prepared.add(id(wrapped))
+        seq = min(64, getattr(self.model.config, "max_position_embeddings", 64))
+        n = self.plan.restore_fp8_state(self.model, checkpoint, seq)  # the unwrapped model: the names it saved
+        if self.args.process_index == 0:
+            if n:
+                print(f"restored {n} FP8 scaling tensors from {path}")
+            else:
+                why = (f"FP8 is off in this run ({self.plan.fallback_reason or 'not requested'})"
+                       if not self.plan.fp8_enabled else "no TE tensor of the saved name and shape (another recipe "
+                                                         "or fp8_amax_history_len?)")
+                print(f"{path} not restored: {why}")
+        return n
 
 
 def _quiet(*_a, **_k) -> None:
