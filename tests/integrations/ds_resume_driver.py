@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
+from yxanul import _te
 from yxanul.data.hf_dataset import ShardWindowDataset
 from yxanul.integrations import YxanulTrainer
 from yxanul.models import ModelArgs, build_model
@@ -59,6 +60,7 @@ def main(argv):
     if "--plant" in argv:
         save_file({"model.layers.0.self_attention.layernorm_qkv.scaling_fwd.scale": torch.ones(3)},
                   os.path.join(ckpt, FILE))
+    _te.reset_fp8_state()  # as the new process of a real resume would start: no TE amax buffers of run 1
     resumed = run(data_dir, out, cfg, max_steps=3, seed=1, resume=ckpt)
     print(f"resumed to step {resumed.state.global_step} under {type(resumed.model_wrapped).__name__}")
 
