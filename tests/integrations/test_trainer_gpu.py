@@ -116,11 +116,12 @@ def test_trainer_runs_the_configured_fp8_recipe_and_resumes_its_scales(small_dat
 
 
 @pytest.mark.slow
-def test_trainer_fp8_recipe_under_deepspeed_zero1(tmp_path):
+def test_trainer_fp8_recipe_under_deepspeed_zero1(small_data, tmp_path):
     """accelerate ignores TERecipeKwargs under DeepSpeed; TE must still run the configured recipe."""
     pytest.importorskip("deepspeed", reason="needs deepspeed")
     out = tmp_path / "ds"
     r = launch(ROOT / "examples" / "trainer_fp8.py", "--deepspeed", str(ROOT / "ds_configs" / "zero1.json"),
+               "--data_dir", str(small_data[0]),
                "--model", GPU_PRESET, "--seq_length", str(T), "--max_steps", "4", "--micro_batch_size", "4",
                "--fp8_min_gemm_dim", "0", "--fp8_margin", "1", "--fp8_amax_history_len", "16", "--require_fp8",
                "--output_dir", str(out))
