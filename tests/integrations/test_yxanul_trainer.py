@@ -186,6 +186,28 @@ def test_whole_precision_report_reaches_tensorboard_and_wandb(small_data, tmp_pa
     assert '"fallback_reason": "no CUDA device"' in text and '"precision": "FP32"' in text
 
 
+def test_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_data, tmp_path, capsys):
+    """Without DeepSpeed too (Trainer loads the weights before `prepare` there): the checkpoint's FP8 state
+    is looked up on resume, and a run without FP8 says it restored nothing and why."""
+    from safetensors.torch import save_file
+
+    data_dir, vocab = small_data
+
+    def run(steps, resume=None):
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=steps,
+                                 per_device_train_batch_size=2, save_steps=2, disable_tqdm=True)
+        YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args,
+                      train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True)
+                      ).train(resume_from_checkpoint=resume)
+
+    run(2)
+    state = tmp_path / "checkpoint-2" / FILE  # what a GPU run leaves there (a CPU run has no FP8 state)
+    save_file({"model.layers.0.self_attention.layernorm_qkv.scaling_fwd.scale": torch.ones(3)}, str(state))
+    capsys.readouterr()
+    run(3, resume=str(tmp_path / "checkpoint-2"))
+    assert capsys.readouterr().out.count(f"{state} not restored: FP8 is off in this run (no CUDA device)") == 1
+
+
 @pytest.mark.slow  # one DeepSpeed process, two short trainings: 15-40 s here
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 def test_deepspeed_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_data, tmp_path):

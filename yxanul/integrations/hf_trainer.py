@@ -138,14 +138,14 @@ class YxanulTrainer(Trainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     # -- checkpoints: TE's delayed-scaling state, without pickle -----------------------------------
-    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        # The one place every resume passes after the model is prepared AND its weights are loaded:
-        # Trainer loads a plain model in `_load_from_checkpoint` before prepare, but a DeepSpeed one
-        # here, through DeepSpeed's own loader (transformers 5.17 and 5.24 alike).
-        model, dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
-        if resume_from_checkpoint is not None:
-            self._restore_fp8_state(model, resume_from_checkpoint)
-        return model, dataloader
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # The one resume hook every transformers 5.x passes after the model is prepared AND its weights
+        # are loaded: Trainer loads a plain model in `_load_from_checkpoint` before `prepare`, a DeepSpeed
+        # one after it with DeepSpeed's own loader, then calls this (5.0 inline in `_inner_training_loop`,
+        # 5.17/5.24 in `_prepare_for_training`). The FP8 scaling state is training state like these two.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self._restore_fp8_state(self.model_wrapped, checkpoint)
 
     def _restore_fp8_state(self, wrapped, checkpoint: str) -> int:
         """``checkpoint/fp8_state.safetensors`` (PrecisionCallback.on_save) into the prepared model's TE
