@@ -9,6 +9,7 @@ Subprocess timeouts stay under gpu_checks.sh's 570 s per pytest run, so a hang f
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,13 +59,21 @@ def assert_same_state(saved: dict, restored: dict) -> None:
         assert torch.equal(v, restored[k]), k
 
 
-def launch(script: Path, *args: str) -> subprocess.CompletedProcess:
+def launch(script: Path, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
     """`accelerate launch` with DeepSpeed ZeRO-1, one process."""
     cfg = str(ROOT / "ds_configs" / "zero1.json")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--deepspeed_config_file", cfg,
            "--num_processes", "1", "--num_machines", "1", "--main_process_port", "0", str(script), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=400,
-                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    # own process group: on a timeout the launcher's worker (a grandchild) goes too, not left on the GPU
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1"), start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"accelerate launch timed out after {timeout} s\n" + out[-3000:] + err[-3000:])
+    r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
