@@ -161,12 +161,18 @@ class YxanulTrainer(Trainer):
         seq = min(64, getattr(self.model.config, "max_position_embeddings", 64))
         n = self.plan.restore_fp8_state(self.model, checkpoint, seq)  # the unwrapped model: the names it saved
         if self.args.process_index == 0:
-            if n:
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                total = len(list(f.keys()))
+            unmatched = "no TE tensor of that name and shape (another recipe or fp8_amax_history_len?)"
+            if n == total:
                 print(f"restored {n} FP8 scaling tensors from {path}")
+            elif n:
+                print(f"restored only {n} of {total} FP8 scaling tensors from {path}: the others have {unmatched}")
             else:
                 why = (f"FP8 is off in this run ({self.plan.fallback_reason or 'not requested'})"
-                       if not self.plan.fp8_enabled else "no TE tensor of the saved name and shape (another recipe "
-                                                         "or fp8_amax_history_len?)")
+                       if not self.plan.fp8_enabled else unmatched)
                 print(f"{path} not restored: {why}")
         return n
 
