@@ -218,7 +218,8 @@ def test_deepspeed_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_d
     data_dir, _ = small_data
     cfg = str(ROOT / "ds_configs" / "zero1.json")
     r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed",
-                        "--deepspeed_config_file", cfg, "--num_processes", "1", "--num_machines", "1", "--main_process_port", "0",
+                        "--deepspeed_config_file", cfg, "--num_processes", "1", "--num_machines", "1",
+                        "--main_process_port", "0",
                         str(ROOT / "tests" / "integrations" / "ds_resume_driver.py"), str(data_dir), str(tmp_path),
                         "--plant"], capture_output=True, text=True, cwd=ROOT, timeout=900, env=_ds_env())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
