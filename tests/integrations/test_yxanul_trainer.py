@@ -1,13 +1,16 @@
 """YxanulTrainer on CPU: the FP8 request falls back with one line, the precision report reaches output_dir
 and the loggers, require_fp8 is a one-line error, and the loss curve is `yxanul train`'s."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
 from yxanul.data.hf_dataset import ShardWindowDataset
@@ -17,7 +20,9 @@ from yxanul.models import ModelArgs, build_model
 from yxanul.optim import OptimArgs, build_optimizer
 from yxanul.training.schedule import lr_at
 from yxanul.precision import PrecisionArgs
+from yxanul.precision.state import FILE
 
+ROOT = Path(__file__).resolve().parents[2]
 PRESET = "nano"  # the 5M CPU preset: the one place to change it
 T, B, STEPS, SEED = 32, 4, 8, 0
 OPT = OptimArgs(max_lr=2e-3, warmup_steps=3, lr_decay_steps=STEPS, min_lr_ratio=0.1, weight_decay=0.1,
@@ -86,7 +91,10 @@ def test_fp8_request_falls_back_with_one_line_report_and_parity_with_yxanul_trai
     hf = {r["step"]: r["loss"] for r in trainer.state.log_history if "loss" in r}
     ours = yxanul_train(data_dir, tmp_path / "yx")
     assert sorted(hf) == sorted(ours) == list(range(1, STEPS + 1))
-    assert max(abs(hf[s] - ours[s]) for s in ours) < PARITY_TOL, (hf, ours)
+    diff = max(abs(hf[s] - ours[s]) for s in ours)
+    with capsys.disabled():  # the number docs/trainer.md ("Parity") quotes: pytest -s ... -k parity
+        print(f"\nparity: {STEPS} steps, max |Trainer loss - yxanul train loss| = {diff:.3g} (tolerance {PARITY_TOL})")
+    assert diff < PARITY_TOL, (hf, ours)
     assert ours[STEPS] < ours[1] - 0.5  # and the shared curve is a learning one
     val = torch.utils.data.Subset(ShardWindowDataset(data_dir, T, split="val", seed=None), range(2 * B))
     assert trainer.label_names == ["shift_labels"]  # else Trainer's evaluation computes no loss
@@ -176,3 +184,51 @@ def test_whole_precision_report_reaches_tensorboard_and_wandb(small_data, tmp_pa
     assert acc.Scalars("train/precision/fp8_requested")[0].value == 1.0
     text = acc.Tensors("precision_report/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"fallback_reason": "no CUDA device"' in text and '"precision": "FP32"' in text
+
+
+def test_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_data, tmp_path, capsys):
+    """Without DeepSpeed too (Trainer loads the weights before `prepare` there): the checkpoint's FP8 state
+    is looked up on resume, and a run without FP8 says it restored nothing and why."""
+    from safetensors.torch import save_file
+
+    data_dir, vocab = small_data
+
+    def run(steps, resume=None):
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=steps,
+                                 per_device_train_batch_size=2, save_steps=2, disable_tqdm=True)
+        YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args,
+                      train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True)
+                      ).train(resume_from_checkpoint=resume)
+
+    run(2)
+    state = tmp_path / "checkpoint-2" / FILE  # what a GPU run leaves there (a CPU run has no FP8 state)
+    save_file({"model.layers.0.self_attention.layernorm_qkv.scaling_fwd.scale": torch.ones(3)}, str(state))
+    capsys.readouterr()
+    run(3, resume=str(tmp_path / "checkpoint-2"))
+    assert capsys.readouterr().out.count(f"{state} not restored: FP8 is off in this run (no CUDA device)") == 1
+
+
+@pytest.mark.slow  # one DeepSpeed process, two short trainings: 15-40 s here
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+def test_deepspeed_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_data, tmp_path):
+    """Under DeepSpeed Trainer loads checkpoints with DeepSpeed's own loader, never `_load_from_checkpoint`:
+    YxanulTrainer must still find checkpoint-N/fp8_state.safetensors after the model is prepared. On CPU FP8
+    is off, so the restore says it restored nothing and why (tests/integrations/ds_resume_driver.py; the
+    GPU twin in test_trainer_gpu.py compares the restored TE scales with the saved ones)."""
+    data_dir, _ = small_data
+    cfg = str(ROOT / "ds_configs" / "zero1.json")
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed",
+                        "--deepspeed_config_file", cfg, "--num_processes", "1", "--num_machines", "1",
+                        "--main_process_port", "0",
+                        str(ROOT / "tests" / "integrations" / "ds_resume_driver.py"), str(data_dir), str(tmp_path),
+                        "--plant"], capture_output=True, text=True, cwd=ROOT, timeout=900, env=_ds_env())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resumed to step 3 under DeepSpeedEngine" in r.stdout
+    state = tmp_path / "checkpoint-2" / FILE
+    assert r.stdout.count(f"{state} not restored: FP8 is off in this run (no CUDA device)") == 1, r.stdout[-3000:]
+    assert load_file(str(tmp_path / "restored_fp8_state.safetensors")) == {}  # no TE module: nothing to hold it
+
+
+def _ds_env():
+    cache = Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
+    return dict(os.environ, HF_HUB_OFFLINE="1", TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"))

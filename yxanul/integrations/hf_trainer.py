@@ -19,7 +19,8 @@ says which (LLaMA-Factory#9500). Here the plan decides BEFORE the Accelerator ex
   GPU, DDP and DeepSpeed alike; training forwards get `is_first_microbatch` (TE's FP8 weight cache
   across gradient-accumulation micro-batches);
 - `PrecisionCallback` (callback.py) writes the precision report with TE's read-back and the FP8
-  statistics; the delayed-scaling state travels with Trainer checkpoints (`fp8_state.safetensors`).
+  statistics; the delayed-scaling state travels with Trainer checkpoints (`fp8_state.safetensors`),
+  restored on `resume_from_checkpoint` after the model is prepared, under DeepSpeed too.
 
 Without FP8 requested it behaves exactly as `transformers.Trainer`.
 """
@@ -137,11 +138,43 @@ class YxanulTrainer(Trainer):
         return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     # -- checkpoints: TE's delayed-scaling state, without pickle -----------------------------------
-    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        n = self.plan.restore_fp8_state(model if model is not None else self.model, resume_from_checkpoint, 64)
-        if n and self.args.process_index == 0:
-            print(f"restored {n} FP8 scaling tensors from {resume_from_checkpoint}")
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # The one resume hook every transformers 5.x passes after the model is prepared AND its weights
+        # are loaded: Trainer loads a plain model in `_load_from_checkpoint` before `prepare`, a DeepSpeed
+        # one after it with DeepSpeed's own loader, then calls this (5.0 inline in `_inner_training_loop`,
+        # 5.17/5.24 in `_prepare_for_training`). The FP8 scaling state is training state like these two.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self._restore_fp8_state(self.model_wrapped, checkpoint)
+
+    def _restore_fp8_state(self, wrapped, checkpoint: str) -> int:
+        """``checkpoint/fp8_state.safetensors`` (PrecisionCallback.on_save) into the prepared model's TE
+        modules; says what happened on the main process. Returns tensors restored."""
+        from ..precision.state import FILE
+
+        path = os.path.join(checkpoint, FILE)
+        if not os.path.isfile(path):
+            return 0
+        if id(wrapped) not in self._yx_prepared:  # accelerate's FP8 wrapper off before the allocating forward
+            self.plan.after_prepare(wrapped)
+            self._yx_prepared.add(id(wrapped))
+        seq = min(64, getattr(self.model.config, "max_position_embeddings", 64))
+        n = self.plan.restore_fp8_state(self.model, checkpoint, seq)  # the unwrapped model: the names it saved
+        if self.args.process_index == 0:
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                total = len(list(f.keys()))
+            unmatched = "no TE tensor of that name and shape (another recipe or fp8_amax_history_len?)"
+            if n == total:
+                print(f"restored {n} FP8 scaling tensors from {path}")
+            elif n:
+                print(f"restored only {n} of {total} FP8 scaling tensors from {path}: the others have {unmatched}")
+            else:
+                why = (f"FP8 is off in this run ({self.plan.fallback_reason or 'not requested'})"
+                       if not self.plan.fp8_enabled else unmatched)
+                print(f"{path} not restored: {why}")
+        return n
 
 
 def _quiet(*_a, **_k) -> None:
