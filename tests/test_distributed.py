@@ -38,8 +38,8 @@ def _launch_cmd(*args):
             str(ROOT / "train.py"), *FAST, *args]
 
 
-def launch2(*args):
-    r = subprocess.run(_launch_cmd(*args), capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
+def launch2(*args, cwd=ROOT, env=None):
+    r = subprocess.run(_launch_cmd(*args), capture_output=True, text=True, env=env or _env(), cwd=cwd, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
@@ -55,11 +55,25 @@ def losses(run_dir):
     return {r["step"]: r["loss"] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "loss" in r}
 
 
+SKEW = """import os, time
+if os.environ.get("RANK") == "1":  # rank 1's clock runs 5 s ahead of rank 0's
+    _strftime = time.strftime
+    time.strftime = lambda fmt, t=None: _strftime(fmt, time.localtime((time.time() if t is None else time.mktime(t)) + 5))
+"""
+
+
 def test_two_processes_match_one_process_with_double_accumulation_and_resume(tmp_path):
-    two, one, mixed = tmp_path / "two", tmp_path / "one", tmp_path / "mixed"
+    one, mixed = tmp_path / "one", tmp_path / "mixed"
+    # no --output_dir/--run_name, clocks 5 s apart: both ranks still write ONE default run dir (rank 0's name)
+    (tmp_path / "skew").mkdir()
+    (tmp_path / "skew" / "sitecustomize.py").write_text(SKEW)
     r = launch2("--micro_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_steps", "16",
-                "--checkpoint_freq", "8", "--keep_last", "5", "--output_dir", str(two))
+                "--checkpoint_freq", "8", "--keep_last", "5", cwd=tmp_path,
+                env=dict(_env(), PYTHONPATH=os.pathsep.join([str(tmp_path / "skew"), str(ROOT)])))
     assert "x world 2" in r.stdout  # effective batch printed with the world size
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("nano-"), runs
+    two = runs[0]
     single("--micro_batch_size", "2", "--gradient_accumulation_steps", "2", "--max_steps", "16",
            "--checkpoint_freq", "0", "--output_dir", str(one))
     a, b = losses(two), losses(one)

@@ -79,17 +79,24 @@ def run_dir_of(cfg) -> Path:
     return Path(_names(cfg)[1])
 
 
-def prepare_run_dir(cfg) -> Path:
+def prepare_run_dir(cfg, dist=None) -> Path:
     """`run_dir_of`, refusing what would lose or misplace work: ``resume: latest`` without a fixed
     run directory (the default name is new at every launch), an output_dir under a file, and a new
     run (no ``resume``) into a directory holding checkpoints, whose ``latest`` it would take over.
-    Sets ``cfg.checkpoint.run_name``/``output_dir`` to the names it settled on (the one writer of them)."""
+    Sets ``cfg.checkpoint.run_name``/``output_dir`` to the names it settled on (the one writer of them).
+    ``dist`` (accelerate's PartialState): with several processes the default name is rank 0's, sent to
+    every rank (each rank's own clock could straddle a second and split the run into two folders)."""
     ck = cfg.checkpoint
     if ck.resume == "latest" and ck.output_dir is None and ck.run_name is None:
         raise UserError("resume 'latest': set --output_dir or --run_name too (the default run directory is "
                         "new at every launch)")
     # settle the names once, explicitly: config.yaml and the trackers record the run directory used
-    cfg.checkpoint = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), _names(cfg))))
+    names = _names(cfg)
+    if dist is not None and dist.num_processes > 1 and ck.run_name is None:
+        from accelerate.utils import broadcast_object_list
+
+        names = tuple(broadcast_object_list([names], from_process=0)[0])  # sync point: every rank
+    cfg.checkpoint = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
     run_dir = Path(cfg.checkpoint.output_dir)
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
