@@ -24,6 +24,8 @@ from typing import Sequence
 
 import torch
 
+from ..precision.master_weights import grad_params
+
 
 @dataclass
 class StepOutput:
@@ -112,10 +114,11 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
     norm = None
     if optimizer is not None:
         clip = max_grad_norm or float("inf")
+        params = grad_params(model, optimizer)  # the fp32 masters under master_weights: fp32
         if accelerator is not None:
-            norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+            norm = accelerator.clip_grad_norm_(params, clip)
         else:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return StepOutput(loss_sum, lm_sum, pen_sum, norm, accum)
