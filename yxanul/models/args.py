@@ -54,6 +54,10 @@ class ModelArgs:
     fuse_qkv_params: bool = field(
         default=False, metadata={"help": "TE backend: one fused QKV weight instead of three (fewer per-step weight "
                                          "casts); checkpoints keep q/k/v names. Ignored by the torch backend."})
+    cuda_graphs: bool = field(
+        default=False, metadata={"help": "TE backend on CUDA: capture each decoder block as a CUDA graph (TE's "
+                                         "make_graphed_callables, FP8-aware) on the first step; needs a fixed "
+                                         "micro_batch_size and seq_length (no curriculum, no batch finder)."})
     init_from: str | None = field(
         default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
                                         "folder (model*.safetensors) of the same preset; optimizer, step and data "
@@ -80,7 +84,7 @@ def build_model(args: ModelArgs, vocab_size: int):
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
                                 penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
-                                fuse_qkv_params=args.fuse_qkv_params)
+                                fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
     model = YxanulForCausalLM(config)
     if args.gradient_checkpointing:
         model.set_activation_checkpointing(True)

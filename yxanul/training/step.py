@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from ..models.cuda_graphs import ensure_captured
 from ..precision.master_weights import grad_params
 
 
@@ -102,6 +103,8 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
     loss_sum = lm_sum = pen_sum = None
     for micro, batch in enumerate(batches):
         x, y = to_device(batch, device)  # (B, T) each
+        if micro == 0:
+            ensure_captured(model, x, plan)  # cuda_graphs: capture the TE blocks once, outside autocast
         with _sync_context(accelerator, model, last=micro == accum - 1):
             out = forward(model, x, y, plan=plan, micro=micro, accelerator=accelerator)
             if accelerator is not None:
