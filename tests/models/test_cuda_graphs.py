@@ -49,11 +49,13 @@ def _losses(graphs: bool, precision, steps: int = 4):
 
 @pytest.mark.gpu
 @pytest.mark.te
-@pytest.mark.parametrize("precision", ["bf16", "fp8-delayed"])
-def test_graphed_blocks_train_like_eager_ones(precision):
+@pytest.mark.parametrize("precision,master", [("bf16", "none"), ("fp8-delayed", "none"), ("bf16", "fp32")])
+def test_graphed_blocks_train_like_eager_ones(precision, master):
+    """master fp32: the graphs read the BF16 params the optimizer refreshes in place, and their weight
+    gradients reach the fp32 masters through the post-accumulate hooks."""
     from yxanul.tools.bench import precision_args
 
-    args = precision_args(precision, 0)
+    args = precision_args(precision, 0, master)
     plan_ok = resolve_ok(args)
     if not plan_ok:
         pytest.skip(f"{precision} not available on this GPU")

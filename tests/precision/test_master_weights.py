@@ -97,6 +97,24 @@ def test_clipping_uses_the_master_gradients(tiny_config):
     assert max(steps) > 0 and all(p.grad is None for p in mw.parameters())
 
 
+def test_parameters_that_view_one_buffer_stay_views_of_one_bf16_buffer():
+    """TE's q/k/v weights are views of one buffer (LayerNormLinear parameters_split): TE skips the
+    concatenation only while they stay adjacent, so the BF16 copies must be views of one buffer too."""
+    from yxanul.precision.master_weights import attach, masters_of
+
+    buf = torch.randn(12, 4)
+    m = torch.nn.Module()
+    m.q, m.k, m.v = (torch.nn.Parameter(buf[i:i + 4]) for i in (0, 4, 8))
+    m.w = torch.nn.Parameter(torch.randn(3, 3))
+    attach(m)
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    base = m.q.untyped_storage().data_ptr()
+    assert m.k.untyped_storage().data_ptr() == base == m.v.untyped_storage().data_ptr()
+    assert (m.k.storage_offset(), m.v.storage_offset()) == (16, 32)
+    assert torch.equal(torch.cat([m.q, m.k, m.v]), buf.to(torch.bfloat16))
+    assert torch.equal(masters_of(m)[id(m.k)], buf[4:8]) and m.w.untyped_storage().data_ptr() != base
+
+
 def test_one_line_errors_without_bf16():
     from yxanul.models import config_from_preset
 
@@ -141,3 +159,35 @@ def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp
     resumed = [r.train_step(r.next_batches()).loss for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+@pytest.mark.parametrize("precision", ["bf16", "fp8-delayed"])
+def test_te_backend_with_master_weights_follows_fp32_weights(precision):
+    """TE blocks take BF16 params (FP8: TE quantizes them, weight caching per step); losses follow the
+    fp32-weights run and the checkpoint state stays fp32."""
+    from yxanul import _te
+    from yxanul.models import config_from_preset
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+    from yxanul.tools.bench import precision_args
+
+    def run(master: str):
+        _te.reset_fp8_state()
+        config = config_from_preset("nano", 1024, 64, backend="te")
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = YxanulForCausalLM(config).train()
+        plan = resolve_precision(precision_args(precision, 0, master), config, say=lambda *a: None)
+        if precision.startswith("fp8") and not plan.fp8_enabled:
+            pytest.skip(f"{precision}: {plan.fallback_reason}")
+        plan.prepare_model(model, say=lambda *a: None)
+        batches = [b.cuda() for b in _batches(2, b=8, t=64, vocab=1024)]
+        return _run(model, plan, batches, 6)[0], model
+
+    ref, _ = run("none")
+    losses, model = run("fp32")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {v.dtype for v in model.state_dict().values() if torch.is_tensor(v) and v.is_floating_point()} == {
+        torch.float32}
+    assert losses == pytest.approx(ref, rel=2e-2) and losses[-1] < losses[0]

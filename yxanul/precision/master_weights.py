@@ -41,14 +41,13 @@ def attach(model: torch.nn.Module) -> int:
         raise ConfigError("master_weights", "none under DDP/DeepSpeed (one process only; DeepSpeed: its bf16 "
                                             "mode keeps fp32 masters)", "fp32")
     masters: dict[int, torch.Tensor] = {}
-    for p in model.parameters():  # deduplicated: a tied weight gets one master
-        if not p.is_floating_point():
-            continue
+    params = [p for p in model.parameters() if p.is_floating_point()]  # deduplicated: a tied weight, one master
+    for p in params:
         master = torch.nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad)
         masters[id(p)] = master
-        p.data = p.data.to(torch.bfloat16)
         if p.requires_grad:
             p.register_post_accumulate_grad_hook(_accumulate_into(master))
+    _to_bf16_keeping_views(params)
     object.__setattr__(model, ATTR, masters)  # not a submodule / parameter: invisible to state_dict and .to()
     for module in model.modules():
         own = {n: masters[id(p)] for n, p in module._parameters.items() if p is not None and id(p) in masters}
@@ -57,6 +56,24 @@ def attach(model: torch.nn.Module) -> int:
             module._state_dict_hooks.move_to_end(handle.id, last=False)  # before e.g. the fused-QKV split
             module.register_load_state_dict_pre_hook(_load_masters(own))
     return len(masters)
+
+
+def _to_bf16_keeping_views(params: list) -> None:
+    """Each parameter becomes BF16; parameters that are views of one buffer (TE's q/k/v of
+    ``LayerNormLinear(parameters_split=...)``, which TE then uses without a concatenation) become views
+    of one BF16 buffer at the same offsets."""
+    groups: dict[tuple, list] = {}
+    for p in params:
+        ptr = p.untyped_storage().data_ptr()
+        groups.setdefault((p.device, ptr) if ptr and p.device.type != "meta" else (id(p),), []).append(p)
+    for ps in groups.values():
+        if len(ps) == 1 and ps[0].is_contiguous() and ps[0].storage_offset() == 0:
+            ps[0].data = ps[0].data.to(torch.bfloat16)
+            continue
+        flat = torch.empty(0, dtype=ps[0].dtype, device=ps[0].device).set_(ps[0].untyped_storage())
+        buf = flat.to(torch.bfloat16)
+        for p in ps:
+            p.data = buf.as_strided(p.size(), p.stride(), p.storage_offset())
 
 
 def _accumulate_into(master: torch.Tensor):
