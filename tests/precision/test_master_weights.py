@@ -115,6 +115,21 @@ def test_parameters_that_view_one_buffer_stay_views_of_one_bf16_buffer():
     assert torch.equal(masters_of(m)[id(m.k)], buf[4:8]) and m.w.untyped_storage().data_ptr() != base
 
 
+def test_paused_hooks_leave_gradients_alone():
+    """CUDA-graph capture (TE's warm-up backward on sample data) runs with the hooks paused."""
+    from yxanul.precision.master_weights import attach, masters_of, paused
+
+    m = torch.nn.Linear(4, 4, bias=False)
+    attach(m)
+    master = masters_of(m)[id(m.weight)]
+    with paused():
+        m(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert m.weight.grad is not None and master.grad is None
+    m.weight.grad = None
+    m(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert m.weight.grad is None and master.grad.dtype == torch.float32 and torch.all(master.grad == 2)
+
+
 def test_one_line_errors_without_bf16():
     from yxanul.models import config_from_preset
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from ..precision import master_weights
 
 ATTR = "_yx_graphed_shape"  # on the inner model: the (B, T) the blocks were captured at
 
@@ -63,7 +64,12 @@ def ensure_captured(model, input_ids: torch.Tensor, plan) -> bool:
     if base.gradient_checkpointing:
         raise ConfigError("cuda_graphs", "false with gradient_checkpointing (TE's checkpoint recomputes "
                                          "outside the captured graph)", True)
-    _capture(base, shape, plan)
+    with master_weights.paused():  # the warm-up's backward passes on sample data must not reach fp32 masters
+        _capture(base, shape, plan)
+    for p in inner.parameters():  # nor any of its sample gradients the first step
+        p.grad = None
+    for m in (master_weights.masters_of(inner) or {}).values():
+        m.grad = None
     object.__setattr__(inner, ATTR, shape)
     return True
 

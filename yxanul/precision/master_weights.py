@@ -24,6 +24,7 @@ One process only: DDP all-reduces the BF16 gradients the hook frees, and DeepSpe
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -31,6 +32,19 @@ import torch
 from ..errors import ConfigError
 
 ATTR = "_yx_masters"  # model attribute: {id(param): master}
+_paused = False  # `paused()`: the gradient hooks leave .grad alone (CUDA-graph warm-up runs its own backward)
+
+
+@contextlib.contextmanager
+def paused():
+    """The post-accumulate hooks do nothing inside: TE's ``make_graphed_callables`` warm-up runs
+    backward passes on sample data and reads the parameters' ``.grad`` back (newer TE)."""
+    global _paused
+    before, _paused = _paused, True
+    try:
+        yield
+    finally:
+        _paused = before
 
 
 def attach(model: torch.nn.Module) -> int:
@@ -78,6 +92,8 @@ def _to_bf16_keeping_views(params: list) -> None:
 
 def _accumulate_into(master: torch.Tensor):
     def hook(p: torch.Tensor) -> None:
+        if _paused:
+            return
         g = p.grad
         if master.device != g.device:  # accelerate moved the model after attach(): follow it once
             master.data = master.data.to(g.device)
