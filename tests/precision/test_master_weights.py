@@ -130,6 +130,24 @@ def test_paused_hooks_leave_gradients_alone():
     assert m.weight.grad is None and master.grad.dtype == torch.float32 and torch.all(master.grad == 2)
 
 
+@pytest.mark.gpu
+def test_masters_follow_the_model_to_the_gpu_also_when_a_resume_loads_first(tiny_config):
+    """The trainer builds the optimizer on the CPU model, accelerate then moves the model, and a resume
+    loads the optimizer state before any backward: masters and AdamW state must end on the GPU."""
+    src, plan = _model(tiny_config, "fp32")
+    opt = build_optimizer(src, OptimArgs())
+    train_step(src, opt, _batches(1), plan=plan, lr=LR)  # an AdamW state to resume from (CPU)
+    mw, plan = _model(tiny_config, "fp32")
+    opt2 = build_optimizer(mw, OptimArgs())
+    mw.cuda()
+    mw.load_state_dict(src.state_dict())
+    opt2.load_state_dict(opt.state_dict())
+    assert all(m.is_cuda for _, m in opt2.pairs)
+    assert all(v.is_cuda for st in opt2.state.values() for k, v in st.items() if k != "step")
+    out = train_step(mw, opt2, [b.cuda() for b in _batches(1)], plan=plan, lr=LR)
+    assert torch.isfinite(out.loss) and all(p.is_cuda and p.dtype == torch.bfloat16 for p in mw.parameters())
+
+
 def test_one_line_errors_without_bf16():
     from yxanul.models import config_from_preset
 

@@ -142,13 +142,23 @@ class MasterWeightAdamW(torch.optim.AdamW):
         self._on_device = False
         super().__init__(groups, **kwargs)
 
+    def _follow_params(self) -> None:
+        """Masters onto their params' device (accelerate moves the model after `attach`)."""
+        for p, m in self.pairs:
+            if m.device != p.device:
+                m.data = m.data.to(p.device)
+        self._on_device = True
+
+    def load_state_dict(self, state_dict) -> None:
+        """Masters first, so that torch puts the loaded AdamW state on their (the model's) device: a resume
+        loads before any backward has moved them."""
+        self._follow_params()
+        super().load_state_dict(state_dict)
+
     @torch.no_grad()
     def step(self, closure=None):
         if not self._on_device:  # masters of params that got no gradient yet still sit where attach() left them
-            for p, m in self.pairs:
-                if m.device != p.device:
-                    m.data = m.data.to(p.device)
-            self._on_device = True
+            self._follow_params()
         loss = super().step(closure)
         params, masters = [p for p, _ in self.pairs], [m for _, m in self.pairs]
         if hasattr(torch, "_foreach_copy_"):
