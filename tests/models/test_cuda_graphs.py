@@ -13,14 +13,19 @@ from yxanul.models.modeling_yxanul import YxanulForCausalLM
 def test_cuda_graphs_without_te_blocks_on_cuda_is_a_one_line_config_error():
     from yxanul.config import parse_args
     from yxanul.models.args import build_model
+    from yxanul.models.cuda_graphs import ensure_captured
 
+    with pytest.raises(ConfigError, match="^config key 'cuda_graphs'.*gradient_checkpointing"):
+        parse_args(["--model", "nano", "--cuda_graphs", "true", "--gradient_checkpointing", "true"])
+    cfg = parse_args(["--model", "nano", "--seq_length", "32", "--cuda_graphs", "true", "--backend", "torch"])
     with pytest.raises(ConfigError, match=r"^config key 'cuda_graphs': expected false here .*backend is 'torch'"):
-        YxanulForCausalLM(config_from_preset("nano", 1000, 64, backend="torch", cuda_graphs=True))
-    if not torch.cuda.is_available():  # the CLI's way: --cuda_graphs true with backend auto -> torch on a CPU
-        cfg = parse_args(["--model", "nano", "--seq_length", "32", "--cuda_graphs", "true"])
-        with pytest.raises(ConfigError, match="cuda_graphs"):
-            build_model(cfg.model, vocab_size=1000)
-    assert not YxanulForCausalLM(config_from_preset("nano", 1000, 64, backend="torch")).config.cuda_graphs
+        build_model(cfg.model, vocab_size=1000)  # before any training starts
+    # a saved config that says cuda_graphs still loads (from_pretrained, generate on the torch twin) ...
+    model = YxanulForCausalLM(config_from_preset("nano", 1000, 64, backend="torch", cuda_graphs=True)).train()
+    with pytest.raises(ConfigError, match="cuda_graphs"):  # ... but never trains with graphs there
+        ensure_captured(model, torch.zeros(2, 16, dtype=torch.long), None)
+    model.config.cuda_graphs = False
+    assert ensure_captured(model, torch.zeros(2, 16, dtype=torch.long), None) is False  # the default: no-op
 
 
 def _losses(graphs: bool, precision, steps: int = 4):

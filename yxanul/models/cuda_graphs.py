@@ -13,8 +13,8 @@ the batch finder's probes, a short batch -- is a one-line ConfigError naming ``c
 Evaluation (``model.eval()``) runs the blocks eagerly (TE's graphed forward falls back when the
 training flag differs from the captured one).
 
-Not with: the torch backend or a CPU (ConfigError at model construction), gradient checkpointing
-(ConfigError at capture).
+Not with: the torch backend or a CPU (ConfigError from `build_model`, i.e. before training starts, and
+at the first step), gradient checkpointing (ConfigError at capture).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ ATTR = "_yx_graphed_shape"  # on the inner model: the (B, T) the blocks were cap
 
 
 def check_config(config) -> None:
-    """At model construction (backend already resolved): graphs need TE blocks on a CUDA device."""
+    """Graphs need TE blocks on a CUDA device (`build_model` and the first step check; a saved config
+    with ``cuda_graphs`` still loads anywhere with from_pretrained, e.g. on its torch twin)."""
     if getattr(config, "cuda_graphs", False) and (config.backend != "te" or not torch.cuda.is_available()):
         raise ConfigError("cuda_graphs", "false here (CUDA graphs capture Transformer Engine blocks: backend te "
                                          f"on a CUDA GPU; backend is '{config.backend}')", True)
@@ -52,6 +53,7 @@ def ensure_captured(model, input_ids: torch.Tensor, plan) -> bool:
     config = getattr(inner, "config", None)
     if not getattr(config, "cuda_graphs", False) or not inner.training:
         return False
+    check_config(config)
     shape = tuple(input_ids.shape)
     captured = getattr(inner, ATTR, None)
     if captured is not None:

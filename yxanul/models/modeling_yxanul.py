@@ -23,7 +23,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..errors import ConfigError
 from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
-from .cuda_graphs import check_config
 from .modeling_torch import RMSNorm, YxanulDecoderLayer, apply_rotary  # noqa: F401 (apply_rotary: re-exported)
 
 # transformers 5.24 names the KV cache `cache` (outputs and generate's kwargs); 5.17 (the GPU image)
@@ -160,7 +159,6 @@ class YxanulModel(YxanulPreTrainedModel):
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
         config.backend = resolve_backend(config.backend)
-        check_config(config)  # cuda_graphs: TE blocks on CUDA only (models/cuda_graphs.py)
         attn = getattr(config, "_attn_implementation", None)
         if attn not in (None, "sdpa"):  # one attention per backend: SDPA (torch), TE's fused attention (te)
             raise ConfigError("attn_implementation", "'sdpa' (the only attention yxanul implements)", attn)
