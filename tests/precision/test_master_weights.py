@@ -148,6 +148,19 @@ def test_masters_follow_the_model_to_the_gpu_also_when_a_resume_loads_first(tiny
     assert torch.isfinite(out.loss) and all(p.is_cuda and p.dtype == torch.bfloat16 for p in mw.parameters())
 
 
+def test_transformers_trainer_refuses_master_weights(tiny_config, tmp_path):
+    """Its optimizer is not built on the masters: the flag is a one-line error there, not a silent no-op."""
+    from transformers import TrainingArguments
+
+    from yxanul.integrations.hf_trainer import YxanulTrainer
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1, bf16=True)
+    with pytest.raises(ConfigError, match="^config key 'master_weights': expected none under transformers' Trainer"):
+        YxanulTrainer(model=YxanulForCausalLM(tiny_config()), args=args,
+                      precision=PrecisionArgs(mixed_precision="bf16", master_weights="fp32"))
+
+
 def test_one_line_errors_without_bf16():
     from yxanul.models import config_from_preset
 
