@@ -56,3 +56,19 @@ def test_time_limit_skips_the_rest():
 def test_bad_arguments_are_one_line_errors(kw, key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         BenchArgs(**kw)
+
+
+def test_speed_variants_master_weights_and_cuda_graphs():
+    """Issue 22's flags are bench variants: master weights train on CPU (BF16 params, fp32 masters; fp32 is
+    skipped), CUDA graphs are a skipped row with the one-line reason where TE blocks on CUDA are missing."""
+    import torch
+
+    a = BenchArgs(precisions="fp32,bf16", master_weights="fp32", **SMALL)
+    rows, env = run(a, say=lambda *x: None)
+    assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "skipped"), ("bf16", "ok")]
+    assert rows[1]["variant"] == "master=fp32" and rows[1]["finite"] and rows[1]["loss_first"] > 5.0
+    assert "bf16 (master=fp32)" in markdown(rows, env)
+    if not torch.cuda.is_available():
+        rows, _ = run(BenchArgs(precisions="bf16", cuda_graphs=True, **SMALL), say=lambda *x: None)
+        assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "graphs"
+        assert rows[0]["reason"].startswith("config key 'cuda_graphs'")

@@ -104,3 +104,19 @@ def availability() -> dict[str, tuple[bool, str]]:
     out["block"] = call("is_fp8_block_scaling_available")
     out["mxfp8"] = call("is_mxfp8_available")
     return out
+
+
+def make_graphed_callables(modules: tuple, sample_args: tuple, *, enabled: bool, recipe, cache_weights: bool):
+    """`te.make_graphed_callables` (CUDA graphs of TE modules, FP8-aware): each module's ``forward`` is
+    replaced by a graph replay while its training flag equals the captured one. The FP8 keywords were
+    renamed in TE 2.x (``fp8_enabled``/``fp8_recipe``/``fp8_weight_caching`` -> ``enabled``/``recipe``/
+    ``cache_quantized_params``): whichever this TE has. With weight caching, every call must pass
+    ``is_first_microbatch`` as a bool."""
+    import inspect
+
+    params = inspect.signature(te.make_graphed_callables).parameters
+    kwargs = {}
+    for (new, old), value in zip((("enabled", "fp8_enabled"), ("recipe", "fp8_recipe"),
+                                  ("cache_quantized_params", "fp8_weight_caching")), (enabled, recipe, cache_weights)):
+        kwargs[new if new in params else old] = value
+    return te.make_graphed_callables(modules, sample_args, **kwargs)

@@ -77,6 +77,10 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
     kwargs = {}
     if "fused" in inspect.signature(torch.optim.AdamW).parameters:
         kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
-    return torch.optim.AdamW(
+    from .precision.master_weights import build as master_weight_adamw  # master_weights: fp32 (issue 22)
+
+    masters = master_weight_adamw(model, groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps,
+                                  **kwargs)
+    return masters if masters is not None else torch.optim.AdamW(
         groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps, **kwargs
     )

@@ -5,8 +5,10 @@
 #   bash scripts/device/gpu_checks.sh slow     # GPU tests that train via the CLI / DeepSpeed (~5-9 min)
 #   bash scripts/device/gpu_checks.sh parity   # medium BF16 vs FP8 on the bundled corpus + compare
 #   bash scripts/device/gpu_checks.sh bench    # yxanul bench (time-limited) + one profile
-#   bash scripts/device/gpu_checks.sh speed    # issue 22's table: BF16/FP8 x loss (default, chunked, te) x fused QKV
-#                                              # x torch.compile, one bench.json per variant (-> docs/bench/)
+#   bash scripts/device/gpu_checks.sh speed    # issue 22's table: BF16 and FP8 (delayed) for the default and each
+#                                              # speed variant (master weights, CUDA graphs, TE loss, fused QKV,
+#                                              # all stacked, chunked loss, torch.compile), one bench.json per
+#                                              # variant (-> docs/bench/); SPEED_VARIANTS picks, SPEED_BUDGET caps
 #   bash scripts/device/gpu_checks.sh all      # the three, in that order (mind the 600 s call limit)
 #
 # Everything that matters lands in $OUT (at most 8 files come back): session.log, gpu-tests.xml, gpu-slow-tests.xml,
@@ -70,17 +72,36 @@ bench() {
   cat /tmp/profile/profile-*.txt > "$OUT/profiles.txt" 2>/dev/null || true
 }
 
+# issue 22's variants: name|flags (the name goes into docs/bench/YYYY-MM-DD-h100-<name>.json), most telling first
+SPEED_ALL="default|
+master-fp32|--master_weights fp32
+graphs|--cuda_graphs
+loss-te|--loss_impl te
+fused-qkv|--fuse_qkv_params
+stack|--loss_impl te --fuse_qkv_params --master_weights fp32 --cuda_graphs
+loss-chunked|--loss_impl chunked
+compile|--torch_compile"
+
 speed() {  # every new speed path measured against today's default in ONE call (issue 22, point 5)
-  local presets=${SPEED_PRESETS:-gpt2-124m,medium,xlarge} day; day=$(date +%F)
-  local common=(--backend te --presets "$presets" --seq_lengths 1024 --precisions "bf16,fp8-delayed"
-                --fp8_min_gemm_dim 0 --steps "${SPEED_STEPS:-10}" --time_limit "${SPEED_TIME:-100}")
-  local v name
-  for v in "" "--loss_impl te" "--loss_impl chunked" "--fuse_qkv_params" "--torch_compile"; do
-    name=$(echo "${v:-default}" | tr -d ' -' | sed 's/loss_impl/loss-/')
-    # shellcheck disable=SC2086  # $v is a flag and its value, split on purpose
-    step "speed-$name" python3 -m yxanul bench "${common[@]}" $v --out "/tmp/speed/$name"
-    cp "/tmp/speed/$name/bench.json" "$OUT/$day-h100-$name.json" 2>/dev/null || true
-  done
+  local presets=${SPEED_PRESETS:-gpt2-124m,medium,xlarge} day t0 name flags; day=$(date +%F); t0=$(date +%s)
+  rm -rf /tmp/speed
+  local common=(--backend "${SPEED_BACKEND:-te}" --presets "$presets" --seq_lengths 1024 --precisions "bf16,fp8-delayed"
+                --fp8_min_gemm_dim 0 --steps "${SPEED_STEPS:-10}" --time_limit "${SPEED_TIME:-60}")
+  local wanted=",${SPEED_VARIANTS:-default,master-fp32,graphs,loss-te,fused-qkv,stack,loss-chunked,compile},"
+  while IFS='|' read -r name flags; do
+    [[ "$wanted" == *",$name,"* ]] || continue
+    if (( $(date +%s) - t0 > ${SPEED_BUDGET:-480} )); then  # keep the whole call under the 600 s limit
+      echo "=== speed-$name: not started (SPEED_BUDGET spent; rerun with SPEED_VARIANTS=$name,...)" | tee -a "$log"
+      status=1; continue
+    fi
+    # shellcheck disable=SC2086  # $flags are flags and their values, split on purpose
+    step "speed-$name" python3 -m yxanul bench "${common[@]}" $flags --out "/tmp/speed/$name"
+    mkdir -p /tmp/speed/json
+    cp "/tmp/speed/$name/bench.json" "/tmp/speed/json/$day-h100-$name.json" 2>/dev/null || true
+    cat "/tmp/speed/$name/bench.md" >> "$OUT/speed.md" 2>/dev/null || true
+  done <<< "$SPEED_ALL"
+  # one archive: at most 8 files come back from a call (tar xzf speed-*.tar.gz -C docs/bench)
+  tar czf "$OUT/speed-$day-h100.tar.gz" -C /tmp/speed/json . 2>/dev/null || true
 }
 
 case "$stage" in

@@ -83,6 +83,9 @@ class YxanulTrainer(Trainer):
         if precision.use_fp8 and args.fp16:
             raise ConfigError("fp16", "False with use_fp8 (accelerate runs every non-FP8 layer in BF16: use bf16=True)",
                               True)
+        if precision.master_weights != "none":  # Trainer's optimizer would step BF16 params whose grads go to masters
+            raise ConfigError("master_weights", "none under transformers' Trainer (fp32 masters need yxanul's "
+                                                "optimizer: yxanul train)", precision.master_weights)
         if precision.use_fp8 and args.bf16 and precision.mixed_precision == "auto":
             precision = dataclasses.replace(precision, mixed_precision="bf16")  # the fallback keeps the user's bf16
         main = args.process_index == 0

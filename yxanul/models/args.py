@@ -54,6 +54,10 @@ class ModelArgs:
     fuse_qkv_params: bool = field(
         default=False, metadata={"help": "TE backend: one fused QKV weight instead of three (fewer per-step weight "
                                          "casts); checkpoints keep q/k/v names. Ignored by the torch backend."})
+    cuda_graphs: bool = field(
+        default=False, metadata={"help": "TE backend on CUDA: capture each decoder block as a CUDA graph (TE's "
+                                         "make_graphed_callables, FP8-aware) on the first step; needs a fixed "
+                                         "micro_batch_size and seq_length (no curriculum, no batch finder)."})
     init_from: str | None = field(
         default=None, metadata={"help": "Initialise the weights from a save_pretrained folder or a checkpoint "
                                         "folder (model*.safetensors) of the same preset; optimizer, step and data "
@@ -68,6 +72,9 @@ class ModelArgs:
         if isinstance(self.penalty_weight, int) and not isinstance(self.penalty_weight, bool):
             self.penalty_weight = float(self.penalty_weight)
         validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
+        if self.cuda_graphs and self.gradient_checkpointing:
+            raise ConfigError("cuda_graphs", "false with gradient_checkpointing (TE's recompute runs outside "
+                                             "the captured graphs)", True)
         if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
             raise ConfigError("init_from", "a folder path", self.init_from)  # existence: checked at build
 
@@ -75,13 +82,15 @@ class ModelArgs:
 def build_model(args: ModelArgs, vocab_size: int):
     """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
     from .configuration_yxanul import config_from_preset
+    from .cuda_graphs import check_config
     from .modeling_yxanul import YxanulForCausalLM
 
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
                                 penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
-                                fuse_qkv_params=args.fuse_qkv_params)
+                                fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
     model = YxanulForCausalLM(config)
+    check_config(model.config)  # cuda_graphs: TE blocks on CUDA (a training setting: from_pretrained skips it)
     if args.gradient_checkpointing:
         model.set_activation_checkpointing(True)
     if args.init_from:

@@ -51,6 +51,7 @@ class YxanulConfig(PreTrainedConfig):
     penalty_weight: float = 0.0
     loss_impl: Literal["default", "chunked", "te"] = "default"
     fuse_qkv_params: bool = False  # TE backend: one fused QKV weight (state-dict names unchanged)
+    cuda_graphs: bool = False  # TE backend on CUDA: each block replayed as a CUDA graph (models/cuda_graphs.py)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None

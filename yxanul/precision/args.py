@@ -45,6 +45,11 @@ class PrecisionArgs:
     fp8_keep_bf16: list[str] | None = field(
         default=None, metadata={"help": "fnmatch patterns of TE module names kept in BF16 whatever their size, e.g. "
                                         "['model.layers.0.*', '*.layers.23.layernorm_mlp'] (YAML only)."})
+    master_weights: Literal["none", "fp32"] = field(
+        default="none", metadata={"help": "fp32 = the model's weights are BF16 (no per-step autocast weight casts) and "
+                                          "the optimizer steps fp32 master copies, gradients accumulated in fp32; "
+                                          "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
+                                          "process). none = fp32 weights under autocast (today)."})
     fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
 
     def __post_init__(self):
@@ -59,6 +64,10 @@ class PrecisionArgs:
         if self.fp8_keep_bf16 is not None and (
                 not isinstance(self.fp8_keep_bf16, list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
             raise ConfigError("fp8_keep_bf16", "a list of non-empty module-name patterns", self.fp8_keep_bf16)
+        if self.master_weights not in ("none", "fp32"):
+            raise ConfigError("master_weights", "none or fp32", self.master_weights)
+        if self.master_weights == "fp32" and self.mixed_precision == "fp32":
+            raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)", "fp32")
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE

@@ -23,7 +23,7 @@ from types import MethodType
 
 import torch
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from .args import PrecisionArgs
 from .policy import KINDS, layer_policy, module_decisions
 
@@ -128,6 +128,9 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
         base = "bf16" if (facts.bf16_supported or fp8) else "fp32"
     else:
         base = args.mixed_precision
+    if args.master_weights == "fp32" and base != "bf16":
+        raise ConfigError("master_weights", f"none here: mixed_precision resolved to {base} (no BF16 on this "
+                                            "device); fp32 needs mixed_precision bf16", args.master_weights)
     if args.use_fp8 and not fp8:
         if args.require_fp8:
             raise UserError(f"require_fp8: FP8 is impossible here: {reason}")
@@ -183,6 +186,10 @@ class PrecisionPlan:
         kept BF16 run inside `te.autocast(enabled=False)`), TE read-back hooks, and a snapshot of
         the module tree for `after_prepare`."""
         self._snapshot = {n: type(m).__name__ for n, m in model.named_modules()}
+        if self.args.master_weights == "fp32":  # BF16 params, fp32 masters (build_optimizer steps those)
+            from .master_weights import attach
+
+            attach(model)
         head, emb = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
         self._tied = head is not None and emb is not None and head.weight is emb.weight
         if getattr(model.config, "backend", "torch") == "te":

@@ -54,6 +54,11 @@ class BenchArgs:
         default="default", metadata={"help": "The loss of every case (issue 22: measure chunked / TE's "
                                      "parallel_cross_entropy against the default before either becomes one)."})
     fuse_qkv_params: bool = field(default=False, metadata={"help": "TE backend: one fused QKV weight per block."})
+    master_weights: Literal["none", "fp32"] = field(
+        default="none", metadata={"help": "fp32: BF16 model weights with fp32 master copies in the optimizer "
+                                  "(issue 22.2; fp32 cases are skipped)."})
+    cuda_graphs: bool = field(default=False, metadata={"help": "TE backend on CUDA: each block replayed as a CUDA "
+                                                       "graph (issue 22.3; captured in the first warm-up step)."})
     torch_compile: bool = field(default=False, metadata={"help": "torch.compile the model of every case "
                                                          "(inductor on CUDA, aot_eager on CPU, as the trainer)."})
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
@@ -91,6 +96,7 @@ def variant(a: BenchArgs) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["compile"] * a.torch_compile
+    parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["graphs"] * a.cuda_graphs
     return "+".join(parts)
 
 
@@ -98,16 +104,17 @@ def _split(s: str) -> list[str]:
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
 
-def precision_args(precision: str, min_gemm_dim: int):
+def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "none"):
     """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
     from ..precision import PrecisionArgs
 
     if precision == "fp32":
         return PrecisionArgs(mixed_precision="fp32")
     if precision == "bf16":
-        return PrecisionArgs(mixed_precision="bf16")
+        return PrecisionArgs(mixed_precision="bf16", master_weights=master_weights)
     kw = {} if min_gemm_dim < 0 else {"fp8_min_gemm_dim": min_gemm_dim}
-    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **kw)
+    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16",
+                         master_weights=master_weights, **kw)
 
 
 def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, float | None]:
@@ -139,39 +146,25 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     """Measure one case; returns a row (status ok / skipped / OOM)."""
     import torch
 
-    from ..models.configuration_yxanul import config_from_preset, matmul_parameters
-    from ..models.modeling_yxanul import YxanulForCausalLM, resolve_backend
-    from ..optim import OptimArgs, build_optimizer
     from ..precision import resolve_precision
-    from ..tracking import mfu, peak_flops
     from ..training.step import train_step
 
-    # 'auto' resolved before the precision plan, as the trainer does (else every FP8 case is skipped
-    # with "backend is 'auto'", seen on an H100)
-    config = config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend),
-                                loss_impl=a.loss_impl, fuse_qkv_params=a.fuse_qkv_params)
+    config = _config(preset, seq, a)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
            "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None}
     notes: list[str] = []
-    plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim), config, say=notes.append)
-    if precision.startswith("fp8") and not plan.fp8_enabled:
-        return {**row, "status": "skipped", "reason": plan.fallback_reason}
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return {**row, "status": "skipped", "reason": "this GPU has no BF16"}
-    cuda = device.type == "cuda"
+    if precision == "fp32" and a.master_weights != "none":
+        return {**row, "status": "skipped", "reason": "master_weights needs BF16 compute"}
+    plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim, a.master_weights), config,
+                             say=notes.append)
     model = opt = None
     try:
-        with torch.device(device):
-            model = YxanulForCausalLM(config)
-        if a.gradient_checkpointing:
-            model.set_activation_checkpointing(True)
-        model.train()
-        plan.prepare_model(model, say=notes.append)
-        if precision.startswith("fp8") and not plan.fp8_enabled:
-            return {**row, "status": "skipped", "reason": plan.fallback_reason}
-        opt = build_optimizer(model, OptimArgs())
-        if a.torch_compile:
-            model = torch.compile(model, backend="inductor" if cuda else "aot_eager")
+        reason = _skip_reason(precision, plan, device)
+        if reason is None:
+            model, opt = _build(config, plan, a, device, notes)
+            reason = _skip_reason(precision, plan, device)  # the policy may turn FP8 off on seeing the model
+        if reason:
+            return {**row, "status": "skipped", "reason": reason}
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
@@ -184,23 +177,74 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
         loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
     except torch.OutOfMemoryError:
         return {**row, "status": "OOM", "reason": f"out of memory at micro-batch {micro}"}
+    except ConfigError as e:  # e.g. cuda_graphs on the torch backend / a CPU: that case cannot run here
+        return {**row, "status": "skipped", "reason": str(e)}
     finally:
         model = opt = None  # free before the next case
         _release(device)
-    dt = statistics.median(times)
-    tokens = micro * seq
-    peak = peak_flops(torch.cuda.get_device_name(device)) if cuda else None
-    fp8_layers = sum(1 for _, fp8, _ in plan.decisions.values() if fp8)
-    row.update(params=matmul_parameters(config), step_ms=round(dt * 1e3, 2),
-               step_ms_min=round(min(times) * 1e3, 2), step_ms_max=round(max(times) * 1e3, 2),
-               tokens_per_sec=round(tokens / dt, 1),
-               mfu_bf16_peak=round(mfu(config.flops_per_token(seq), tokens / dt, peak, 1), 4) if peak else None,
-               fp8_layers=f"{fp8_layers}/{len(plan.decisions)}" if plan.decisions else None,
-               te_confirmed=(plan.readback or {}).get("fp8_confirmed") if precision.startswith("fp8") else None,
-               recipe=plan.recipe_name if plan.fp8_enabled else None,
-               loss_first=round(loss_values[0], 4), loss_last=round(loss_values[-1], 4),
-               finite=all(math.isfinite(v) for v in loss_values), notes="; ".join(notes) or None)
+    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device), notes="; ".join(notes) or None)
     return row
+
+
+def _config(preset: str, seq: int, a: BenchArgs):
+    """The case's model config; 'auto' resolved before the precision plan, as the trainer does (else every
+    FP8 case is skipped with "backend is 'auto'", seen on an H100)."""
+    from ..models.configuration_yxanul import config_from_preset
+    from ..models.modeling_yxanul import resolve_backend
+
+    return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), loss_impl=a.loss_impl,
+                              fuse_qkv_params=a.fuse_qkv_params, cuda_graphs=a.cuda_graphs)
+
+
+def _build(config, plan, a: BenchArgs, device, notes: list):
+    """(model, optimizer) as the trainer builds them: model, policy + read-back (+ master weights), AdamW."""
+    import torch
+
+    from ..models.modeling_yxanul import YxanulForCausalLM
+    from ..optim import OptimArgs, build_optimizer
+
+    with torch.device(device):
+        model = YxanulForCausalLM(config)
+    if a.gradient_checkpointing:
+        model.set_activation_checkpointing(True)
+    model.train()
+    plan.prepare_model(model, say=notes.append)
+    opt = build_optimizer(model, OptimArgs())
+    if a.torch_compile:
+        model = torch.compile(model, backend="inductor" if device.type == "cuda" else "aot_eager")
+    return model, opt
+
+
+def _skip_reason(precision: str, plan, device) -> str | None:
+    """Why a case cannot run as asked (FP8 never silently measured in BF16), else None."""
+    import torch
+
+    if precision.startswith("fp8") and not plan.fp8_enabled:
+        return plan.fallback_reason
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no BF16"
+    return None
+
+
+def _measures(config, plan, precision: str, micro: int, seq: int, times: list, loss_values: list, device) -> dict:
+    """Step time (median, min, max), tokens/s, MFU, FP8 layers and the loss of the timed run."""
+    import torch
+
+    from ..models.configuration_yxanul import matmul_parameters
+    from ..tracking import mfu, peak_flops
+
+    dt, tokens = statistics.median(times), micro * seq
+    peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    fp8_layers = sum(1 for _, fp8, _ in plan.decisions.values() if fp8)
+    return dict(params=matmul_parameters(config), step_ms=round(dt * 1e3, 2),
+                step_ms_min=round(min(times) * 1e3, 2), step_ms_max=round(max(times) * 1e3, 2),
+                tokens_per_sec=round(tokens / dt, 1),
+                mfu_bf16_peak=round(mfu(config.flops_per_token(seq), tokens / dt, peak, 1), 4) if peak else None,
+                fp8_layers=f"{fp8_layers}/{len(plan.decisions)}" if plan.decisions else None,
+                te_confirmed=(plan.readback or {}).get("fp8_confirmed") if precision.startswith("fp8") else None,
+                recipe=plan.recipe_name if plan.fp8_enabled else None,
+                loss_first=round(loss_values[0], 4), loss_last=round(loss_values[-1], 4),
+                finite=all(math.isfinite(v) for v in loss_values))
 
 
 def _release(device) -> None:

@@ -14,6 +14,11 @@ when it is true) and the non-final ones run under ``accelerator.no_sync(model)``
 
 Without an accelerator (probe, bench, verify): BF16 autocast when the plan's base precision is bf16
 (what accelerate would apply), ``loss / accum`` backward, ``torch.nn.utils.clip_grad_norm_``.
+
+Issue 22's flags, both no-ops by default: ``master_weights: fp32`` -- the clipped gradients are the fp32
+masters' (`precision.master_weights.grad_params`); ``cuda_graphs`` -- the TE blocks are captured
+before the first micro-batch of the first step, outside every autocast context
+(`models.cuda_graphs.ensure_captured`), and any later step must have the same (B, T).
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from ..models.cuda_graphs import ensure_captured
+from ..precision.master_weights import grad_params
 
 
 @dataclass
@@ -100,6 +108,8 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
     loss_sum = lm_sum = pen_sum = None
     for micro, batch in enumerate(batches):
         x, y = to_device(batch, device)  # (B, T) each
+        if micro == 0:
+            ensure_captured(model, x, plan)  # cuda_graphs: capture the TE blocks once, outside autocast
         with _sync_context(accelerator, model, last=micro == accum - 1):
             out = forward(model, x, y, plan=plan, micro=micro, accelerator=accelerator)
             if accelerator is not None:
@@ -112,10 +122,11 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
     norm = None
     if optimizer is not None:
         clip = max_grad_norm or float("inf")
+        params = grad_params(model, optimizer)  # the fp32 masters under master_weights: fp32
         if accelerator is not None:
-            norm = accelerator.clip_grad_norm_(model.parameters(), clip)
+            norm = accelerator.clip_grad_norm_(params, clip)
         else:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return StepOutput(loss_sum, lm_sum, pen_sum, norm, accum)

@@ -1,0 +1,239 @@
+"""`master_weights: fp32` (issue 22.2): BF16 model weights, fp32 masters in the optimizer, fp32 gradient
+accumulation, clipping on the masters, fp32 checkpoints and exact resume. Real nano model, real step,
+real trainer, on CPU (BF16 autocast as accelerate applies it)."""
+
+import pytest
+import torch
+
+from yxanul.errors import ConfigError
+from yxanul.optim import OptimArgs, build_optimizer
+from yxanul.precision import PrecisionArgs, resolve_precision
+from yxanul.training.step import forward, to_device, train_step
+
+LR = 1e-2
+
+
+def _model(tiny_config, master_weights: str, seed: int = 0):
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+
+    config = tiny_config()
+    torch.manual_seed(seed)
+    model = YxanulForCausalLM(config).train()
+    plan = resolve_precision(PrecisionArgs(mixed_precision="bf16", master_weights=master_weights), config,
+                             say=lambda *a: None)
+    plan.prepare_model(model, say=lambda *a: None)
+    return model, plan
+
+
+def _batches(n: int, b: int = 4, t: int = 32, vocab: int = 1000, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (b, t + 1), generator=gen) for _ in range(n)]  # packed (B, T + 1)
+
+
+def _run(model, plan, batches, steps: int):
+    opt = build_optimizer(model, OptimArgs(max_lr=LR, warmup_steps=0))
+    outs = [train_step(model, opt, [batches[i % len(batches)]], plan=plan, max_grad_norm=1.0, lr=LR)
+            for i in range(steps)]
+    return [o.loss.item() for o in outs], [float(o.grad_norm) for o in outs], opt
+
+
+def test_bf16_params_fp32_masters_and_the_loss_curve_follows_fp32_weights_under_autocast(tiny_config):
+    ref, ref_plan = _model(tiny_config, "none")
+    mw, plan = _model(tiny_config, "fp32")
+    assert {p.dtype for p in ref.parameters()} == {torch.float32}
+    assert {p.dtype for p in mw.parameters()} == {torch.bfloat16}
+    init = {k: v.clone() for k, v in mw.state_dict().items()}
+    assert all(torch.equal(init[k], v) for k, v in ref.state_dict().items())  # state_dict: the fp32 masters
+    batches = _batches(2)
+    ref_losses, ref_norms, _ = _run(ref, ref_plan, batches, 6)
+    losses, norms, opt = _run(mw, plan, batches, 6)
+    assert {p.dtype for g in opt.param_groups for p in g["params"]} == {torch.float32}
+    assert ref_losses[-1] < ref_losses[0] - 1.0  # the run learns, so a frozen copy-back would show
+    # tolerance: BF16 weights round the fp32 update into 8 mantissa bits for the forward only
+    assert losses == pytest.approx(ref_losses, rel=1e-2), (losses, ref_losses)
+    # the gradient norm (before clipping) is the masters' fp32 one, equal to the reference's
+    assert norms == pytest.approx(ref_norms, rel=5e-2), (norms, ref_norms)
+    sd = mw.state_dict()
+    assert all(v.dtype == torch.float32 for v in sd.values() if v.is_floating_point())
+    for name, p in mw.named_parameters():  # the BF16 weights are the rounded masters
+        assert torch.equal(p, sd[name].to(torch.bfloat16)), name
+        assert not torch.equal(sd[name], init[name]) and not torch.equal(sd[name], p.float()), name
+
+
+def test_accumulation_is_the_fp32_sum_of_the_micro_batch_gradients(tiny_config):
+    mw, plan = _model(tiny_config, "fp32")
+    plain = _model(tiny_config, "none")[0].to(torch.bfloat16)  # the same BF16 weights, no masters, no hooks
+    batches = _batches(3, seed=7)
+    train_step(mw, None, batches, plan=plan)  # forward/backward only: gradients land in the masters
+    grads = {}  # reference: each micro-batch's BF16 gradient on its own, summed in fp32 / in bf16
+    for micro, xy in enumerate(batches):
+        plain.zero_grad(set_to_none=True)
+        x, y = to_device(xy, "cpu")
+        (forward(plain, x, y, plan=plan, micro=micro).loss / len(batches)).backward()  # as train_step does
+        for n, p in plain.named_parameters():
+            g = p.grad
+            f32, b16 = grads.get(n, (None, None))
+            grads[n] = (g.float() if f32 is None else f32 + g.float(), g if b16 is None else b16 + g)
+    from yxanul.precision.master_weights import masters_of
+
+    by_id = masters_of(mw)
+    differs = 0
+    for n, p in mw.named_parameters():
+        assert p.grad is None, n  # the BF16 gradient was freed after each accumulation
+        m = by_id[id(p)]
+        assert m.grad.dtype == torch.float32
+        assert torch.allclose(m.grad, grads[n][0], rtol=1e-5, atol=1e-8), n
+        differs += not torch.allclose(m.grad, grads[n][1].float(), rtol=1e-5, atol=1e-8)
+    assert differs > 0  # BF16 accumulation would be measurably different
+
+
+def test_clipping_uses_the_master_gradients(tiny_config):
+    mw, plan = _model(tiny_config, "fp32")
+    opt = build_optimizer(mw, OptimArgs())
+    before = [m.detach().clone() for _, m in opt.pairs]
+    out = train_step(mw, opt, _batches(1), plan=plan, max_grad_norm=1e-3, lr=LR)
+    assert float(out.grad_norm) > 0.1  # measured on the masters (the BF16 params hold no gradient)
+    steps = [float((m.detach() - b).abs().max()) for (_, m), b in zip(opt.pairs, before)]
+    assert max(steps) > 0 and all(p.grad is None for p in mw.parameters())
+
+
+def test_parameters_that_view_one_buffer_stay_views_of_one_bf16_buffer():
+    """TE's q/k/v weights are views of one buffer (LayerNormLinear parameters_split): TE skips the
+    concatenation only while they stay adjacent, so the BF16 copies must be views of one buffer too."""
+    from yxanul.precision.master_weights import attach, masters_of
+
+    buf = torch.randn(12, 4)
+    m = torch.nn.Module()
+    m.q, m.k, m.v = (torch.nn.Parameter(buf[i:i + 4]) for i in (0, 4, 8))
+    m.w = torch.nn.Parameter(torch.randn(3, 3))
+    attach(m)
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    base = m.q.untyped_storage().data_ptr()
+    assert m.k.untyped_storage().data_ptr() == base == m.v.untyped_storage().data_ptr()
+    assert (m.k.storage_offset(), m.v.storage_offset()) == (16, 32)
+    assert torch.equal(torch.cat([m.q, m.k, m.v]), buf.to(torch.bfloat16))
+    assert torch.equal(masters_of(m)[id(m.k)], buf[4:8]) and m.w.untyped_storage().data_ptr() != base
+
+
+def test_paused_hooks_leave_gradients_alone():
+    """CUDA-graph capture (TE's warm-up backward on sample data) runs with the hooks paused."""
+    from yxanul.precision.master_weights import attach, masters_of, paused
+
+    m = torch.nn.Linear(4, 4, bias=False)
+    attach(m)
+    master = masters_of(m)[id(m.weight)]
+    with paused():
+        m(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert m.weight.grad is not None and master.grad is None
+    m.weight.grad = None
+    m(torch.ones(2, 4, dtype=torch.bfloat16)).sum().backward()
+    assert m.weight.grad is None and master.grad.dtype == torch.float32 and torch.all(master.grad == 2)
+
+
+@pytest.mark.gpu
+def test_masters_follow_the_model_to_the_gpu_also_when_a_resume_loads_first(tiny_config):
+    """The trainer builds the optimizer on the CPU model, accelerate then moves the model, and a resume
+    loads the optimizer state before any backward: masters and AdamW state must end on the GPU."""
+    src, plan = _model(tiny_config, "fp32")
+    opt = build_optimizer(src, OptimArgs())
+    train_step(src, opt, _batches(1), plan=plan, lr=LR)  # an AdamW state to resume from (CPU)
+    mw, plan = _model(tiny_config, "fp32")
+    opt2 = build_optimizer(mw, OptimArgs())
+    mw.cuda()
+    mw.load_state_dict(src.state_dict())
+    opt2.load_state_dict(opt.state_dict())
+    assert all(m.is_cuda for _, m in opt2.pairs)
+    assert all(v.is_cuda for st in opt2.state.values() for k, v in st.items() if k != "step")
+    out = train_step(mw, opt2, [b.cuda() for b in _batches(1)], plan=plan, lr=LR)
+    assert torch.isfinite(out.loss) and all(p.is_cuda and p.dtype == torch.bfloat16 for p in mw.parameters())
+
+
+def test_transformers_trainer_refuses_master_weights(tiny_config, tmp_path):
+    """Its optimizer is not built on the masters: the flag is a one-line error there, not a silent no-op."""
+    from transformers import TrainingArguments
+
+    from yxanul.integrations.hf_trainer import YxanulTrainer
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_steps=1, bf16=True)
+    with pytest.raises(ConfigError, match="^config key 'master_weights': expected none under transformers' Trainer"):
+        YxanulTrainer(model=YxanulForCausalLM(tiny_config()), args=args,
+                      precision=PrecisionArgs(mixed_precision="bf16", master_weights="fp32"))
+
+
+def test_one_line_errors_without_bf16():
+    from yxanul.models import config_from_preset
+
+    with pytest.raises(ConfigError, match="master_weights"):
+        PrecisionArgs(mixed_precision="fp32", master_weights="fp32")
+    with pytest.raises(ConfigError, match="master_weights"):
+        PrecisionArgs(master_weights="bf16")
+    if not torch.cuda.is_available():  # auto resolves to FP32 on a CPU
+        cfg = config_from_preset("nano", 1000, 64, backend="torch")
+        with pytest.raises(ConfigError, match="master_weights.*resolved to fp32"):
+            resolve_precision(PrecisionArgs(master_weights="fp32"), cfg, say=lambda *a: None)
+
+
+def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp_path):
+    from safetensors.torch import load_file
+
+    from yxanul.config import parse_args
+    from yxanul.training import Trainer
+
+    def cfg(*extra):
+        return parse_args(["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1",
+                           "--eval_freq", "0", "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "1",
+                           "--max_lr", "2e-3", "--use_tensorboard", "false", "--num_workers", "0",
+                           "--checkpoint_freq", "0", "--save_final", "false", "--max_steps", "5",
+                           "--mixed_precision", "bf16", "--master_weights", "fp32",
+                           "--output_dir", str(tmp_path / "run"), *extra])
+
+    t = Trainer(cfg()).setup()
+    t.resume()
+    assert {p.dtype for p in t.unwrapped_model.parameters()} == {torch.bfloat16}
+    out = [t.train_step(t.next_batches()) for _ in range(2)][-1]
+    ckpt = t.save(out)
+    saved = load_file(str(ckpt / "model.safetensors"))
+    masters = {k: v for k, v in t.unwrapped_model.state_dict().items()}
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}
+    assert all(torch.equal(v, masters[k]) for k, v in saved.items())
+    reference = [t.train_step(t.next_batches()).loss for _ in range(3)]
+    t.finish()
+
+    r = Trainer(cfg("--resume", str(ckpt))).setup()
+    assert r.resume() == ckpt
+    resumed = [r.train_step(r.next_batches()).loss for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
+    r.finish()
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+@pytest.mark.parametrize("precision", ["bf16", "fp8-delayed"])
+def test_te_backend_with_master_weights_follows_fp32_weights(precision):
+    """TE blocks take BF16 params (FP8: TE quantizes them, weight caching per step); losses follow the
+    fp32-weights run and the checkpoint state stays fp32."""
+    from yxanul import _te
+    from yxanul.models import config_from_preset
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+    from yxanul.tools.bench import precision_args
+
+    def run(master: str):
+        _te.reset_fp8_state()
+        config = config_from_preset("nano", 1024, 64, backend="te")
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = YxanulForCausalLM(config).train()
+        plan = resolve_precision(precision_args(precision, 0, master), config, say=lambda *a: None)
+        if precision.startswith("fp8") and not plan.fp8_enabled:
+            pytest.skip(f"{precision}: {plan.fallback_reason}")
+        plan.prepare_model(model, say=lambda *a: None)
+        batches = [b.cuda() for b in _batches(2, b=8, t=64, vocab=1024)]
+        return _run(model, plan, batches, 6)[0], model
+
+    ref, _ = run("none")
+    losses, model = run("fp32")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {v.dtype for v in model.state_dict().values() if torch.is_tensor(v) and v.is_floating_point()} == {
+        torch.float32}
+    assert losses == pytest.approx(ref, rel=2e-2) and losses[-1] < losses[0]

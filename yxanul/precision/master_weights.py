@@ -1,0 +1,190 @@
+"""BF16 model weights with fp32 master copies (``master_weights: fp32``; issue 22.2, the llm.c /
+DeepSpeed-bf16 scheme).
+
+`attach(model)` (from `PrecisionPlan.prepare_model`) turns every parameter into BF16, so the forward
+casts no weight per step, and keeps one fp32 master per parameter (tied weights: one). Then:
+
+- **gradients in fp32**: a ``register_post_accumulate_grad_hook`` per parameter adds its BF16 gradient
+  into the master's fp32 ``.grad`` and frees the BF16 one, so accumulation over micro-steps is an
+  fp32 sum of the micro-batch gradients;
+- **the optimizer steps the masters**: `build_optimizer` sees the attached masters and builds
+  `MasterWeightAdamW` (a real ``torch.optim.AdamW`` over the masters, so accelerate's
+  ``AcceleratedOptimizer``, its state dict and the LR schedule work unchanged) which copies the
+  masters back into the BF16 parameters after each step;
+- **clipping acts on the masters**: `grad_params(model, optimizer)` is what `train_step` clips;
+- **checkpoints stay fp32**: ``model.state_dict()`` returns the masters (a state-dict post-hook on
+  each module that owns parameters, run before any other hook of that module, e.g. the fused-QKV
+  split) and ``load_state_dict`` copies the saved values into the masters (a load pre-hook, run after
+  the module's own, e.g. the QKV fuse) before the module rounds them into its BF16 parameters. So
+  save, resume, export and the batch probe's restore all see fp32 masters, and resume is exact.
+
+One process only: DDP all-reduces the BF16 gradients the hook frees, and DeepSpeed has its own
+``bf16`` mode with fp32 masters (use that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from ..errors import ConfigError
+
+ATTR = "_yx_masters"  # model attribute: {id(param): master}
+_paused = False  # `paused()`: the gradient hooks leave .grad alone (CUDA-graph warm-up runs its own backward)
+
+
+@contextlib.contextmanager
+def paused():
+    """The post-accumulate hooks do nothing inside: TE's ``make_graphed_callables`` warm-up runs
+    backward passes on sample data and reads the parameters' ``.grad`` back (newer TE)."""
+    global _paused
+    before, _paused = _paused, True
+    try:
+        yield
+    finally:
+        _paused = before
+
+
+def attach(model: torch.nn.Module) -> int:
+    """Make ``model``'s parameters BF16 with fp32 masters (idempotent); returns parameters converted."""
+    if getattr(model, ATTR, None) is not None:
+        return 0
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise ConfigError("master_weights", "none under DDP/DeepSpeed (one process only; DeepSpeed: its bf16 "
+                                            "mode keeps fp32 masters)", "fp32")
+    masters: dict[int, torch.Tensor] = {}
+    params = [p for p in model.parameters() if p.is_floating_point()]  # deduplicated: a tied weight, one master
+    for p in params:
+        master = torch.nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad)
+        masters[id(p)] = master
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(_accumulate_into(master))
+    _to_bf16_keeping_views(params)
+    object.__setattr__(model, ATTR, masters)  # not a submodule / parameter: invisible to state_dict and .to()
+    for module in model.modules():
+        own = {n: masters[id(p)] for n, p in module._parameters.items() if p is not None and id(p) in masters}
+        if own:
+            handle = module.register_state_dict_post_hook(_save_masters(own))
+            module._state_dict_hooks.move_to_end(handle.id, last=False)  # before e.g. the fused-QKV split
+            module.register_load_state_dict_pre_hook(_load_masters(own))
+    return len(masters)
+
+
+def _to_bf16_keeping_views(params: list) -> None:
+    """Each parameter becomes BF16; parameters that are views of one buffer (TE's q/k/v of
+    ``LayerNormLinear(parameters_split=...)``, which TE then uses without a concatenation) become views
+    of one BF16 buffer at the same offsets."""
+    groups: dict[tuple, list] = {}
+    for p in params:
+        ptr = p.untyped_storage().data_ptr()
+        groups.setdefault((p.device, ptr) if ptr and p.device.type != "meta" else (id(p),), []).append(p)
+    for ps in groups.values():
+        if len(ps) == 1 and ps[0].is_contiguous() and ps[0].storage_offset() == 0:
+            ps[0].data = ps[0].data.to(torch.bfloat16)
+            continue
+        flat = torch.empty(0, dtype=ps[0].dtype, device=ps[0].device).set_(ps[0].untyped_storage())
+        buf = flat.to(torch.bfloat16)
+        for p in ps:
+            p.data = buf.as_strided(p.size(), p.stride(), p.storage_offset())
+
+
+def _accumulate_into(master: torch.Tensor):
+    def hook(p: torch.Tensor) -> None:
+        if _paused:
+            return
+        g = p.grad
+        if master.device != g.device:  # accelerate moved the model after attach(): follow it once
+            master.data = master.data.to(g.device)
+        if master.grad is None:
+            master.grad = g.float()
+        else:
+            master.grad.add_(g)  # fp32 += bf16, in fp32
+        p.grad = None
+    return hook
+
+
+def _save_masters(own: dict[str, torch.Tensor]):
+    def hook(module, state_dict, prefix, local_metadata) -> None:
+        for name, master in own.items():
+            if prefix + name in state_dict:
+                state_dict[prefix + name] = master.detach()
+    return hook
+
+
+def _load_masters(own: dict[str, torch.Tensor]):
+    def hook(module, state_dict, prefix, *args) -> None:
+        for name, master in own.items():
+            value = state_dict.get(prefix + name)
+            if torch.is_tensor(value) and value.shape == master.shape:
+                with torch.no_grad():
+                    master.copy_(value)
+    return hook
+
+
+def masters_of(model) -> dict[int, torch.Tensor] | None:
+    """{id(param): fp32 master} of an attached model (under DDP/compile wrappers), else None."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        if getattr(model, ATTR, None) is not None:
+            return getattr(model, ATTR)
+        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+    return None
+
+
+class MasterWeightAdamW(torch.optim.AdamW):
+    """AdamW over the fp32 masters; every step ends by rounding them into the model's BF16 params."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], groups: list[dict], **kwargs):
+        self.pairs = pairs  # (bf16 model param, fp32 master)
+        self._on_device = False
+        super().__init__(groups, **kwargs)
+
+    def _follow_params(self) -> None:
+        """Masters onto their params' device (accelerate moves the model after `attach`)."""
+        for p, m in self.pairs:
+            if m.device != p.device:
+                m.data = m.data.to(p.device)
+        self._on_device = True
+
+    def load_state_dict(self, state_dict) -> None:
+        """Masters first, so that torch puts the loaded AdamW state on their (the model's) device: a resume
+        loads before any backward has moved them."""
+        self._follow_params()
+        super().load_state_dict(state_dict)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if not self._on_device:  # masters of params that got no gradient yet still sit where attach() left them
+            self._follow_params()
+        loss = super().step(closure)
+        params, masters = [p for p, _ in self.pairs], [m for _, m in self.pairs]
+        if hasattr(torch, "_foreach_copy_"):
+            torch._foreach_copy_(params, masters)
+        else:  # pragma: no cover - old torch
+            for p, m in self.pairs:
+                p.copy_(m)
+        return loss
+
+
+def build(model, groups: list[dict], **kwargs) -> MasterWeightAdamW | None:
+    """`build_optimizer`'s AdamW over the masters of an attached model (None: not attached)."""
+    masters = masters_of(model)
+    if masters is None:
+        return None
+    pairs = [(p, masters[id(p)]) for g in groups for p in g["params"]]
+    master_groups = [{**g, "params": [masters[id(p)] for p in g["params"]]} for g in groups]
+    if "fused" in kwargs:
+        kwargs["fused"] = kwargs["fused"] and all(m.is_cuda for _, m in pairs)
+    return MasterWeightAdamW(pairs, master_groups, **kwargs)
+
+
+def grad_params(model, optimizer) -> list[torch.Tensor]:
+    """The tensors whose gradients `train_step` clips: the masters under master weights (the BF16
+    params hold no gradient), else the model's parameters."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
+    if isinstance(inner, MasterWeightAdamW):
+        return [m for _, m in inner.pairs]
+    return list(model.parameters())
