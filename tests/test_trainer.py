@@ -358,3 +358,19 @@ def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_confi
     val = evaluate_loss(model, [(x, x)], None, acc)
     with torch.no_grad():
         assert val == pytest.approx(model(x, shift_labels=x).lm_loss.item(), rel=1e-6)  # not the total
+
+
+@pytest.mark.gpu
+def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path):
+    """The optimizer is built with the params already on the GPU, so AdamW's fused kernel is used
+    (built on CPU params it silently falls back to the slower foreach path)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from yxanul.training import Trainer
+
+    t = Trainer(_cfg(tmp_path, "--max_steps", "2", "--backend", "torch")).setup()
+    inner = getattr(t.optimizer, "optimizer", t.optimizer)
+    assert inner.defaults.get("fused") is True
+    assert all(p.is_cuda for g in inner.param_groups for p in g["params"])

@@ -100,6 +100,7 @@ class Trainer:
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.run_dir / "config.yaml")
+        model.to(acc.device)  # before the optimizer: AdamW takes its fused CUDA kernel only for CUDA params
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
