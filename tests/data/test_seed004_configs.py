@@ -26,7 +26,7 @@ def test_production_config_is_the_seeds_run():
     assert d.max_tokens == 11_000_000_000
     tokens_per_step = cfg.batch.target_tokens_per_step
     assert tokens_per_step == 131_072
-    assert abs(cfg.optim.warmup_steps * tokens_per_step - 100e6) / 100e6 < 0.001  # 100M warmup tokens
+    assert cfg.optim.warmup_tokens == 100_000_000 and cfg.optim.warmup_steps == 763  # 762.94 steps, rounded up
     assert abs(cfg.train.max_steps * tokens_per_step - 11e9) / 11e9 < 0.0001
     assert cfg.optim.max_lr == 3e-4 and abs(cfg.optim.max_lr * cfg.optim.min_lr_ratio - 3e-5) < 1e-12
 
