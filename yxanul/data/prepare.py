@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from .args import DataArgs
+from .progress import progress_bar, report
 from .shards import ShardWriter, dtype_for_vocab
 from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
 
@@ -165,6 +166,7 @@ class _Packer:
                                      args.data_seed, cache, prefetch=2 * self.pool.processes + 1)
                         for i, s in enumerate(sources)]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
+        self.ended_by = None  # the source whose end ended the mixture, if one did
         self._saved_at, self._shards_at_save = time.time(), self._shards()
 
     def _shards(self) -> int:
@@ -189,6 +191,7 @@ class _Packer:
             i = self.mix.pick()
             ids = None if i is None else self.streams[i].next_doc()
             if ids is None:
+                self.ended_by = i
                 break
             self.mix.took(i, len(ids))
             if len(ids):
@@ -213,32 +216,13 @@ class _Packer:
         return {s: w.close() for s, w in self.writers.items()}
 
 
-def _progress_bar(packer: _Packer, args: DataArgs, enabled: bool):
-    from tqdm.auto import tqdm
-
-    rows = [s.num_rows for s in packer.streams]
-    total = args.max_tokens
-    bar = tqdm(desc="tokenizing", unit="tok", unit_scale=True, total=total, initial=packer.tokens0,
-               disable=not enabled, mininterval=1.0, smoothing=0.1)
-    if total is None and len(rows) == 1 and rows[0]:  # estimate the total from the share of documents read
-        docs = rows[0] if args.max_documents is None else min(rows[0], args.max_documents)
-        update = bar.update
-
-        def estimating(n):
-            done = max(packer.doc_index, 1)
-            bar.total = max(int(bar.n * docs / done), bar.n)
-            update(n)
-        bar.update = estimating
-    return bar
-
-
 def _pack(args: DataArgs, sources, work, fp: str, tok, dtype, progress: bool):
     """Run (or continue) the packing in ``work``; returns (splits, mixture report, packer)."""
     state = work.progress(fp)
     if state is None:
         work.reset()
     packer = _Packer(args, sources, work, fp, _encoder(args, tok, dtype), state)
-    bar = _progress_bar(packer, args, progress)
+    bar = progress_bar(packer, args, progress)
     t0 = time.perf_counter()
     try:
         packer.run(bar)
@@ -287,7 +271,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
         work.release()
         raise
-    _report(say, out, splits, packer, time.time() - t0)
+    report(say, out, splits, packer, time.time() - t0)
     return out
 
 
@@ -317,20 +301,6 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
     work.finish()
 
-
-def _report(say, out: Path, splits: dict, packer: _Packer, dt: float) -> None:
-    tr, va = splits["train"], splits["val"]
-    new = tr["tokens"] + va["tokens"] - packer.tokens0
-    procs = packer.pool.processes
-    say(f"data: {packer.doc_index:,} documents -> train {tr['tokens']:,} tokens ({tr['documents']:,} docs, "
-        f"{len(tr['shards'])} shards) / val {va['tokens']:,} tokens ({va['documents']:,} docs), "
-        f"{packer.pool.encoder.dtype} -> {out}")
-    if len(packer.names) > 1:
-        for name, r in packer.mix.report().items():
-            say(f"data:   {name}: {r['tokens']:,} tokens ({100 * r['token_share']:.2f} % of tokens, "
-                f"{100 * r['document_share']:.2f} % of documents; weight {100 * r['weight']:.2f} %)")
-    say(f"data: {new:,} tokens in {dt:.1f}s = {new / max(dt, 1e-9):,.0f} tokens/s with {procs} tokenizing "
-        f"process(es) ({packer.pool.encoder.backend}) = {new / max(dt, 1e-9) / procs:,.0f} tokens/s per core")
 
 def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable[[], None] | None = None,
                     *, say=print) -> Path:
