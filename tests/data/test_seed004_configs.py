@@ -8,6 +8,7 @@ import pytest
 from yxanul.config import parse_args
 from yxanul.data.args import DataArgs
 from yxanul.data.prepare import prepare
+from yxanul.data.template import template_fields
 from yxanul.data.twin import write_twin
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
@@ -23,6 +24,9 @@ def test_production_config_is_the_seeds_run():
     assert [e["path"] for e in d.datasets[:3]] == ["HuggingFaceFW/fineweb-edu", "HuggingFaceTB/cosmopedia",
                                                    "HuggingFaceFW/finepdfs"]
     assert d.datasets[0]["name"] == "sample-10BT" and d.streaming and d.shuffle_buffer == 10_000
+    qa = d.datasets[3]
+    assert qa["path"] == "GBaker/MedQA-USMLE-4-options"  # MedQA's own columns, through a template
+    assert template_fields(qa["text_template"]) == ["question", "options", "answer_idx", "answer"]
     assert d.max_tokens == 11_000_000_000
     tokens_per_step = cfg.batch.target_tokens_per_step
     assert tokens_per_step == 131_072
@@ -42,6 +46,9 @@ def test_cpu_twin_has_the_same_mixture_and_its_shares_hold(tmp_path, monkeypatch
     rep = json.loads((out / "meta.json").read_text())["mixture"]
     shares = [r["token_share"] for r in rep.values()]
     assert all(abs(s - w) < 0.01 for s, w in zip(shares, SEED_WEIGHTS)), shares
+    qa = rep["data/twin/qa.jsonl"]  # MedQA-shaped rows, rendered by the config's text_template
+    first = json.loads((tmp_path / "data" / "twin" / "qa.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"question", "options", "answer_idx", "answer"} and qa["documents"] > 100
     docs = [r["document_share"] for r in rep.values()]
     assert docs[0] > 0.6 and docs[2] < 0.02  # short speeches vs whole scenes: tokens are what the weights mean
 
