@@ -186,3 +186,17 @@ def test_warmup_in_both_units_is_one_line_exit_2(tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "config key 'warmup_steps'" in lines[0] and "warmup_tokens 100,000 = 25 steps" in lines[0], lines[0]
+
+
+def test_warmup_tokens_with_a_curriculum_use_the_runs_constant_tokens_per_step(tmp_path, capsys):
+    """Stages change seq_length, not tokens per step (schedule.py): the conversion uses the model's
+    seq_length (the base plan) whatever the stage, and plot-lr gives the same warmup end."""
+    from yxanul.tools.plot_lr import main as plot_lr
+
+    f = tmp_path / "c.yaml"
+    f.write_text("seq_length: 128\ntarget_effective_batch_size: 8\nwarmup_tokens: 2500\nmax_steps: 50\n"
+                 "curriculum:\n  - {seq_length: 64, until_steps: 10}\n  - {seq_length: 128}\n")
+    assert parse_args(["--config", str(f)]).optim.warmup_steps == 3  # 2500 / (8 x 128) = 2.44 -> 3
+    assert "warmup 2,500 tokens = 3 steps (1,024 tokens per optimizer step" in capsys.readouterr().out
+    plot_lr(["--config", str(f), "--out", str(tmp_path / "lr.png")])
+    assert "warmup end: step        3" in capsys.readouterr().out

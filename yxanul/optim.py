@@ -26,8 +26,9 @@ class OptimArgs:
         "help": "The warmup in tokens instead of warmup_steps (set one of them): converted once to optimizer steps, "
                 "rounded up, from the tokens per optimizer step: target_tokens_per_step, else "
                 "target_effective_batch_size x seq_length, else micro_batch_size x gradient_accumulation_steps x "
-                "world size x seq_length (needs a target with auto_batch_size). With a curriculum every stage has "
-                "these tokens per step, so the conversion holds for the whole run."})
+                "world size x seq_length (needs a target with auto_batch_size); seq_length is the model's (the longest "
+                "curriculum stage): every stage keeps those tokens per step, so the conversion is exact for the whole "
+                "run."})
     lr_decay_steps: int | None = field(
         default=None,
         metadata={"help": "Optimizer step at which the cosine reaches its floor (default: max_steps). "
