@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-MIXTURE_KEYS = ("path", "weight", "split", "text_column", "text_template", "name", "max_tokens")
+MIXTURE_KEYS = ("path", "weight", "split", "text_column", "text_template", "name", "max_tokens", "max_epochs")
 
 
 @dataclass
@@ -20,9 +20,14 @@ class DataArgs:
                                         "Default: the bundled Shakespeare corpus."})
     datasets: list[dict] | None = field(
         default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column | "
-                                        "text_template, name, max_tokens}] (weights are normalised; mix_by says "
-                                        "whether a weight is a "
-                                        "share of tokens or of documents)."})
+                                        "text_template, name, max_tokens, max_epochs}] (weights are normalised; "
+                                        "mix_by says whether a weight is a share of tokens or of documents; "
+                                        "max_epochs: times a source may be read, default 1)."})
+    on_source_end: Literal["stop", "drop"] = field(
+        default="stop", metadata={"help": "When a mixture source ends (its max_epochs read or its max_tokens "
+                                          "reached): 'stop' ends the mixture (the weights hold to the end), "
+                                          "'drop' takes it out and the others go on, their weights renormalised, "
+                                          "until max_tokens or the last source ends."})
     mix_by: Literal["tokens", "documents"] = field(
         default="tokens", metadata={"help": "What a mixture weight is a share of: 'tokens' (of the prepared training "
                                             "tokens, the default) or 'documents'."})
@@ -88,6 +93,8 @@ class DataArgs:
                 raise ConfigError(key, "an integer >= 2 or null", v)
         if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
             raise ConfigError("shuffle_buffer", "an integer >= 0", self.shuffle_buffer)
+        if self.on_source_end not in ("stop", "drop"):
+            raise ConfigError("on_source_end", "one of 'stop', 'drop'", self.on_source_end)
         if self.mix_by not in ("tokens", "documents"):
             raise ConfigError("mix_by", "one of 'tokens', 'documents'", self.mix_by)
         if self.shard_size_tokens < 1024:
@@ -113,6 +120,9 @@ class DataArgs:
             cap = d.get("max_tokens")
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
                 raise ConfigError("datasets", f"a positive integer as max_tokens of '{d['path']}'", cap)
+            epochs = d.get("max_epochs", 1)
+            if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+                raise ConfigError("datasets", f"an integer >= 1 as max_epochs of '{d['path']}'", epochs)
             weight = d.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
                 raise ConfigError("datasets", f"a positive number as weight of '{d['path']}'", weight)

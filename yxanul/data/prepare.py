@@ -110,6 +110,7 @@ def _settings(args: DataArgs, n_sources: int) -> dict:
          "shard_size_tokens": args.shard_size_tokens, "max_tokens": args.max_tokens}
     if args.streaming and args.shuffle_buffer:
         s |= {"shuffle_buffer": args.shuffle_buffer, "data_seed": args.data_seed}
+    s |= {"on_source_end": args.on_source_end} if args.on_source_end != "stop" else {}
     return s | ({"mix_by": args.mix_by} if n_sources > 1 else {})
 
 
@@ -154,20 +155,51 @@ class _Packer:
 
         st = state or {}
         self.args, self.work, self.fp, self.names = args, work, fp, [s.path for s in sources]
-        self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"))
+        self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"), args.on_source_end)
         dtype = __import__("numpy").dtype(encoder.dtype)
         self.writers = {s: ShardWriter(work.path, s, dtype, args.shard_size_tokens, encoder.eos,
                                        st.get("writers", {}).get(s)) for s in ("train", "val")}
         self.doc_index = self.start_index = int(st.get("doc_index", 0))
         self.tokens0 = sum(w.tokens for w in self.writers.values())
         self.pool = Pool(encoder, _num_proc(args))
-        cache = work.arrow_cache
-        self.streams = [SourceStream(i, s, self.pool, args.streaming, self.mix.docs[i], args.shuffle_buffer,
-                                     args.data_seed, cache, prefetch=2 * self.pool.processes + 1)
-                        for i, s in enumerate(sources)]
+        self.sources, self._stream = sources, SourceStream
+        self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
         self.ended_by = None  # the source whose end ended the mixture, if one did
         self._saved_at, self._shards_at_save = time.time(), self._shards()
+
+    def _open(self, i: int):
+        """Source ``i`` read from where the mixture's state says: its epoch, after the documents taken in it."""
+        a, mix = self.args, self.mix
+        return self._stream(i, self.sources[i], self.pool, a.streaming, mix.epoch_docs[i], a.shuffle_buffer,
+                            a.data_seed, self.work.arrow_cache, prefetch=2 * self.pool.processes + 1,
+                            epoch=mix.epoch[i])
+
+    def _next(self):
+        """(source, tokens) of the next document, or (None, None) when the mixture is complete; a source
+        at its end is read again (its next epoch), leaves the mixture, or ends it (mixture.py)."""
+        while True:
+            i = self.mix.pick()
+            if i is None:
+                return None, None
+            ids = self.streams[i].next_doc()
+            if ids is not None:
+                return i, ids
+            if self.mix.source_ended(i):
+                self.streams[i] = self._open(i)
+            elif self.mix.on_end == "stop":
+                self.ended_by = i
+                return None, None
+            else:
+                self.streams[i] = None
+
+    def _split(self, i: int, ids) -> str:
+        """Hashed hold-out by document index; for a source read more than once, by its tokens, so that every
+        copy of a document lands in the same split (a validation document is never trained on)."""
+        key = zlib.crc32(ids.tobytes()) % 1_000_000 if self.mix.max_epochs[i] > 1 else None
+        if key is not None:
+            return "val" if key < self.args.val_fraction * 1_000_000 else "train"
+        return "val" if is_val(self.doc_index, self.args.val_fraction) else "train"
 
     def _shards(self) -> int:
         return sum(w.shards_done for w in self.writers.values())
@@ -180,6 +212,7 @@ class _Packer:
         if self.pending is not None:
             i, n = self.pending[2], len(self.pending[1])
             mix["docs"][i] -= 1
+            mix["epoch_docs"][i] -= 1
             mix["tokens"][i] -= n
         self.work.save({"fingerprint": self.fp, "doc_index": self.doc_index, "mix": mix,
                         "writers": {s: w.state() for s, w in self.writers.items()}})
@@ -188,16 +221,14 @@ class _Packer:
     def run(self, bar) -> None:
         a = self.args
         while a.max_documents is None or self.doc_index < a.max_documents:
-            i = self.mix.pick()
-            ids = None if i is None else self.streams[i].next_doc()
+            i, ids = self._next()
             if ids is None:
-                self.ended_by = i
                 break
             self.mix.took(i, len(ids))
             if len(ids):
                 if self.pending is not None:
                     self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
-                split = "val" if is_val(self.doc_index, a.val_fraction) else "train"
+                split = self._split(i, ids)
                 self.pending = (split, ids, i)
                 if self._shards() != self._shards_at_save or time.time() - self._saved_at > CHECKPOINT_SECONDS:
                     self.checkpoint()

@@ -11,12 +11,13 @@ def progress_bar(packer, args, enabled: bool):
     out of the rate."""
     from tqdm.auto import tqdm
 
-    rows = [s.num_rows for s in packer.streams]
+    rows = [getattr(s, "num_rows", None) for s in packer.streams]
     total = args.max_tokens
     bar = tqdm(desc="tokenizing", unit="tok", unit_scale=True, total=total, initial=packer.tokens0,
                disable=not enabled, mininterval=1.0, smoothing=0.1)
     if total is None and len(rows) == 1 and rows[0]:  # estimate the total from the share of documents read
-        docs = rows[0] if args.max_documents is None else min(rows[0], args.max_documents)
+        docs = rows[0] * packer.mix.max_epochs[0]
+        docs = docs if args.max_documents is None else min(docs, args.max_documents)
         update = bar.update
 
         def estimating(n):
@@ -35,10 +36,15 @@ def report(say, out, splits: dict, packer, dt: float) -> None:
     say(f"data: {packer.doc_index:,} documents -> train {tr['tokens']:,} tokens ({tr['documents']:,} docs, "
         f"{len(tr['shards'])} shards) / val {va['tokens']:,} tokens ({va['documents']:,} docs), "
         f"{packer.pool.encoder.dtype} -> {out}")
-    if len(packer.names) > 1:
+    if len(packer.names) > 1 or packer.mix.max_epochs[0] > 1:
         for name, r in packer.mix.report().items():
             say(f"data:   {name}: {r['tokens']:,} tokens ({100 * r['token_share']:.2f} % of tokens, "
-                f"{100 * r['document_share']:.2f} % of documents; weight {100 * r['weight']:.2f} %)")
+                f"{100 * r['document_share']:.2f} % of documents; weight {100 * r['weight']:.2f} %), "
+                f"epochs {r['epochs']} ({r['epochs_completed']} read to the end)")
+    for name, r in packer.mix.report().items():
+        if "dropped_at_tokens" in r:
+            say(f"data: '{name}' left the mixture at {r['dropped_at_tokens']:,} tokens ({r['dropped_because']}); "
+                "the other sources' weights renormalise from there")
     if packer.ended_by is not None and len(packer.names) > 1:
         say(f"data: the mixture ended when '{packer.names[packer.ended_by]}' ran out (the first source to end "
             "ends it; docs/data.md, Stops)" + (f": {tr['tokens'] + va['tokens']:,} tokens of max_tokens "

@@ -31,10 +31,12 @@ class Source:
     name: str | None = None   # Hub config name
     max_tokens: int | None = None  # this source's cap in a mixture
     text_template: str | None = None  # the text built from several columns (template.py)
+    max_epochs: int = 1       # times this source may be read in a mixture (mixture.py)
 
     def fingerprint(self) -> dict:
         cap = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
         cap |= {} if self.text_template is None else {"text_template": self.text_template}
+        cap |= {} if self.max_epochs == 1 else {"max_epochs": self.max_epochs}
         if self.files is None:
             return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column,
                     "weight": self.weight} | cap
@@ -126,6 +128,7 @@ def resolve_sources(args) -> list[Source]:
                               d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
         for src, d in zip(out, args.datasets):
             src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template")
+            src.max_epochs = int(d.get("max_epochs", 1))
         return out
     if args.dataset:
         src = resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)
