@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from .args import DataArgs
+from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
 from .shards import ShardWriter, dtype_for_vocab
 from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
@@ -150,7 +151,6 @@ class _Packer:
     """The main loop: mixed documents -> train/val writers, checkpointing into the work folder."""
 
     def __init__(self, args: DataArgs, sources, work, fp: str, encoder, state: dict | None):
-        from .mixture import Mixture, SourceStream
         from .tokenize import Pool
 
         st = state or {}
@@ -162,7 +162,7 @@ class _Packer:
         self.doc_index = self.start_index = int(st.get("doc_index", 0))
         self.tokens0 = sum(w.tokens for w in self.writers.values())
         self.pool = Pool(encoder, _num_proc(args))
-        self.sources, self._stream = sources, SourceStream
+        self.sources = sources
         self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
         self.ended_by = None  # the source whose end ended the mixture, if one did
@@ -170,14 +170,13 @@ class _Packer:
 
     def _open(self, i: int):
         """Source ``i`` read from where the mixture's state says: its epoch, after the documents taken in it."""
-        a, mix = self.args, self.mix
-        return self._stream(i, self.sources[i], self.pool, a.streaming, mix.epoch_docs[i], a.shuffle_buffer,
-                            a.data_seed, self.work.arrow_cache, prefetch=2 * self.pool.processes + 1,
-                            epoch=mix.epoch[i])
+        a, m = self.args, self.mix
+        return SourceStream(i, self.sources[i], self.pool, a.streaming, m.epoch_docs[i], a.shuffle_buffer, a.data_seed,
+                            self.work.arrow_cache, prefetch=2 * self.pool.processes + 1, epoch=m.epoch[i])
 
     def _next(self):
-        """(source, tokens) of the next document, or (None, None) when the mixture is complete; a source
-        at its end is read again (its next epoch), leaves the mixture, or ends it (mixture.py)."""
+        """(source, tokens) of the next document, or (None, None) at the mixture's end; a source at its end is
+        read again (its next epoch), leaves the mixture, or ends it (mixture.py)."""
         while True:
             i = self.mix.pick()
             if i is None:
@@ -185,20 +184,16 @@ class _Packer:
             ids = self.streams[i].next_doc()
             if ids is not None:
                 return i, ids
-            if self.mix.source_ended(i):
-                self.streams[i] = self._open(i)
-            elif self.mix.on_end == "stop":
+            again = self.mix.source_ended(i)
+            if not again and self.mix.on_end == "stop":
                 self.ended_by = i
                 return None, None
-            else:
-                self.streams[i] = None
+            self.streams[i] = self._open(i) if again else None
 
     def _split(self, i: int, ids) -> str:
-        """Hashed hold-out by document index; for a source read more than once, by its tokens, so that every
-        copy of a document lands in the same split (a validation document is never trained on)."""
-        key = zlib.crc32(ids.tobytes()) % 1_000_000 if self.mix.max_epochs[i] > 1 else None
-        if key is not None:
-            return "val" if key < self.args.val_fraction * 1_000_000 else "train"
+        """Hashed hold-out by document index; by its tokens in a source read more than once (copies: one split)."""
+        if self.mix.max_epochs[i] > 1:
+            return "val" if zlib.crc32(ids.tobytes()) % 1_000_000 < self.args.val_fraction * 1_000_000 else "train"
         return "val" if is_val(self.doc_index, self.args.val_fraction) else "train"
 
     def _shards(self) -> int:

@@ -46,8 +46,10 @@ def report(say, out, splits: dict, packer, dt: float) -> None:
             say(f"data: '{name}' left the mixture at {r['dropped_at_tokens']:,} tokens ({r['dropped_because']}); "
                 "the other sources' weights renormalise from there")
     if packer.ended_by is not None and len(packer.names) > 1:
-        say(f"data: the mixture ended when '{packer.names[packer.ended_by]}' ran out (the first source to end "
-            "ends it; docs/data.md, Stops)" + (f": {tr['tokens'] + va['tokens']:,} tokens of max_tokens "
-                                              f"{packer.args.max_tokens:,}" if packer.args.max_tokens else ""))
+        cap = packer.args.max_tokens
+        said = f": {tr['tokens'] + va['tokens']:,} tokens of max_tokens {cap:,}" if cap else ""
+        say(f"data: the mixture ended when '{packer.names[packer.ended_by]}' ran out (on_source_end: stop, the first "
+            "source to end ends it; 'drop' lets the others go on: docs/data.md, Mixtures)"
+            + said)
     say(f"data: {new:,} tokens in {dt:.1f}s = {new / max(dt, 1e-9):,.0f} tokens/s with {procs} tokenizing "
         f"process(es) ({packer.pool.encoder.backend}) = {new / max(dt, 1e-9) / procs:,.0f} tokens/s per core")
