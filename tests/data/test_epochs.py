@@ -89,6 +89,34 @@ def test_drop_renormalises_the_other_sources_and_stop_ends_the_mixture(tmp_path)
     assert all(abs(r["token_share"] - r["weight"]) < 0.01 for r in rs.values())
 
 
+def test_interrupted_after_a_drop_resumes_byte_identical(tmp_path, monkeypatch):
+    """The checkpoint keeps who dropped (and when): stopped well after the QA set left, the resumed run
+    does not read it again and ends with the same bytes as an uninterrupted one."""
+    from yxanul.data import mixture
+
+    a, qa = write_docs(tmp_path / "a.jsonl", 1500, 20, "a"), write_docs(tmp_path / "qa.jsonl", 40, 20, "qa", seed=2)
+    kw = dict(datasets=[{"path": str(a), "weight": 0.8}, {"path": str(qa), "weight": 0.2, "max_epochs": 3}],
+              on_source_end="drop", max_tokens=60_000, shard_size_tokens=2048, val_fraction=0.02, prepare_num_proc=1)
+    ref = prepare(DataArgs(**kw, data_dir=str(tmp_path / "ref")), **Q)
+    real = mixture.Mixture.took
+
+    def interrupted(self, i, n, sign=1):
+        if self.dropped[1] and sum(self.tokens) > self.dropped[1][0] + 10_000:
+            raise KeyboardInterrupt
+        return real(self, i, n, sign)
+    args = DataArgs(**kw, data_dir=str(tmp_path / "out"))
+    with monkeypatch.context() as m:
+        m.setattr(mixture.Mixture, "took", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(args, **Q)
+    state = json.loads((tmp_path / "out.partial" / "progress.json").read_text())["mix"]
+    assert state["dropped"][1] and state["epoch"][1] == 2 and state["ended"][1]
+    lines = []
+    prepare(args, progress=False, say=lines.append)
+    assert any("resuming" in line for line in lines)
+    assert files_of(tmp_path / "out") == files_of(ref) and meta_of(tmp_path / "out") == meta_of(ref)
+
+
 def test_bad_max_epochs_and_on_source_end_are_one_line(tmp_path):
     for bad in (0, 1.5, True, "2"):
         with pytest.raises(ConfigError, match="max_epochs of 'x.jsonl'"):
@@ -98,6 +126,29 @@ def test_bad_max_epochs_and_on_source_end_are_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--on_source_end", "loop"], capture_output=True,
                        text=True, env=os.environ)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "on_source_end" in r.stderr
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_a_state_after_an_epochs_last_document_resumes_at_its_end(tmp_path, epoch):
+    """A checkpoint can fall after a source's last document of an epoch, before its end was seen."""
+    import numpy as np
+
+    from yxanul.data.mixture import SourceStream
+    from yxanul.data.prepare import _encoder, load_tokenizer
+    from yxanul.data.sources import resolve_source
+    from yxanul.data.tokenize import Pool
+
+    src = resolve_source(str(write_docs(tmp_path / "a.jsonl", 30, 5, "a")))
+    args = DataArgs(prepare_num_proc=1)
+    pool = Pool(_encoder(args, load_tokenizer(None)[1], np.uint16), 1)
+    try:
+        def stream(skip):
+            return SourceStream(0, src, pool, False, skip, 0, 0, tmp_path / "arrow", epoch=epoch)
+        assert stream(30).next_doc() is None
+        last = stream(29)
+        assert last.next_doc() is not None and last.next_doc() is None
+    finally:
+        pool.close()
 
 
 def _config_cmd(cfg: Path, out: Path) -> list[str]:
@@ -136,6 +187,7 @@ def test_kill_9_during_a_later_epoch_resumes_byte_identical(tmp_path):
 def test_loader_warns_when_max_steps_needs_more_tokens_than_prepared(bundled):
     train = json.loads((Path(bundled) / "meta.json").read_text())["splits"]["train"]["tokens"]
     assert repeats_warning(bundled, 10, train // 10) is None  # one pass is enough: silent
+    assert repeats_warning(bundled, 1, train) is None and repeats_warning(bundled, 1, train + 1) is not None
     msg = repeats_warning(bundled, 83_923, 131_072)
     need = 83_923 * 131_072
     assert msg == (f"warning: max_steps 83,923 reads the prepared data {need / train:,.1f} times ({train:,} tokens "

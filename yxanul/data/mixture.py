@@ -53,8 +53,9 @@ class SourceStream:
     def __init__(self, key: int, src: Source, pool, streaming: bool, skip: int, shuffle_buffer: int, seed: int,
                  cache_dir=None, prefetch: int = 4, epoch: int = 0):
         ds = _ordered(load_source(src, streaming, cache_dir), streaming, shuffle_buffer, seed, epoch)
-        if skip:
-            ds = ds.skip(skip)
+        if skip:  # a state taken after the epoch's last document: Dataset.skip(len) would raise IndexError
+            rows = getattr(ds, "num_rows", None)
+            ds = ds.skip(skip) if rows is None or skip < rows else ds.select([])
         self.key, self.pool, self.prefetch = key, pool, prefetch
         self._batches = ds.iter(batch_size=BATCH_DOCS)
         self._docs: deque = deque()
