@@ -89,6 +89,17 @@ def test_drop_renormalises_the_other_sources_and_stop_ends_the_mixture(tmp_path)
     assert all(abs(r["token_share"] - r["weight"]) < 0.01 for r in rs.values())
 
 
+def test_drop_at_a_sources_max_tokens(tmp_path):
+    a, b = write_docs(tmp_path / "a.jsonl", 500, 20, "a"), write_docs(tmp_path / "b.jsonl", 500, 20, "b", seed=1)
+    out = prepare(DataArgs(datasets=[{"path": str(a)}, {"path": str(b), "max_tokens": 3000}], on_source_end="drop",
+                           max_tokens=12_000, val_fraction=0.05), **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    rb = meta["mixture"][str(b)]
+    assert 3000 <= rb["tokens"] < 3100 and rb["dropped_because"] == "reached its max_tokens 3,000"
+    assert 6000 <= rb["dropped_at_tokens"] < 6200 and rb["epochs_completed"] == 0  # left before its end
+    assert 12_000 <= meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] < 12_100
+
+
 def test_interrupted_after_a_drop_resumes_byte_identical(tmp_path, monkeypatch):
     """The checkpoint keeps who dropped (and when): stopped well after the QA set left, the resumed run
     does not read it again and ends with the same bytes as an uninterrupted one."""
