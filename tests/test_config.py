@@ -123,3 +123,80 @@ def test_lazy_package_exports_resolve():
             assert getattr(pkg, name) is not None, f"{pkg.__name__}.{name}"
         with pytest.raises(AttributeError):
             pkg.no_such_name  # noqa: B018
+
+
+# --------------------------------------------------------------------------- warmup in tokens
+def test_warmup_tokens_round_up_to_whole_steps():
+    from yxanul.training.schedule import warmup_steps_for_tokens
+
+    assert warmup_steps_for_tokens(100_000_000, 131_072) == 763      # 762.94 -> the first step at or past it
+    assert warmup_steps_for_tokens(763 * 131_072, 131_072) == 763    # exact: no extra step
+    assert warmup_steps_for_tokens(762 * 131_072 + 1, 131_072) == 763
+    assert warmup_steps_for_tokens(0, 131_072) == 0
+    with pytest.raises(ConfigError, match="warmup_tokens"):
+        warmup_steps_for_tokens(-1, 131_072)
+
+
+def test_warmup_tokens_use_the_runs_tokens_per_step(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = {"seq_length": 128, "warmup_tokens": 10_000, "max_steps": 500}
+    assert resolve({**base, "target_tokens_per_step": 4096}).optim.warmup_steps == 3         # 2.44 -> 3
+    assert resolve({**base, "target_effective_batch_size": 16}).optim.warmup_steps == 5      # 16 x 128: 4.88
+    assert resolve({**base, "micro_batch_size": 4, "gradient_accumulation_steps": 2}).optim.warmup_steps == 10
+    monkeypatch.setenv("WORLD_SIZE", "4")  # without a target: micro x accumulation x world x seq_length
+    assert resolve({**base, "micro_batch_size": 4, "gradient_accumulation_steps": 2}).optim.warmup_steps == 3
+    with pytest.raises(ConfigError, match="config key 'warmup_tokens'.*target_tokens_per_step"):
+        resolve({**base, "auto_batch_size": True})  # the micro-batch is only known at run time
+
+
+def test_warmup_tokens_saved_config_loads_again_with_the_same_steps(tmp_path):
+    from yxanul.config import load_yaml
+
+    cfg = resolve({"seq_length": 128, "target_tokens_per_step": 4096, "warmup_tokens": 10_000})
+    cfg.save(tmp_path / "config.yaml")
+    saved = load_yaml(str(tmp_path / "config.yaml"))
+    assert (saved["warmup_tokens"], saved["warmup_steps"]) == (10_000, 3)  # what a resume reads back
+    assert resolve(saved).optim.warmup_steps == 3
+
+
+def test_warmup_flag_replaces_the_files_other_unit(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("seq_length: 128\ntarget_tokens_per_step: 4096\nwarmup_steps: 50\n")
+    assert parse_args(["--config", str(f), "--warmup_tokens", "8192"]).optim.warmup_steps == 2
+    f.write_text("seq_length: 128\ntarget_tokens_per_step: 4096\nwarmup_tokens: 8192\n")
+    cfg = parse_args(["--config", str(f), "--warmup_steps", "7"])
+    assert (cfg.optim.warmup_steps, cfg.optim.warmup_tokens) == (7, None)
+
+
+def test_warmup_tokens_beyond_max_steps_is_refused():
+    with pytest.raises(ConfigError, match=r"config key 'warmup_tokens': .*at most max_steps \(100\).* 8,192,000 tokens "
+                                          r"are 2000 steps"):
+        resolve({"seq_length": 128, "target_tokens_per_step": 4096, "warmup_tokens": 8_192_000, "max_steps": 100})
+    cfg = resolve({"seq_length": 128, "target_tokens_per_step": 4096, "warmup_tokens": 8_192_000, "max_steps": 100,
+                   "lr_decay_steps": 4000})  # a longer schedule than this piece of the run: allowed
+    assert cfg.optim.warmup_steps == 2000
+
+
+def test_warmup_in_both_units_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("seq_length: 128\ntarget_tokens_per_step: 4096\nwarmup_steps: 50\nwarmup_tokens: 100000\n")
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", "--config", str(f)], capture_output=True, text=True,
+                       timeout=120)  # were the check gone, this would train: fail instead of waiting
+    assert r.returncode == 2
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "config key 'warmup_steps'" in lines[0] and "warmup_tokens 100,000 = 25 steps" in lines[0], lines[0]
+
+
+def test_warmup_tokens_with_a_curriculum_use_the_runs_constant_tokens_per_step(tmp_path, capsys):
+    """Stages change seq_length, not tokens per step (schedule.py): the conversion uses the model's
+    seq_length (the base plan) whatever the stage, and plot-lr gives the same warmup end."""
+    from yxanul.tools.plot_lr import main as plot_lr
+
+    f = tmp_path / "c.yaml"
+    f.write_text("seq_length: 128\ntarget_effective_batch_size: 8\nwarmup_tokens: 2500\nmax_steps: 50\n"
+                 "curriculum:\n  - {seq_length: 64, until_steps: 10}\n  - {seq_length: 128}\n")
+    assert parse_args(["--config", str(f)]).optim.warmup_steps == 3  # 2500 / (8 x 128) = 2.44 -> 3
+    assert "warmup 2,500 tokens = 3 steps (1,024 tokens per optimizer step" in capsys.readouterr().out
+    plot_lr(["--config", str(f), "--out", str(tmp_path / "lr.png")])
+    assert "warmup end: step        3" in capsys.readouterr().out

@@ -58,3 +58,20 @@ def test_errors(tmp_path):
     cfg.write_text("curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
     with pytest.raises(UserError, match="tokens per optimizer step"):
         main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])
+
+
+def test_warmup_in_tokens(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_lr: 1e-3\nwarmup_tokens: 100000\nmax_steps: 200\nseq_length: 128\n"
+                   "target_tokens_per_step: 4096\n")
+    assert main(["--config", str(cfg), "--out", str(tmp_path / "lr.png")]) == 0
+    text = capsys.readouterr().out
+    assert "warmup 100,000 tokens = 25 steps (4,096 tokens per optimizer step, rounded up)" in text  # 24.4 -> 25
+    assert _values(text)["warmup end"] == (25, 1e-3)
+    assert main(["--config", str(cfg), "--warmup_steps", "10", "--out", str(tmp_path / "lr.png")]) == 0
+    assert _values(capsys.readouterr().out)["warmup end"] == (10, 1e-3)  # the flag replaces the file's tokens
+    with pytest.raises(ConfigError, match=r"config key 'warmup_steps'.*warmup_tokens 100,000 = 25 steps"):
+        main(["--warmup_steps", "10", "--warmup_tokens", "100000", "--tokens_per_step", "4096",
+              "--out", str(tmp_path / "lr.png")])
+    with pytest.raises(ConfigError, match="config key 'warmup_tokens'.*tokens per optimizer step"):
+        main(["--warmup_tokens", "100000", "--out", str(tmp_path / "lr.png")])

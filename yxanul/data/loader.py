@@ -262,6 +262,18 @@ class _Count(torch.utils.data.Sampler):
             k += 1
 
 
+def repeats_warning(data_dir, max_steps: int, tokens_per_step: int) -> str | None:
+    """One line when ``max_steps`` optimizer steps of ``tokens_per_step`` tokens need more than the prepared
+    training tokens (the loader then loops over them: right for a demo on the bundled corpus, a silent waste
+    at scale, e.g. a mixture that ended early); None when one pass is enough. The trainer prints it at start."""
+    prepared = int(json.loads((Path(data_dir) / "meta.json").read_text())["splits"]["train"]["tokens"])
+    needed = int(max_steps) * int(tokens_per_step)
+    if needed <= prepared:
+        return None
+    return (f"warning: max_steps {max_steps:,} reads the prepared data {needed / max(prepared, 1):,.1f} times "
+            f"({prepared:,} tokens prepared, {needed:,} needed): prepare more data or lower max_steps")
+
+
 def eval_batches(data_dir, seq_length: int, micro_batch_size: int, max_batches: int, rank: int = 0,
                  world_size: int = 1, packed: bool = False):
     """Fixed validation batches (in order, no shuffling): rank r takes batches r, r+W, ...

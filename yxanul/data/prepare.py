@@ -30,6 +30,8 @@ from pathlib import Path
 
 from ..errors import DataError
 from .args import DataArgs
+from .mixture import Mixture, SourceStream
+from .progress import progress_bar, report
 from .shards import ShardWriter, dtype_for_vocab
 from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
 
@@ -109,6 +111,7 @@ def _settings(args: DataArgs, n_sources: int) -> dict:
          "shard_size_tokens": args.shard_size_tokens, "max_tokens": args.max_tokens}
     if args.streaming and args.shuffle_buffer:
         s |= {"shuffle_buffer": args.shuffle_buffer, "data_seed": args.data_seed}
+    s |= {"on_source_end": args.on_source_end} if args.on_source_end != "stop" else {}
     return s | ({"mix_by": args.mix_by} if n_sources > 1 else {})
 
 
@@ -148,24 +151,50 @@ class _Packer:
     """The main loop: mixed documents -> train/val writers, checkpointing into the work folder."""
 
     def __init__(self, args: DataArgs, sources, work, fp: str, encoder, state: dict | None):
-        from .mixture import Mixture, SourceStream
         from .tokenize import Pool
 
         st = state or {}
         self.args, self.work, self.fp, self.names = args, work, fp, [s.path for s in sources]
-        self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"))
+        self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"), args.on_source_end)
         dtype = __import__("numpy").dtype(encoder.dtype)
         self.writers = {s: ShardWriter(work.path, s, dtype, args.shard_size_tokens, encoder.eos,
                                        st.get("writers", {}).get(s)) for s in ("train", "val")}
         self.doc_index = self.start_index = int(st.get("doc_index", 0))
         self.tokens0 = sum(w.tokens for w in self.writers.values())
         self.pool = Pool(encoder, _num_proc(args))
-        cache = work.arrow_cache
-        self.streams = [SourceStream(i, s, self.pool, args.streaming, self.mix.docs[i], args.shuffle_buffer,
-                                     args.data_seed, cache, prefetch=2 * self.pool.processes + 1)
-                        for i, s in enumerate(sources)]
+        self.sources = sources
+        self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
+        self.ended_by = None  # the source whose end ended the mixture, if one did
         self._saved_at, self._shards_at_save = time.time(), self._shards()
+
+    def _open(self, i: int):
+        """Source ``i`` read from where the mixture's state says: its epoch, after the documents taken in it."""
+        a, m = self.args, self.mix
+        return SourceStream(i, self.sources[i], self.pool, a.streaming, m.epoch_docs[i], a.shuffle_buffer, a.data_seed,
+                            self.work.arrow_cache, prefetch=2 * self.pool.processes + 1, epoch=m.epoch[i])
+
+    def _next(self):
+        """(source, tokens) of the next document, or (None, None) at the mixture's end; a source at its end is
+        read again (its next epoch), leaves the mixture, or ends it (mixture.py)."""
+        while True:
+            i = self.mix.pick()
+            if i is None:
+                return None, None
+            ids = self.streams[i].next_doc()
+            if ids is not None:
+                return i, ids
+            again = self.mix.source_ended(i)
+            if not again and self.mix.on_end == "stop":
+                self.ended_by = i
+                return None, None
+            self.streams[i] = self._open(i) if again else None
+
+    def _split(self, i: int, ids) -> str:
+        """Hashed hold-out by document index; by its tokens in a source read more than once (copies: one split)."""
+        if self.mix.max_epochs[i] > 1:
+            return "val" if zlib.crc32(ids.tobytes()) % 1_000_000 < self.args.val_fraction * 1_000_000 else "train"
+        return "val" if is_val(self.doc_index, self.args.val_fraction) else "train"
 
     def _shards(self) -> int:
         return sum(w.shards_done for w in self.writers.values())
@@ -178,6 +207,7 @@ class _Packer:
         if self.pending is not None:
             i, n = self.pending[2], len(self.pending[1])
             mix["docs"][i] -= 1
+            mix["epoch_docs"][i] -= 1
             mix["tokens"][i] -= n
         self.work.save({"fingerprint": self.fp, "doc_index": self.doc_index, "mix": mix,
                         "writers": {s: w.state() for s, w in self.writers.items()}})
@@ -186,15 +216,14 @@ class _Packer:
     def run(self, bar) -> None:
         a = self.args
         while a.max_documents is None or self.doc_index < a.max_documents:
-            i = self.mix.pick()
-            ids = None if i is None else self.streams[i].next_doc()
+            i, ids = self._next()
             if ids is None:
                 break
             self.mix.took(i, len(ids))
             if len(ids):
                 if self.pending is not None:
                     self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
-                split = "val" if is_val(self.doc_index, a.val_fraction) else "train"
+                split = self._split(i, ids)
                 self.pending = (split, ids, i)
                 if self._shards() != self._shards_at_save or time.time() - self._saved_at > CHECKPOINT_SECONDS:
                     self.checkpoint()
@@ -213,32 +242,13 @@ class _Packer:
         return {s: w.close() for s, w in self.writers.items()}
 
 
-def _progress_bar(packer: _Packer, args: DataArgs, enabled: bool):
-    from tqdm.auto import tqdm
-
-    rows = [s.num_rows for s in packer.streams]
-    total = args.max_tokens
-    bar = tqdm(desc="tokenizing", unit="tok", unit_scale=True, total=total, initial=packer.tokens0,
-               disable=not enabled, mininterval=1.0, smoothing=0.1)
-    if total is None and len(rows) == 1 and rows[0]:  # estimate the total from the share of documents read
-        docs = rows[0] if args.max_documents is None else min(rows[0], args.max_documents)
-        update = bar.update
-
-        def estimating(n):
-            done = max(packer.doc_index, 1)
-            bar.total = max(int(bar.n * docs / done), bar.n)
-            update(n)
-        bar.update = estimating
-    return bar
-
-
 def _pack(args: DataArgs, sources, work, fp: str, tok, dtype, progress: bool):
     """Run (or continue) the packing in ``work``; returns (splits, mixture report, packer)."""
     state = work.progress(fp)
     if state is None:
         work.reset()
     packer = _Packer(args, sources, work, fp, _encoder(args, tok, dtype), state)
-    bar = _progress_bar(packer, args, progress)
+    bar = progress_bar(packer, args, progress)
     t0 = time.perf_counter()
     try:
         packer.run(bar)
@@ -287,7 +297,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
         work.release()
         raise
-    _report(say, out, splits, packer, time.time() - t0)
+    report(say, out, splits, packer, time.time() - t0)
     return out
 
 
@@ -317,20 +327,6 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
     work.finish()
 
-
-def _report(say, out: Path, splits: dict, packer: _Packer, dt: float) -> None:
-    tr, va = splits["train"], splits["val"]
-    new = tr["tokens"] + va["tokens"] - packer.tokens0
-    procs = packer.pool.processes
-    say(f"data: {packer.doc_index:,} documents -> train {tr['tokens']:,} tokens ({tr['documents']:,} docs, "
-        f"{len(tr['shards'])} shards) / val {va['tokens']:,} tokens ({va['documents']:,} docs), "
-        f"{packer.pool.encoder.dtype} -> {out}")
-    if len(packer.names) > 1:
-        for name, r in packer.mix.report().items():
-            say(f"data:   {name}: {r['tokens']:,} tokens ({100 * r['token_share']:.2f} % of tokens, "
-                f"{100 * r['document_share']:.2f} % of documents; weight {100 * r['weight']:.2f} %)")
-    say(f"data: {new:,} tokens in {dt:.1f}s = {new / max(dt, 1e-9):,.0f} tokens/s with {procs} tokenizing "
-        f"process(es) ({packer.pool.encoder.backend}) = {new / max(dt, 1e-9) / procs:,.0f} tokens/s per core")
 
 def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable[[], None] | None = None,
                     *, say=print) -> Path:

@@ -30,9 +30,13 @@ class Source:
     text_column: str = "text"
     name: str | None = None   # Hub config name
     max_tokens: int | None = None  # this source's cap in a mixture
+    text_template: str | None = None  # the text built from several columns (template.py)
+    max_epochs: int = 1       # times this source may be read in a mixture (mixture.py)
 
     def fingerprint(self) -> dict:
         cap = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
+        cap |= {} if self.text_template is None else {"text_template": self.text_template}
+        cap |= {} if self.max_epochs == 1 else {"max_epochs": self.max_epochs}
         if self.files is None:
             return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column,
                     "weight": self.weight} | cap
@@ -123,10 +127,13 @@ def resolve_sources(args) -> list[Source]:
         out = [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
                               d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
         for src, d in zip(out, args.datasets):
-            src.max_tokens = d.get("max_tokens")
+            src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template")
+            src.max_epochs = int(d.get("max_epochs", 1))
         return out
     if args.dataset:
-        return [resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)]
+        src = resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)
+        src.text_template = getattr(args, "text_template", None)
+        return [src]
     return [resolve_source(str(BUNDLED_CORPUS))]
 
 
@@ -156,17 +163,37 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     except Exception as e:  # noqa: BLE001 -- bad parquet, unknown config, ...: any failure becomes one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
+    if src.text_template is not None:
+        return _templated(ds, src)
     cols = list(ds.column_names or [])
     if not cols and streaming:  # streamed CSV/JSON: columns are known only once a row is read
-        try:
-            cols = list(next(iter(ds.take(1)), {}))
-        except Exception as e:  # noqa: BLE001 -- a broken file: one line
-            raise DataError(f"dataset '{src.path}': could not be read ({str(e).strip().splitlines()[0][:300]})") from None
+        cols = list(_first(ds, src))
     if cols and src.text_column not in cols:
         raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {', '.join(cols)}); "
                         "set text_column")
     ds = ds.select_columns([src.text_column])
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
+
+
+def _first(ds, src: Source) -> dict:
+    """The first example ({} if none); a broken file is one line."""
+    try:
+        if hasattr(ds, "num_rows") and ds.num_rows is not None:
+            return ds[0] if ds.num_rows else {}
+        return next(iter(ds.take(1)), {})
+    except Exception as e:  # noqa: BLE001 -- a broken file: one line
+        raise DataError(f"dataset '{src.path}': could not be read ({str(e).strip().splitlines()[0][:300]})") from None
+
+
+def _templated(ds, src: Source):
+    """The source's ``text`` built by its ``text_template``, checked on its first example first."""
+    from .template import check_first_example, render_batch
+
+    first = _first(ds, src)
+    if first:
+        check_first_example(src.text_template, first, src.path)
+    cols = list(ds.column_names or first)
+    return ds.map(render_batch, batched=True, fn_kwargs={"template": src.text_template}, remove_columns=cols)
 
 
 HUB_MIRROR = "YXANUL_HUB_MIRROR"

@@ -50,6 +50,18 @@ def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, d
     return max_lr - 0.5 * (1.0 - math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
+def warmup_steps_for_tokens(warmup_tokens: int, tokens_per_step: int) -> int:
+    """Optimizer steps of a warmup given in tokens: the first whole step at or past ``warmup_tokens``
+    (rounded up, like a curriculum's ``until_tokens``): 100,000,000 tokens at 131,072 per step = 763 steps
+    (762.94 rounded up). Tokens per step are the same in every curriculum stage, so this is exact for
+    the whole run."""
+    if isinstance(warmup_tokens, bool) or not isinstance(warmup_tokens, int) or warmup_tokens < 0:
+        raise ConfigError("warmup_tokens", "an integer >= 0 or null", warmup_tokens)
+    if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int) or tokens_per_step < 1:
+        raise ValueError(f"warmup_steps_for_tokens: tokens_per_step must be a positive integer, got {tokens_per_step}")
+    return -(-warmup_tokens // tokens_per_step)
+
+
 _KEYS = {"seq_length", "until_tokens", "until_steps"}
 
 

@@ -1,0 +1,75 @@
+"""text_template: several columns as one document (MedQA's question / options / answer), in a real prepare."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from yxanul.data.args import DataArgs
+from yxanul.data.prepare import load_tokenizer, prepare
+from yxanul.data.template import render, template_fields
+from yxanul.errors import ConfigError, DataError
+
+MEDQA = "Question: {question}\nOptions:\n{options}\nAnswer: {answer_idx}. {answer}"
+Q = {"progress": False, "say": lambda *a, **k: None}
+
+
+def _qa_rows(n):
+    return [{"question": f"Which drug treats case {i}?", "options": {"A": "Ampicillin", "B": f"Drug {i}",
+             "C": "Doxycycline", "D": "Nitrofurantoin"}, "answer_idx": "B", "answer": f"Drug {i}",
+             "meta_info": "step1"} for i in range(n)]
+
+
+def _jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def test_render_writes_a_dict_field_one_option_per_line():
+    row = _qa_rows(1)[0]
+    assert render(MEDQA, row) == ("Question: Which drug treats case 0?\nOptions:\nA. Ampicillin\nB. Drug 0\n"
+                                  "C. Doxycycline\nD. Nitrofurantoin\nAnswer: B. Drug 0")
+    assert render("{options[C]} / {tags} / {none}|", {"options": row["options"], "tags": ["x", "y"], "none": None}) \
+        == "Doxycycline / x\ny / |"
+    assert render("{o}", {"o": {"A": "a", "E": None}}) == "A. a"  # a struct's missing key is left out
+    assert template_fields(MEDQA) == ["question", "options", "answer_idx", "answer"]
+
+
+@pytest.mark.parametrize("bad", ["Question: {question", "no fields", "{}", "{0}", ""])
+def test_malformed_templates_are_config_errors(bad):
+    with pytest.raises(ConfigError, match="text_template"):
+        DataArgs(datasets=[{"path": "x.jsonl", "text_template": bad}])
+    with pytest.raises(ConfigError, match="not both"):
+        DataArgs(datasets=[{"path": "x.jsonl", "text_template": "{q}", "text_column": "q"}])
+
+
+def test_missing_field_is_one_line_naming_source_and_field(tmp_path):
+    qa = _jsonl(tmp_path / "qa.jsonl", _qa_rows(20))
+    with pytest.raises(DataError, match=r"dataset '.*qa.jsonl': text_template field 'explanation' is not a column "
+                                        r"of its first example \(columns: question, options, answer_idx"):
+        prepare(DataArgs(dataset=qa, text_template="{question} {explanation}", data_dir=str(tmp_path / "o")), **Q)
+    assert not (tmp_path / "o").exists()
+    r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--dataset", qa, "--text_template",
+                        "{question} {explanation}", "--data_dir", str(tmp_path / "o2")],
+                       capture_output=True, text=True, timeout=300)
+    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("Generating")]
+    assert r.returncode == 2 and len(lines) == 1 and "'explanation'" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_templated_source_in_a_mixture_has_the_expected_tokens(tmp_path, streaming):
+    """The QA source ends the mixture, so all of its documents are in: its tokens are exactly the
+    tokenizer's tokens of each rendered document plus one EOS."""
+    rows = _qa_rows(40)
+    qa = _jsonl(tmp_path / "qa.jsonl", rows)
+    web = _jsonl(tmp_path / "web.jsonl", [{"text": f"page {i}: " + "words " * 30} for i in range(1500)])
+    args = DataArgs(datasets=[{"path": web, "weight": 0.9}, {"path": qa, "weight": 0.1, "text_template": MEDQA}],
+                    streaming=streaming, prepare_num_proc=1, data_dir=str(tmp_path / "o"), val_fraction=0.05)
+    lines = []
+    out = prepare(args, progress=False, say=lines.append)
+    tok = load_tokenizer(None)[1]
+    expected = sum(len(tok(render(MEDQA, r), add_special_tokens=False)["input_ids"]) + 1 for r in rows)
+    rep = json.loads((out / "meta.json").read_text())["mixture"]
+    assert rep[qa]["documents"] == 40 and rep[qa]["tokens"] == expected
+    assert any(f"the mixture ended when '{qa}' ran out" in x for x in lines), lines
