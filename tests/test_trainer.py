@@ -374,3 +374,15 @@ def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path):
     inner = getattr(t.optimizer, "optimizer", t.optimizer)
     assert inner.defaults.get("fused") is True
     assert all(p.is_cuda for g in inner.param_groups for p in g["params"])
+
+
+def test_a_run_longer_than_its_data_says_how_often_it_rereads_it(tmp_path, capsys):
+    """max_steps x tokens per step beyond the prepared tokens: one warning line at setup (a mixture that
+    ended early would otherwise be looped over silently); a run within its data prints none."""
+    from yxanul.training import Trainer
+
+    Trainer(_cfg(tmp_path / "a", "--max_steps", "5")).setup()
+    assert "reads the prepared data" not in capsys.readouterr().out
+    Trainer(_cfg(tmp_path / "b", "--max_steps", "100000")).setup()
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "reads the prepared data" in ln]
+    assert len(line) == 1 and line[0].startswith("warning: max_steps 100,000 reads the prepared data"), line

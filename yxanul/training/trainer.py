@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
+from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..guards import CollapseGuard, check_val_loss
 from ..preemption import StopRequest
@@ -116,6 +117,8 @@ class Trainer:
         self.loader = train_loader(self.data_dir, self.cfg, self.cfg.model.seq_length, self.batch.micro_batch,
                                    self.accelerator, curriculum=self.curriculum is not None)
         warn_lost_tokens(self.loader, self.say)
+        if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.state.tokens_per_step):
+            self.say(msg)  # e.g. a mixture that ended early: the loader would loop over it
         self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator)
         self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
