@@ -112,6 +112,7 @@ ACC_CASES = [
 @pytest.mark.parametrize("name,change,key,severity", ACC_CASES, ids=[c[0] for c in ACC_CASES])
 def test_accelerate_rule_fires_and_fix_is_clean(tmp_path, monkeypatch, name, change, key, severity):
     monkeypatch.chdir(ROOT)  # deepspeed_config_file is resolved from the launch directory
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # the CPU fix (MULTI_GPU + use_cpu) is launched with it
     cfg = {k: v for k, v in {**GOOD_ACC, **change}.items() if v is not None}
     path = _write(tmp_path, f"{name}.yaml", cfg)
     problems = lint_file(path)
@@ -143,7 +144,18 @@ def test_precision_agreement_with_yxanul_config(tmp_path):
 @pytest.mark.parametrize("path", DS_FILES + ACC_FILES, ids=os.path.basename)
 def test_shipped_configs_lint_clean(path, monkeypatch):
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # as every launch with cpu.yaml must (next test)
     assert lint_file(path) == [], [p.line() for p in lint_file(path)]
+
+
+def test_cpu_profile_without_accelerate_use_cpu_warns(monkeypatch):
+    """cpu.yaml's use_cpu never reaches torchrun's workers (accelerate 1.15): linted in a shell without
+    ACCELERATE_USE_CPU=1, the profile says that the launch would be separate 1-process jobs."""
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    cpu_yaml = os.path.join(ROOT, "accelerate_configs", "cpu.yaml")
+    assert [(p.key, p.severity) for p in lint_file(cpu_yaml)] == [("use_cpu", "warning")]
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    assert lint_file(cpu_yaml) == []
 
 
 def test_seed_broken_config_and_cli(tmp_path, capsys):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .common import ERROR, WARNING, Problem, collector
+import os
+
+from .common import ERROR, WARNING, Problem, collector, truthy
 
 ACC_KEYS = {  # BaseConfig + ClusterConfig fields (+ "fp16"/"dynamo_backend", converted on load)
     "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
@@ -159,6 +161,10 @@ def _check_processes(cfg: dict, dt: str, add) -> None:
         add("distributed_type", ERROR, f"MULTI_CPU without mpirun_config: `accelerate launch` "
             f"starts ONE process (simple launcher), not {nproc}", "use distributed_type: "
             "MULTI_GPU with use_cpu: true and launch with ACCELERATE_USE_CPU=1 (torchrun, gloo)")
+    if dt == "MULTI_GPU" and truthy(cfg.get("use_cpu")) and not truthy(os.environ.get("ACCELERATE_USE_CPU")):
+        add("use_cpu", WARNING, "accelerate's torchrun launcher does not pass use_cpu to its workers: without "
+            "ACCELERATE_USE_CPU=1 in the environment every script launched with this profile (`accelerate test` "
+            "too) runs as separate 1-process jobs", "launch with ACCELERATE_USE_CPU=1 accelerate launch|test ...")
     if dt in ("MULTI_GPU", "DEEPSPEED", "FSDP") and nproc in (None, -1):
         add("num_processes", WARNING, "not set: accelerate raises unless --num_processes is "
             "passed on the command line", "set num_processes (all processes, every node)")
