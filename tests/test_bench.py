@@ -72,3 +72,35 @@ def test_speed_variants_master_weights_and_cuda_graphs():
         rows, _ = run(BenchArgs(precisions="bf16", cuda_graphs=True, **SMALL), say=lambda *x: None)
         assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "graphs"
         assert rows[0]["reason"].startswith("config key 'cuda_graphs'")
+
+
+def test_cpu_vs_nanogpt_script_writes_both_rows(tmp_path, capsys):
+    """scripts/cpu_vs_nanogpt.py (issue 22.6) in-process for 2 steps each: yxanul's train_step and nanoGPT's
+    loop both train (loss ≈ ln V at init), the JSON has both rows and the ratio; no timing is asserted."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "cpu_vs_nanogpt.py"
+    spec = importlib.util.spec_from_file_location("cpu_vs_nanogpt", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "cpu.json"
+    argv = ["--threads", "1", "--seq_length", "32", "--micro_batch_size", "2", "--vocab_size", "512",
+            "--rounds", "1", "--steps", "1", "--warmup", "1", "--out", str(out)]
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert script.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script sets it process-wide: the rest of the suite keeps its own
+    data = json.loads(out.read_text())
+    yx, nano = data["rows"]
+    assert yx["name"].startswith("yxanul nano") and nano["name"] == "nanoGPT GPT"
+    for r in (yx, nano):
+        assert r["tok_per_s"] > 0 and r["params"] > 0 and r["flops_per_token"] > 0
+        assert abs(r["loss_first"] - math.log(512)) < 0.5  # a real forward of a freshly initialised model
+    assert yx["flops_per_token"] == 6 * yx["matmul_params"] + 12 * 4 * 256 * 32  # YxanulConfig.flops_per_token
+    assert data["env"]["torch_threads"] == 1 and "tok/s A/B" in data["ratio"]
+    assert "| nanoGPT GPT |" in capsys.readouterr().out
