@@ -170,8 +170,9 @@ def train_loop(a) -> dict | None:
     later = [v for s, v in got if s > 5] or [v for _, v in got]
     if not later:
         return None
-    return {"name": f"yxanul train ({a.train_steps} steps, printed tok/sec)", "tok_per_s": round(statistics.median(later), 1),
-            "printed": later, "command": "yxanul " + " ".join(cmd[3:-2])}
+    return {"name": f"yxanul train ({a.train_steps} steps, printed tok/sec)",
+            "tok_per_s": round(statistics.median(later), 1), "printed": later,
+            "command": "yxanul " + " ".join(cmd[3:-2])}
 
 
 def profile(models, windows, folder: Path) -> None:
@@ -193,7 +194,7 @@ def _n(v) -> str:
 
 
 def table(rows: list[dict], ratio: dict) -> str:
-    lines = ["| run | params | matmul params | FLOPs/token | step ms | tok/s | GFLOP/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| run | params | matmul params | FLOPs/token | step ms | tok/s | GFLOP/s |", "|---" * 7 + "|"]
     for r in rows:
         cells = [r.get(k) for k in ("params", "matmul_params", "flops_per_token", "step_ms")]
         lines.append(f"| {r['name']} | " + " | ".join(_n(c) for c in cells)
