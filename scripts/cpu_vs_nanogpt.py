@@ -52,6 +52,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5, help="timed steps per model per round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
     p.add_argument("--train_steps", type=int, default=0, help="also run `yxanul train` for N steps (0: skip)")
+    p.add_argument("--train_runs", type=int, default=2, help="`yxanul train` runs, each followed by nanoGPT steps")
+    p.add_argument("--ablations", action="store_true", help="also time yxanul without RoPE / with LayerNorm: "
+                   "which part of the gap is architecture (" + ", ".join(ABLATIONS) + ")")
     p.add_argument("--profile", default=None, help="folder: torch.profiler CPU op tables of both (3 steps each)")
     p.add_argument("--out", default=None, help="JSON file with the environment and rows")
     a = p.parse_args(argv)
@@ -87,6 +90,37 @@ def build_yxanul(a):
     info = dict(name=f"yxanul {a.preset} train_step", params=count_parameters(config),
                 matmul_params=matmul_parameters(config), flops_per_token=config.flops_per_token(a.seq_length))
     return step, info
+
+
+ABLATIONS = ("no RoPE", "LayerNorm for RMSNorm", "no RoPE + LayerNorm for RMSNorm")
+
+
+def ablated(a, kind: str):
+    """yxanul's step with architecture pieces swapped while it runs (timing only, a different model):
+    RoPE as identity, and/or RMSNorm as torch's fused F.layer_norm (CPU has no fused RMSNorm kernel).
+    What is left of the gap to nanoGPT after both is yxanul's own overhead."""
+    import torch.nn.functional as F
+
+    import yxanul.models.modeling_torch as mt
+
+    step, info = build_yxanul(a)
+    swaps = {}
+    if "no RoPE" in kind:
+        swaps["apply_rotary"] = lambda x, freqs: x
+    if "LayerNorm" in kind:
+        swaps["rms_norm"] = lambda x, w, eps: F.layer_norm(x, x.shape[-1:], w, None, eps)
+
+    def run(i: int, window: torch.Tensor) -> torch.Tensor:
+        saved = {name: getattr(mt, name) for name in swaps}
+        for name, fn in swaps.items():
+            setattr(mt, name, fn)
+        try:
+            return step(i, window)
+        finally:
+            for name, fn in saved.items():
+                setattr(mt, name, fn)
+
+    return run, {**info, "name": f"yxanul {a.preset} train_step, {kind} (ablation)"}
 
 
 def build_nanogpt(a):
@@ -153,8 +187,8 @@ def row_of(info: dict, run: dict, tokens: int) -> dict:
             "loss_first": round(run["losses"][0], 4), "loss_last": round(run["losses"][-1], 4)}
 
 
-def train_loop(a) -> dict | None:
-    """`yxanul train` at the same shape: the median of its printed tok/sec after the first log line."""
+def train_loop(a) -> list[float]:
+    """`yxanul train` at the same shape: its printed tok/sec after the first log line (5-step averages)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "yxanul", "train", "--max_steps", str(a.train_steps), "--seq_length",
                str(a.seq_length), "--micro_batch_size", str(a.micro_batch_size), "--gradient_accumulation_steps",
@@ -167,12 +201,29 @@ def train_loop(a) -> dict | None:
         print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
         raise SystemExit(f"yxanul train failed (exit {out.returncode}): {' '.join(cmd)}")
     got = [(int(s), float(v)) for s, v in re.findall(r"^step\s+(\d+) .*tok/sec: ([\d.]+)", out.stdout, re.M)]
-    later = [v for s, v in got if s > 5] or [v for _, v in got]
-    if not later:
-        return None
-    return {"name": f"yxanul train ({a.train_steps} steps, printed tok/sec)",
-            "tok_per_s": round(statistics.median(later), 1), "printed": later,
-            "command": "yxanul " + " ".join(cmd[3:-2])}
+    return [v for s, v in got if s > 5] or [v for _, v in got]
+
+
+def loop_vs_nanogpt(a, nanogpt_step, windows, flops_per_token: float, nanogpt_flops: float) -> tuple[dict, dict]:
+    """``train_runs`` x (one `yxanul train` subprocess, then nanoGPT for as many steps right after): the
+    loop cannot share the process, so each run is bracketed by nanoGPT steps timed in the same minute
+    (this VM's speed drifts by ~10 % over minutes). Returns (the loop's row, nanoGPT's bracket row)."""
+    printed, nano_times = [], []
+    for _ in range(a.train_runs):
+        printed += train_loop(a)
+        for i in range(a.train_steps):
+            t0 = time.perf_counter()
+            nanogpt_step(i, windows[i % len(windows)])
+            if i >= a.warmup:
+                nano_times.append(time.perf_counter() - t0)
+    tokens = a.micro_batch_size * a.seq_length
+    tps = statistics.median(printed)
+    loop = {"name": f"yxanul train loop ({a.train_runs} x {a.train_steps} steps, printed tok/sec)",
+            "tok_per_s": round(tps, 1), "gflops_per_s": round(tps * flops_per_token / 1e9, 2), "printed": printed}
+    nano_tps = tokens / statistics.median(nano_times) if nano_times else float("nan")
+    bracket = {"name": "nanoGPT GPT (right after each loop run)", "step_ms": round(tokens / nano_tps * 1e3, 2),
+               "tok_per_s": round(nano_tps, 1), "gflops_per_s": round(nano_tps * nanogpt_flops / 1e9, 2)}
+    return loop, bracket
 
 
 def profile(models, windows, folder: Path) -> None:
@@ -180,7 +231,7 @@ def profile(models, windows, folder: Path) -> None:
     from torch.profiler import profile as prof_ctx
 
     folder.mkdir(parents=True, exist_ok=True)
-    for step, info in models:
+    for step, info in models[:2]:
         with prof_ctx(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(3):
                 step(1000 + i, windows[i % len(windows)])
@@ -233,24 +284,25 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(1234)
     windows = [torch.randint(0, a.vocab_size, (a.micro_batch_size, a.seq_length + 1), generator=gen)
                .to(torch.uint16 if a.vocab_size <= 65535 else torch.int32) for _ in range(4)]  # the loader's form
-    models = [build_yxanul(a), build_nanogpt(a)]
+    models = [build_yxanul(a), build_nanogpt(a)] + [ablated(a, k) for k in ABLATIONS if a.ablations]
     runs = interleaved(models, windows, a)
     tokens = a.micro_batch_size * a.seq_length
     rows = [row_of(info, run, tokens) for (_, info), run in zip(models, runs)]
-    env["load_after"] = round(os.getloadavg()[0], 2)
-    A, B = rows
+    env["load_after_incl_this_run"] = round(os.getloadavg()[0], 2)
+    A, B = rows[:2]
     ratio = {"tok/s A/B": round(A["tok_per_s"] / B["tok_per_s"], 3),
              "GFLOP/s A/B (FLOPs-normalised)": round(A["gflops_per_s"] / B["gflops_per_s"], 3)}
+    for r in rows[2:]:
+        ratio[r["name"].split(", ", 1)[1] + " / B tok/s"] = round(r["tok_per_s"] / B["tok_per_s"], 3)
     if a.profile:
         profile(models, windows, Path(a.profile))
     if a.train_steps:
-        loop = train_loop(a)
-        if loop:
-            loop["gflops_per_s"] = round(loop["tok_per_s"] * A["flops_per_token"] / 1e9, 2)
-            rows.append(loop)
-            ratio["yxanul train loop / nanoGPT tok/s"] = round(loop["tok_per_s"] / B["tok_per_s"], 3)
+        loop, bracket = loop_vs_nanogpt(a, models[1][0], windows, A["flops_per_token"], B["flops_per_token"])
+        rows += [loop, bracket]
+        ratio["yxanul train loop / nanoGPT tok/s (bracketed)"] = round(loop["tok_per_s"] / bracket["tok_per_s"], 3)
     print(f"CPU {env['cpu']} | torch {env['torch']} | threads {env['torch_threads']} | load "
-          f"{env['load_before']} -> {env['load_after']} | seq {a.seq_length} x micro {a.micro_batch_size}")
+          f"{env['load_before']} (after, with this run: {env['load_after_incl_this_run']})"
+          f" | seq {a.seq_length} x micro {a.micro_batch_size}")
     print(table(rows, ratio))
     if a.out:
         Path(a.out).write_text(json.dumps({"env": env, "rows": rows, "ratio": ratio}, indent=1) + "\n")
