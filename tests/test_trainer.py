@@ -361,7 +361,8 @@ def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_confi
 
 
 @pytest.mark.gpu
-def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--mixed_precision", "bf16", "--master_weights", "fp32"]], ids=["plain", "masters"])
+def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path, extra):
     """The optimizer is built with the params already on the GPU, so AdamW's fused kernel is used
     (built on CPU params it silently falls back to the slower foreach path)."""
     import torch
@@ -370,7 +371,7 @@ def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path):
         pytest.skip("needs a CUDA device")
     from yxanul.training import Trainer
 
-    t = Trainer(_cfg(tmp_path, "--max_steps", "2", "--backend", "torch")).setup()
+    t = Trainer(_cfg(tmp_path, "--max_steps", "2", "--backend", "torch", *extra)).setup()
     inner = getattr(t.optimizer, "optimizer", t.optimizer)
     assert inner.defaults.get("fused") is True
     assert all(p.is_cuda for g in inner.param_groups for p in g["params"])

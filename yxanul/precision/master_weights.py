@@ -175,6 +175,9 @@ def build(model, groups: list[dict], **kwargs) -> MasterWeightAdamW | None:
     if masters is None:
         return None
     pairs = [(p, masters[id(p)]) for g in groups for p in g["params"]]
+    for p, m in pairs:  # onto the params' device (the trainer moves the model first): AdamW's fused kernel then applies
+        if m.device != p.device:
+            m.data = m.data.to(p.device)
     master_groups = [{**g, "params": [masters[id(p)] for p in g["params"]]} for g in groups]
     if "fused" in kwargs:
         kwargs["fused"] = kwargs["fused"] and all(m.is_cuda for _, m in pairs)
