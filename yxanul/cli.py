@@ -103,9 +103,9 @@ def _run(func, argv) -> int:
     from .errors import UserError
     from .tracking import quiet_tensorboard_writer_thread
 
-    quiet_tensorboard_writer_thread()  # its OSError is raised again in this thread: one line below
     try:
-        return int(func(argv) or 0)
+        with quiet_tensorboard_writer_thread():  # its OSError is raised again in this thread: one line below
+            return int(func(argv) or 0)
     except UserError as e:
         return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:

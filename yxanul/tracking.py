@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -151,6 +152,7 @@ def flat_tracker_config(config: dict[str, Any], prefix: str = "") -> dict[str, A
             out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else v
     return out
 
+
 # TensorBoard's SummaryWriter writes its event file from a daemon thread (tensorboard's
 # `event_file_writer._AsyncWriterThread`). An OSError there (a full disk) ends that thread and is raised
 # again in the main thread at the writer's next write/flush -- accelerate's TensorBoardTracker flushes
@@ -158,13 +160,12 @@ def flat_tracker_config(config: dict[str, Any], prefix: str = "") -> dict[str, A
 _TB_THREAD = ("tensorboard.summary.writer.event_file_writer", "_AsyncWriterThread")
 
 
-def quiet_tensorboard_writer_thread() -> None:
-    """Install (once) a `threading.excepthook` that drops an OSError ending TensorBoard's writer thread
-    (the main thread raises it next and reports it as one line, see :func:`tensorboard_logdir`); every
-    other thread exception goes to the previous hook."""
+@contextlib.contextmanager
+def quiet_tensorboard_writer_thread():
+    """Inside: a `threading.excepthook` that drops an OSError ending TensorBoard's writer thread (the main
+    thread raises it next and reports it as one line, see :func:`tensorboard_logdir`); every other thread
+    exception goes to the previous hook, which is put back on exit."""
     previous = threading.excepthook
-    if getattr(previous, "_yxanul_tb", False):
-        return
 
     def hook(args):
         cls = type(args.thread) if args.thread is not None else None
@@ -172,8 +173,11 @@ def quiet_tensorboard_writer_thread() -> None:
             return
         previous(args)
 
-    hook._yxanul_tb = True
     threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous
 
 
 def tensorboard_logdir(exc: BaseException) -> str | None:
