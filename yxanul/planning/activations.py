@@ -13,8 +13,9 @@ head dim, H heads; bytes):
 - MLP: the bf16 normalized input 2C, the fc1 output [gate; up] 4F, silu(gate) 2F, the fc2 input 2F.
 
 Together 24C + 8F + 4KV + 4H + 8 per layer and token. Outside the layers: the final norm 8C + 4, the
-LM head's bf16 input 2C, the loss's fp32 log-probabilities 4V, the int64 inputs and targets 16 (the
-bf16 logits 2V and their fp32 copy 4V are transient, see ``loss_peak``). With activation
+LM head's bf16 input 2C, the loss's fp32 log-probabilities 4V, the int64 inputs and targets 16. At
+the loss, on top: 8V at the start of backward (the fp32 gradient of the log-probabilities and the
+one log_softmax returns, live together; more than forward's transient bf16 logits + fp32 copy, 6V). With activation
 checkpointing each layer keeps only its input (bf16 2C; the first one the fp32 embedding, 4C) and one
 layer's activations are rebuilt at a time in backward.
 
@@ -34,7 +35,7 @@ class Activations:
     """Bytes for one micro-batch of ``tokens`` tokens (micro x seq_length)."""
 
     saved: int        # kept from forward to backward (what saved_tensors_hooks sees, minus weight casts)
-    loss_peak: int    # transient at the loss: bf16 logits + their fp32 copy, on top of ``saved``
+    loss_peak: int    # transient at the loss (start of backward), on top of ``saved``
     recompute: int    # checkpointing only: one layer's activations rebuilt during backward
 
 
@@ -62,9 +63,9 @@ def activations(c, micro: int, seq_length: int, checkpointing: bool = False) -> 
     if checkpointing:
         kept = (4 + 2 * (c.num_hidden_layers - 1)) * c.hidden_size * n  # each layer's input
         saved = kept + outside_bytes_per_token(c) * n
-        return Activations(saved, 6 * c.vocab_size * n, layer + rope_bytes(c, seq_length) // c.num_hidden_layers)
+        return Activations(saved, 8 * c.vocab_size * n, layer + rope_bytes(c, seq_length) // c.num_hidden_layers)
     saved = c.num_hidden_layers * layer + outside_bytes_per_token(c) * n + rope_bytes(c, seq_length)
-    return Activations(saved, 6 * c.vocab_size * n, 0)
+    return Activations(saved, 8 * c.vocab_size * n, 0)
 
 
 @contextlib.contextmanager

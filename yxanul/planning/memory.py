@@ -15,7 +15,8 @@ Bytes per parameter (P parameters, N = the processes a strategy shards over):
 A *unit* is what FSDP2 / ZeRO-3 gather at once: one decoder layer, or the root (embedding, final
 norm, LM head), whichever is larger. Strategies with fp32 weights under autocast (``single``,
 ``ddp``) also hold autocast's bf16 copy of every matmul weight from forward to backward (2 bytes per
-matmul parameter). Gradients are counted in full: with gradient accumulation they live through the
+matmul parameter), and in backward the largest weight's bf16 gradient and its fp32 copy before it is
+added to ``.grad`` (6 bytes per parameter of that weight). Gradients are counted in full: with gradient accumulation they live through the
 next micro-batch's forward and backward, which is where the peak is.
 """
 
@@ -35,6 +36,7 @@ class Shapes:
     matmul: int       # parameters that take part in a matmul (the N of 6N)
     layer: int        # one decoder layer
     root: int         # everything outside the layers (embedding, final norm, untied LM head)
+    largest: int      # the largest weight
 
     @property
     def unit(self) -> int:
@@ -52,7 +54,8 @@ def model_shapes(config) -> Shapes:
         model = YxanulForCausalLM(config)
     total = sum(p.numel() for p in model.parameters())
     layer = max(sum(p.numel() for p in blk.parameters()) for blk in model.model.layers)
-    return Shapes(total, matmul_parameters(config), layer, total - layer * len(model.model.layers))
+    largest = max(p.numel() for p in model.parameters())
+    return Shapes(total, matmul_parameters(config), layer, total - layer * len(model.model.layers), largest)
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def state_bytes(strategy: str, s: Shapes, n: int, world: int) -> tuple[int, int,
     """(weights, gradients, optimizer, buffers, weight_casts) per GPU (module docstring's table)."""
     P = s.params
     if strategy in ("single", "ddp"):
-        return 4 * P, 4 * P, 8 * P, (4 * P if world > 1 else 0), 2 * s.matmul
+        return 4 * P, 4 * P, 8 * P, (4 * P if world > 1 else 0), 2 * s.matmul + 6 * s.largest
     if strategy == "zero1":
         return 2 * P, 2 * P, 16 * P // n, 0, 0
     if strategy == "zero2":
