@@ -96,3 +96,14 @@ def test_user_errors_are_one_line(capsys, argv, key):
 
 def test_every_strategy_has_a_profile():
     assert set(PROFILES) == set(STRATEGIES)
+
+
+def test_docs_example_is_the_real_output(capsys):
+    """docs/distributed.md "Planning memory" shows this command's output: keep it honest."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
+    cmd = "$ yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80\n"
+    shown = doc.split(cmd, 1)[1].split("```", 1)[0]
+    assert main(cmd.split()[2:]) == 0
+    assert capsys.readouterr().out == shown
