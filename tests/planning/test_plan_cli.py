@@ -54,7 +54,8 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
     assert "hsdp" not in {r["strategy"] for r in one["rows"]}
     _, single = run_json(capsys, "--preset", "nano", "--gpus", "1", "--gpu_memory", "16")
     assert single["choice"]["strategy"] == "single"
-    assert single["choice"]["launch"].startswith("accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml")
+    assert single["choice"]["launch"].startswith(
+        "accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml")
 
 
 def test_max_micro_batch_is_the_largest_that_fits():

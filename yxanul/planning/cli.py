@@ -116,7 +116,8 @@ def plan(a: PlanArgs) -> dict:
                               world=a.world, gpus_per_node=a.gpus)
             m = at(a.micro_batch_size)
             row = {**m.as_dict(), "checkpointing": ckpt, "fits": m.total <= a.budget,
-                   "max_micro_batch": max_micro(at, a.budget), "comm_bytes": comm_bytes(s, shapes.params, a.world, a.gpus)}
+                   "max_micro_batch": max_micro(at, a.budget),
+                   "comm_bytes": comm_bytes(s, shapes.params, a.world, a.gpus)}
             rows.append(row)
             if choice is None and row["fits"]:
                 choice = row
@@ -124,6 +125,7 @@ def plan(a: PlanArgs) -> dict:
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
             "nodes": a.nodes, "gpu_memory_gib": a.gpu_memory, "budget_bytes": a.budget, "rows": rows,
             "choice": choice and {"strategy": choice["strategy"], "checkpointing": choice["checkpointing"],
+                                  "max_micro_batch": choice["max_micro_batch"],
                                   "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
 
 
@@ -142,18 +144,22 @@ def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
     return " ".join(parts)
 
 
+def _gib(b: int) -> str:
+    return f"{b / GiB:.1f}"
+
+
 def table(p: dict) -> str:
     """The readable form of ``plan()``."""
-    g = lambda b: f"{b / GiB:.1f}"  # noqa: E731
     head = (f"{p['preset']}: {p['params'] / 1e9:.2f}B parameters, {p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
             f"seq {p['seq_length']}, micro-batch {p['micro_batch_size']}, {p['nodes']} node(s) x {p['gpus_per_node']} "
-            f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {g(p['budget_bytes'])} GiB per GPU)")
+            f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU)")
     cols = ("strategy", "ckpt", "shard", "weights", "grads", "optim", "buffers", "casts", "activ", "total", "fits",
             "max micro", "comm GB/step")
     lines = [head, "GiB per GPU:", "  ".join(f"{c:>8}" for c in cols)]
     for r in p["rows"]:
-        cells = (r["strategy"], "yes" if r["checkpointing"] else "no", r["shard"], g(r["weights"]), g(r["gradients"]),
-                 g(r["optimizer"]), g(r["buffers"]), g(r["weight_casts"]), g(r["activations"]), g(r["total"]),
+        cells = (r["strategy"], "yes" if r["checkpointing"] else "no", r["shard"], *map(_gib, (
+                 r["weights"], r["gradients"], r["optimizer"], r["buffers"], r["weight_casts"], r["activations"],
+                 r["total"])),
                  "yes" if r["fits"] else "NO", r["max_micro_batch"], f"{r['comm_bytes'] / 1e9:.1f}")
         lines.append("  ".join(f"{c:>8}" for c in cells))
     c = p["choice"]
@@ -161,7 +167,8 @@ def table(p: dict) -> str:
         lines.append("nothing fits: more GPUs, a shorter seq_length, or a smaller micro-batch")
     else:
         lines.append(f"fastest that fits: {c['strategy']}" + (" with activation checkpointing" if c["checkpointing"]
-                                                               else ""))
+                                                               else "")
+                     + f" (micro-batches up to {c['max_micro_batch']} fit)")
         lines.append(c["launch"])
     return "\n".join(lines)
 

@@ -3,21 +3,24 @@ shapes on the meta device (nothing is allocated) and the activation formula of `
 
 Bytes per parameter (P parameters, N = the processes a strategy shards over):
 
-| strategy | weights | gradients | optimizer (AdamW m, v; fp32 masters) | buffers |
-|---|---|---|---|---|
-| ``single`` / ``ddp`` (fp32 weights, BF16 autocast) | 4 | 4 | 8 | DDP's reducer buckets 4 (a copy of the gradients; none on one process) |
-| ``zero1`` (DeepSpeed bf16) | 2 | 2 | (4 + 8 + 4) / N: masters, m, v, the fp32 gradient partition | |
-| ``zero2`` | 2 | 2 / N | 16 / N | DeepSpeed's reduce bucket |
-| ``zero3`` | 2 / N | 2 / N | 16 / N | two gathered units in bf16 (the one computing, the one prefetched) + one unit's gradients |
-| ``fsdp2`` (fully_shard, bf16 compute, fp32 reduce) | 4 / N (the fp32 shards are the masters) | 4 / N | 8 / N | two all-gathered units in bf16 + one unit's bf16 gradients and their fp32 reduce copy |
-| ``hsdp`` | as ``fsdp2`` with N = GPUs per node | | | |
+- ``single`` / ``ddp`` (fp32 weights, BF16 autocast): weights 4, gradients 4, AdamW m and v 8;
+  buffers: DDP's reducer buckets 4 (a copy of the gradients; none on one process).
+- ``zero1`` (DeepSpeed bf16): weights 2, gradients 2, optimizer (4 + 8 + 4) / N (fp32 masters, m, v,
+  the fp32 gradient partition).
+- ``zero2``: weights 2, gradients 2 / N, optimizer 16 / N; buffers: DeepSpeed's reduce bucket.
+- ``zero3``: weights 2 / N, gradients 2 / N, optimizer 16 / N; buffers: two gathered units in bf16
+  (the one computing, the one prefetched) and one unit's gradients.
+- ``fsdp2`` (``fully_shard``, bf16 compute, fp32 reduce): weights 4 / N (the fp32 shards are the
+  masters), gradients 4 / N, optimizer 8 / N; buffers: two all-gathered units in bf16, one unit's
+  bf16 gradients and their fp32 reduce copy.
+- ``hsdp``: as ``fsdp2`` with N = the GPUs of a node (replicated across nodes).
 
 A *unit* is what FSDP2 / ZeRO-3 gather at once: one decoder layer, or the root (embedding, final
 norm, LM head), whichever is larger. Strategies with fp32 weights under autocast (``single``,
 ``ddp``) also hold autocast's bf16 copy of every matmul weight from forward to backward (2 bytes per
 matmul parameter), and in backward the largest weight's bf16 gradient and its fp32 copy before it is
-added to ``.grad`` (6 bytes per parameter of that weight). Gradients are counted in full: with gradient accumulation they live through the
-next micro-batch's forward and backward, which is where the peak is.
+added to ``.grad`` (6 bytes per parameter of that weight). Gradients are counted in full: with
+gradient accumulation they live through the next micro-batch's forward and backward (the peak).
 """
 
 from __future__ import annotations
