@@ -23,31 +23,44 @@ CPU_CASES = [dict(fields=STATE, micro=1, seq_length=32), dict(fields=ACTIV, micr
              dict(fields=ACTIV, micro=2, seq_length=256, checkpointing=True)]
 
 
-def planned(case) -> int:
+def planned(case, strategy="single", world=1) -> int:
     c = YxanulConfig(**case["fields"], max_position_embeddings=case["seq_length"], backend="torch")
-    return memory("single", c, model_shapes(c), micro=case["micro"], seq_length=case["seq_length"],
-                  checkpointing=case.get("checkpointing", False), world=1, gpus_per_node=1).total
+    return memory(strategy, c, model_shapes(c), micro=case["micro"], seq_length=case["seq_length"],
+                  checkpointing=case.get("checkpointing", False), world=world, gpus_per_node=world).total
 
 
-def run_measure(cases, device, tmp_path) -> list[dict]:
+def run_measure(cases, device, tmp_path, ranks=1) -> list[dict]:
     f = tmp_path / "cases.json"
     f.write_text(json.dumps(cases))
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed tensors leave the resident set
-    out = subprocess.run([sys.executable, "-m", "yxanul.planning.measure", str(f), device], capture_output=True,
+    launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  "--nproc_per_node", str(ranks)]
+    out = subprocess.run([*launch, "-m", "yxanul.planning.measure", str(f), device], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.strip().splitlines()]
 
 
-def check(cases, got):
+def check(cases, got, strategy="single", world=1):
     for case, g in zip(cases, got, strict=True):
-        plan, peak = planned(case), g["peak_bytes"]
+        plan, peak = planned(case, strategy, world), g["peak_bytes"]
         assert abs(plan - peak) <= TOLERANCE * peak, (case, plan, peak, (plan - peak) / peak)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux: peak RSS reset")
 def test_plan_within_15_percent_of_the_cpu_peak_rss(tmp_path):
     check(CPU_CASES, run_measure(CPU_CASES, "cpu", tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux: peak RSS reset")
+def test_ddp_plan_within_15_percent_of_each_ranks_peak_rss(tmp_path):
+    """Two gloo ranks under torchrun, DistributedDataParallel with its defaults: the reducer's bucket
+    copy of the gradients (4 bytes per parameter) is in the plan and in the measurement."""
+    cases = CPU_CASES[:1]
+    got = run_measure(cases, "cpu", tmp_path, ranks=2)
+    assert [g["world_size"] for g in got] == [2, 2]
+    check(cases * 2, got, "ddp", world=2)
 
 
 GPU_CASES = [  # MHA (flash attention) and GQA, with and without checkpointing

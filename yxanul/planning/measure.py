@@ -7,7 +7,9 @@ steps of two accumulated micro-batches (the second step is the steady state: Ada
 gradients live through the second micro-batch). It prints one JSON line per case with the peak: on
 CUDA ``torch.cuda.max_memory_allocated`` minus what was allocated before the model; on the CPU the
 peak resident set size (VmHWM, reset through ``/proc/self/clear_refs`` before each case) minus the
-resident size before the model. Run it with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns
+resident size before the model. Under ``torchrun`` (WORLD_SIZE > 1) every rank wraps the model in
+DistributedDataParallel over gloo with its default arguments (as accelerate's ``prepare`` does) and
+prints its own line. Run it with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns
 every freed tensor to the system, so the resident size follows what is allocated (the default
 threshold adapts upward and keeps freed memory resident).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import resource
 import sys
 
@@ -65,20 +68,28 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
         model.set_activation_checkpointing(True)
     plan = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config)
     opt = build_optimizer(model, OptimArgs())
+    wrapped = model
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
     for _ in range(2):
-        train_step(model, opt, batches, plan=plan, max_grad_norm=1.0)
+        train_step(wrapped, opt, batches, plan=plan, max_grad_norm=1.0, device=device)
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = peak_rss_bytes() - base
-    del model, opt
-    return {"peak_bytes": peak, "baseline_bytes": base, "device": device}
+    del model, wrapped, opt
+    return {"peak_bytes": peak, "baseline_bytes": base, "device": device,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
 
 
 if __name__ == "__main__":
     cases = json.loads(open(sys.argv[1]).read())
     dev = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
     for case in cases:
         print(json.dumps(measure(case["fields"], case["micro"], case["seq_length"], case.get("checkpointing", False),
                                  device=dev)), flush=True)
