@@ -29,13 +29,13 @@ def planned(case, strategy="single", world=1) -> int:
                   checkpointing=case.get("checkpointing", False), world=world, gpus_per_node=world).total
 
 
-def run_measure(cases, device, tmp_path, ranks=1) -> list[dict]:
+def run_measure(cases, device, tmp_path, ranks=1, strategy="single") -> list[dict]:
     f = tmp_path / "cases.json"
     f.write_text(json.dumps(cases))
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")  # freed tensors leave the resident set
     launch = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   "--nproc_per_node", str(ranks)]
-    out = subprocess.run([*launch, "-m", "yxanul.planning.measure", str(f), device], capture_output=True,
+    out = subprocess.run([*launch, "-m", "yxanul.planning.measure", str(f), device, strategy], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.strip().splitlines()]
@@ -54,13 +54,15 @@ def test_plan_within_15_percent_of_the_cpu_peak_rss(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux: peak RSS reset")
-def test_ddp_plan_within_15_percent_of_each_ranks_peak_rss(tmp_path):
-    """Two gloo ranks under torchrun, DistributedDataParallel with its defaults: the reducer's bucket
-    copy of the gradients (4 bytes per parameter) is in the plan and in the measurement."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_rank_plan_within_15_percent_of_each_ranks_peak_rss(tmp_path, strategy):
+    """Two gloo ranks under torchrun. ddp: DistributedDataParallel with its defaults, whose reducer
+    buckets copy the gradients (4 bytes per parameter); fsdp2: fully_shard per layer and at the root,
+    bf16 compute, fp32 reduce: fp32 shards, and the gathered units of the root (the 32k embedding)."""
     cases = CPU_CASES[:1]
-    got = run_measure(cases, "cpu", tmp_path, ranks=2)
+    got = run_measure(cases, "cpu", tmp_path, ranks=2, strategy=strategy)
     assert [g["world_size"] for g in got] == [2, 2]
-    check(cases * 2, got, "ddp", world=2)
+    check(cases * 2, got, strategy, world=2)
 
 
 GPU_CASES = [  # MHA (flash attention) and GQA, with and without checkpointing

@@ -7,9 +7,10 @@ steps of two accumulated micro-batches (the second step is the steady state: Ada
 gradients live through the second micro-batch). It prints one JSON line per case with the peak: on
 CUDA ``torch.cuda.max_memory_allocated`` minus what was allocated before the model; on the CPU the
 peak resident set size (VmHWM, reset through ``/proc/self/clear_refs`` before each case) minus the
-resident size before the model. Under ``torchrun`` (WORLD_SIZE > 1) every rank wraps the model in
-DistributedDataParallel over gloo with its default arguments (as accelerate's ``prepare`` does) and
-prints its own line. Run it with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns
+resident size before the model. Under ``torchrun`` (WORLD_SIZE > 1, gloo) every rank prints its own
+line; the third argument picks the wrapping: ``ddp`` (DistributedDataParallel with its default
+arguments, as accelerate's ``prepare`` does) or ``fsdp2`` (``fully_shard`` per decoder layer and at
+the root, bf16 parameters in compute and fp32 gradient reduction, no autocast). Run it with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns
 every freed tensor to the system, so the resident size follows what is allocated (the default
 threshold adapts upward and keeps freed memory resident).
 """
@@ -42,14 +43,33 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = False, device: str = "cpu") -> dict:
+def wrap(model, strategy: str):
+    """``(model to step, precision plan)`` for ``strategy`` (single, ddp, fsdp2)."""
+    import torch
+
+    from ..precision import resolve_precision
+    from ..precision.args import PrecisionArgs
+
+    bf16 = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config)  # autocast, as accelerate
+    if strategy == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model), bf16
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        return fully_shard(model, mp_policy=mp), None
+    return model, bf16
+
+
+def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = False, device: str = "cpu",
+            strategy: str = "single") -> dict:
     """Peak bytes above the baseline of two accumulated micro-batches x two optimizer steps."""
     import torch
 
     from ..models import YxanulConfig, YxanulForCausalLM
     from ..optim import OptimArgs, build_optimizer
-    from ..precision import resolve_precision
-    from ..precision.args import PrecisionArgs
     from ..training.step import train_step
 
     config = YxanulConfig(**fields, max_position_embeddings=seq_length, backend="torch")
@@ -66,11 +86,8 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
     model = YxanulForCausalLM(config).to(device)
     if checkpointing:
         model.set_activation_checkpointing(True)
-    plan = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config)
-    opt = build_optimizer(model, OptimArgs())
-    wrapped = model
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    wrapped, plan = wrap(model, strategy)
+    opt = build_optimizer(model, OptimArgs())  # after fully_shard: the optimizer steps the local shards
     for _ in range(2):
         train_step(wrapped, opt, batches, plan=plan, max_grad_norm=1.0, device=device)
     if cuda:
@@ -86,10 +103,11 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
 if __name__ == "__main__":
     cases = json.loads(open(sys.argv[1]).read())
     dev = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    how = sys.argv[3] if len(sys.argv) > 3 else "single"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
     for case in cases:
         print(json.dumps(measure(case["fields"], case["micro"], case["seq_length"], case.get("checkpointing", False),
-                                 device=dev)), flush=True)
+                                 device=dev, strategy=how)), flush=True)
