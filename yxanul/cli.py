@@ -17,6 +17,7 @@ COMMANDS = {
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),
+    "plan": ("yxanul.planning.cli", "main", "memory per GPU under DDP/ZeRO/FSDP2/HSDP, what fits, the launch line"),
     "plot-lr": ("yxanul.tools.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
     "bench": ("yxanul.tools.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
     "compare": ("yxanul.tools.compare", "main", "plot and compare the loss curves of runs (e.g. BF16 vs FP8)"),

@@ -74,6 +74,21 @@ def test_preset_shapes_are_fp8_and_tensor_core_friendly(name):
     assert (cfg.num_key_value_heads * cfg.head_dim) % 16 == 0 and cfg.head_dim % 16 == 0
 
 
+# Llama shapes the multi-GPU presets reproduce (published parameter counts, vocabulary 128,256)
+LLAMA = {"3b": ("Llama-3.2-3B", True, 3_212_749_824), "7b": ("Llama-3-8B", False, 8_030_261_248)}
+
+
+@pytest.mark.parametrize("name", list(LLAMA))
+def test_multi_gpu_presets_are_llama_3_shapes(name):
+    llama, tied, published = LLAMA[name]
+    cfg = config_from_preset(name, 128256, 8192, backend="torch", tie_word_embeddings=tied)
+    assert count_parameters(cfg) == built_count(cfg) == published, llama
+    assert cfg.num_key_value_heads == 8 < cfg.num_attention_heads and cfg.head_dim == 128   # GQA
+    assert config_from_preset(name, 50257, 2048).vocab_size == 50304                          # 393 x 128
+    assert config_from_preset(name, 32001, 2048).vocab_size == 32128                          # not 32064 (x 64)
+    assert config_from_preset("xlarge", 32001, 2048).vocab_size == 32064                      # others: x 64
+
+
 def test_pad_vocab():
     assert [pad_vocab(n) for n in (1, 64, 65, 50257, 50304)] == [64, 64, 128, 50304, 50304]
     assert pad_vocab(100, multiple=128) == 128
@@ -130,3 +145,4 @@ def test_docs_table_matches_the_code():
         for cell, vocab in zip(cells[5:7], (50304, 8192)):
             n = count_parameters(config_from_preset(name, vocab, 2048))
             assert cell == f"{n / 1e6:,.1f}M", (name, vocab, cell)
+        assert cells[7] == f"{config_from_preset(name, 50304, 2048).flops_per_token() / 1e9:,.2f}", name

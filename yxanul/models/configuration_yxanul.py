@@ -12,7 +12,7 @@ from transformers import AutoConfig, PreTrainedConfig
 
 from ..errors import ConfigError
 from .args import validate_loss
-from .presets import BACKENDS, PRESETS  # noqa: F401  (re-exported; the shapes live in a torch-free module)
+from .presets import BACKENDS, PRESETS, VOCAB_MULTIPLE  # noqa: F401  (re-exported; the shapes live in a torch-free module)
 
 
 def pad_vocab(n: int, multiple: int = 64) -> int:
@@ -100,12 +100,13 @@ AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
 
 def config_from_preset(name: str, vocab_size: int, seq_length: int, **overrides) -> YxanulConfig:
     """The config of preset ``name`` for a tokenizer of ``vocab_size`` tokens (padded to a multiple of
-    64) and sequences of up to ``seq_length`` tokens. ``overrides``: any YxanulConfig field (None = keep)."""
+    64, or the preset's ``VOCAB_MULTIPLE``) and sequences of up to ``seq_length`` tokens. ``overrides``: any YxanulConfig field (None = keep)."""
     if name not in PRESETS:
         raise ConfigError("model", "one of " + ", ".join(PRESETS), name)
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
         raise ConfigError("seq_length", "a positive integer", seq_length)
-    kw = dict(PRESETS[name], vocab_size=pad_vocab(vocab_size), max_position_embeddings=seq_length)
+    kw = dict(PRESETS[name], vocab_size=pad_vocab(vocab_size, VOCAB_MULTIPLE.get(name, 64)),
+              max_position_embeddings=seq_length)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return YxanulConfig(**kw)
 

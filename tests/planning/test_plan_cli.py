@@ -1,0 +1,110 @@
+"""`yxanul plan`: the table, --json, the choice, the launch line and one-line user errors."""
+
+import json
+
+import pytest
+
+from yxanul.cli import main
+from yxanul.models import config_from_preset
+from yxanul.planning.cli import PROFILES, PlanArgs, plan
+from yxanul.planning.memory import STRATEGIES, memory, model_shapes
+
+GiB = 2**30
+
+
+def run_json(capsys, *argv):
+    code = main(["plan", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_7b_on_two_nodes_picks_the_least_sharded_strategy_that_fits(capsys):
+    code, p = run_json(capsys, "--preset", "7b", "--seq_length", "4096", "--gpus", "8", "--nodes", "2",
+                       "--gpu_memory", "80")
+    assert code == 0 and p["params"] == 7_185_633_280
+    rows = {(r["strategy"], r["checkpointing"]): r for r in p["rows"]}
+    assert not rows[("ddp", False)]["fits"] and not rows[("ddp", True)]["fits"]  # 16 B/param + buckets > 80 GiB
+    assert rows[("zero1", False)]["fits"]
+    assert p["choice"]["strategy"] == "zero1" and p["choice"]["checkpointing"] is False
+    line = p["choice"]["launch"]
+    assert line.startswith("accelerate launch --config_file accelerate_configs/deepspeed_zero1_fp8.yaml")
+    for part in ("--num_machines 2", "--num_processes 16", "--machine_rank $NODE_RANK", "--model 7b",
+                 "--seq_length 4096", "--micro_batch_size 1"):
+        assert part in line
+    # sharding strictly lowers the model state per GPU, in the planner's order
+    state = [rows[(s, False)]["weights"] + rows[(s, False)]["gradients"] + rows[(s, False)]["optimizer"]
+             for s in ("ddp", "zero1", "zero2", "fsdp2")]
+    assert state == sorted(state, reverse=True)
+
+
+def test_tight_memory_needs_sharding_and_checkpointing(capsys):
+    code, p = run_json(capsys, "--preset", "7b", "--seq_length", "4096", "--micro_batch_size", "4", "--gpus", "8",
+                       "--nodes", "2", "--gpu_memory", "40")
+    assert code == 0
+    c = p["choice"]
+    assert c["checkpointing"] and c["strategy"] in ("zero2", "hsdp", "fsdp2", "zero3")
+    assert "--gradient_checkpointing true" in c["launch"]
+    fits = [r for r in p["rows"] if r["fits"]]
+    assert all(r["total"] <= p["budget_bytes"] for r in fits)
+    first = next(r for r in p["rows"] if r["fits"])
+    assert (first["strategy"], first["checkpointing"]) == (c["strategy"], c["checkpointing"])
+
+
+def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
+    _, one = run_json(capsys, "--preset", "3b", "--gpus", "8")
+    assert "hsdp" not in {r["strategy"] for r in one["rows"]}
+    _, single = run_json(capsys, "--preset", "nano", "--gpus", "1", "--gpu_memory", "16")
+    assert single["choice"]["strategy"] == "single"
+    assert single["choice"]["launch"].startswith(
+        "accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml")
+
+
+def test_max_micro_batch_is_the_largest_that_fits():
+    a = PlanArgs(preset="3b", seq_length=2048, gpus=8, nodes=1, gpu_memory=80)
+    p = plan(a)
+    c = config_from_preset("3b", 50257, 2048, backend="torch")
+    s = model_shapes(c)
+    for r in p["rows"]:
+        m = r["max_micro_batch"]
+        def at(b, r=r):
+            return memory(r["strategy"], c, s, micro=b, seq_length=2048, checkpointing=r["checkpointing"],
+                          world=8, gpus_per_node=8).total
+        assert m == 0 or at(m) <= a.budget
+        assert at(m + 1) > a.budget
+
+
+def test_table_output_names_every_strategy(capsys):
+    assert main(["plan", "--preset", "3b", "--seq_length", "2048", "--gpus", "8", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    for s in STRATEGIES[1:]:
+        assert f" {s} " in out
+    assert "fastest that fits:" in out and "accelerate launch" in out
+
+
+def test_nothing_fits_exits_1(capsys):
+    assert main(["plan", "--preset", "7b", "--gpus", "1", "--gpu_memory", "24"]) == 1
+    assert "nothing fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,key", [
+    (["--preset", "13b"], "preset"), (["--gpus", "0"], "gpus"), (["--gpu_memory", "-1"], "gpu_memory"),
+    (["--headroom", "1.5"], "headroom"), (["--seq_lenght", "4"], "seq_length"),
+])
+def test_user_errors_are_one_line(capsys, argv, key):
+    assert main(["plan", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err
+
+
+def test_every_strategy_has_a_profile():
+    assert set(PROFILES) == set(STRATEGIES)
+
+
+def test_docs_example_is_the_real_output(capsys):
+    """docs/distributed.md "Planning memory" shows this command's output: keep it honest."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
+    cmd = "$ yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80\n"
+    shown = doc.split(cmd, 1)[1].split("```", 1)[0]
+    assert main(cmd.split()[2:]) == 0
+    assert capsys.readouterr().out == shown

@@ -1,0 +1,183 @@
+"""`yxanul plan`: memory per GPU of a preset under DDP, ZeRO-1/2/3, FSDP2 and HSDP, which strategies
+fit, which to run, and the `accelerate launch` line. No GPU and no weights: the parameter shapes come
+from the real model on the meta device, the activations from the formula of ``activations.py``
+(checked against what autograd saves, and against measured peaks: docs/distributed.md).
+
+The choice: the first strategy that fits in ``STRATEGIES`` order (least communication first: DDP
+all-reduces gradients once per step; ZeRO-1/2 add a parameter all-gather after the step; HSDP and
+FSDP2 / ZeRO-3 all-gather every layer's weights in forward and again in backward, HSDP only inside a
+node), without activation checkpointing before with it (recomputing the forward adds ~33 % compute,
+more than the next sharding step costs when its communication overlaps).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..models.presets import PRESETS
+from .memory import STRATEGIES, Memory, memory, model_shapes
+
+GiB = 2**30
+CUDA_CONTEXT = 1 * GiB  # CUDA context, cuBLAS / NCCL workspaces: outside the caching allocator
+MAX_MICRO = 4096
+
+# strategy -> accelerate profile (accelerate_configs/)
+PROFILES = {"single": "single_gpu_fp8.yaml", "ddp": "multi_gpu_fp8.yaml", "zero1": "deepspeed_zero1_fp8.yaml",
+            "zero2": "deepspeed_zero2.yaml", "zero3": "deepspeed_zero3.yaml", "fsdp2": "fsdp2.yaml",
+            "hsdp": "fsdp2_hsdp.yaml"}
+MULTI_NODE_DDP = "multi_node_fp8.yaml"
+
+
+@dataclass
+class PlanArgs:
+    """Plan the memory per GPU of a training run and the strategy to launch it with."""
+
+    preset: str = field(default="7b", metadata={"help": "Model preset: " + ", ".join(PRESETS) + ".",
+                                                "aliases": ["--model"]})
+    seq_length: int = field(default=2048, metadata={"help": "Tokens per sequence."})
+    micro_batch_size: int = field(default=1, metadata={"help": "Sequences per GPU per forward/backward."})
+    gpu_memory: float = field(default=80.0, metadata={"help": "Memory of one GPU in GiB (an H100 80GB has 79.2)."})
+    gpus: int = field(default=8, metadata={"help": "GPUs per node."})
+    nodes: int = field(default=1, metadata={"help": "Nodes."})
+    headroom: float = field(default=0.1, metadata={
+        "help": "Fraction of the GPU memory kept free for fragmentation and temporaries (1 GiB for the CUDA "
+                "context comes off as well)."})
+    vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (padded as the trainer pads it)."})
+    config: str = field(default="CONFIG.yaml", metadata={"help": "Training config named in the launch line."})
+    json: bool = field(default=False, metadata={"help": "Print the plan as JSON."})
+
+    def __post_init__(self):
+        if self.preset not in PRESETS:
+            raise ConfigError("preset", "one of " + ", ".join(PRESETS), self.preset)
+        for key in ("seq_length", "micro_batch_size", "gpus", "nodes", "vocab_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(key, "an integer >= 1", getattr(self, key))
+        if not self.gpu_memory > 0:
+            raise ConfigError("gpu_memory", "a number of GiB > 0", self.gpu_memory)
+        if not 0 <= self.headroom < 1:
+            raise ConfigError("headroom", "a fraction in [0, 1)", self.headroom)
+
+    @property
+    def world(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def budget(self) -> int:
+        """Bytes a training step may use on one GPU."""
+        return int(self.gpu_memory * GiB * (1 - self.headroom)) - CUDA_CONTEXT
+
+
+def candidates(a: PlanArgs) -> list[str]:
+    if a.world == 1:
+        return ["single"]
+    return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or a.nodes > 1)]
+
+
+def comm_bytes(strategy: str, params: int, world: int, gpus_per_node: int) -> int:
+    """Bytes one GPU sends per optimizer step (ring collectives, no accumulation): DDP all-reduces fp32
+    gradients (2 x 4P); ZeRO-1/2 reduce-scatter bf16 gradients and all-gather bf16 weights (2P + 2P);
+    ZeRO-3 all-gathers bf16 weights twice and reduce-scatters bf16 gradients (6P); FSDP2 all-gathers
+    bf16 weights twice and reduce-scatters fp32 gradients (2P + 2P + 4P); HSDP does FSDP2's inside a
+    node and all-reduces its fp32 gradient shard across nodes (2 x 4P / GPUs per node)."""
+    ring = (world - 1) / world
+    per_param = {"single": 0, "ddp": 8 * ring, "zero1": 4 * ring, "zero2": 4 * ring, "zero3": 6 * ring,
+                 "fsdp2": 8 * ring}
+    if strategy == "hsdp":
+        n, nodes = gpus_per_node, world // gpus_per_node
+        return int(params * (8 * (n - 1) / n + 8 / n * (nodes - 1) / nodes))
+    return int(params * per_param[strategy])
+
+
+def max_micro(fit, budget: int) -> int:
+    """The largest micro-batch m <= MAX_MICRO with fit(m).total <= budget (0 if not even 1)."""
+    lo, hi = 0, MAX_MICRO
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fit(mid).total <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan(a: PlanArgs) -> dict:
+    """The whole plan as plain data (what --json prints)."""
+    from ..models.configuration_yxanul import config_from_preset
+
+    config = config_from_preset(a.preset, a.vocab_size, a.seq_length, backend="torch")
+    shapes = model_shapes(config)
+    rows, choice = [], None
+    for ckpt in (False, True):
+        for s in candidates(a):
+            def at(m, s=s, ckpt=ckpt) -> Memory:
+                return memory(s, config, shapes, micro=m, seq_length=a.seq_length, checkpointing=ckpt,
+                              world=a.world, gpus_per_node=a.gpus)
+            m = at(a.micro_batch_size)
+            row = {**m.as_dict(), "checkpointing": ckpt, "fits": m.total <= a.budget,
+                   "max_micro_batch": max_micro(at, a.budget),
+                   "comm_bytes": comm_bytes(s, shapes.params, a.world, a.gpus)}
+            rows.append(row)
+            if choice is None and row["fits"]:
+                choice = row
+    return {"preset": a.preset, "params": shapes.params, "flops_per_token": config.flops_per_token(a.seq_length),
+            "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
+            "nodes": a.nodes, "gpu_memory_gib": a.gpu_memory, "budget_bytes": a.budget, "rows": rows,
+            "choice": choice and {"strategy": choice["strategy"], "checkpointing": choice["checkpointing"],
+                                  "max_micro_batch": choice["max_micro_batch"],
+                                  "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
+
+
+def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
+    """The exact `accelerate launch` command (run on every node with its own NODE_RANK)."""
+    profile = MULTI_NODE_DDP if strategy == "ddp" and a.nodes > 1 else PROFILES[strategy]
+    parts = ["accelerate launch", f"--config_file accelerate_configs/{profile}"]
+    if strategy != "single":
+        parts += [f"--num_machines {a.nodes}", f"--num_processes {a.world}"]
+    if a.nodes > 1:
+        parts += ["--machine_rank $NODE_RANK", "--main_process_ip $MAIN_IP", "--main_process_port 29500"]
+    parts += ["train.py", f"--config {a.config}", f"--model {a.preset}", f"--seq_length {a.seq_length}",
+              f"--micro_batch_size {a.micro_batch_size}"]
+    if checkpointing:
+        parts.append("--gradient_checkpointing true")
+    return " ".join(parts)
+
+
+def _gib(b: int) -> str:
+    return f"{b / GiB:.1f}"
+
+
+def table(p: dict) -> str:
+    """The readable form of ``plan()``."""
+    head = (f"{p['preset']}: {p['params'] / 1e9:.2f}B parameters, {p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
+            f"seq {p['seq_length']}, micro-batch {p['micro_batch_size']}, {p['nodes']} node(s) x {p['gpus_per_node']} "
+            f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU)")
+    cols = ("strategy", "ckpt", "shard", "weights", "grads", "optim", "buffers", "casts", "activ", "total", "fits",
+            "max micro", "comm GB/step")
+    lines = [head, "GiB per GPU:", "  ".join(f"{c:>8}" for c in cols)]
+    for r in p["rows"]:
+        cells = (r["strategy"], "yes" if r["checkpointing"] else "no", r["shard"], *map(_gib, (
+                 r["weights"], r["gradients"], r["optimizer"], r["buffers"], r["weight_casts"], r["activations"],
+                 r["total"])),
+                 "yes" if r["fits"] else "NO", r["max_micro_batch"], f"{r['comm_bytes'] / 1e9:.1f}")
+        lines.append("  ".join(f"{c:>8}" for c in cells))
+    c = p["choice"]
+    if c is None:
+        lines.append("nothing fits: more GPUs, a shorter seq_length, or a smaller micro-batch")
+    else:
+        lines.append(f"fastest that fits: {c['strategy']}" + (" with activation checkpointing" if c["checkpointing"]
+                                                               else "")
+                     + f" (micro-batches up to {c['max_micro_batch']} fit)")
+        lines.append(c["launch"])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
+    from ..flags import parse_command
+
+    a = parse_command(PlanArgs, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
+    p = plan(a)
+    print(json.dumps(p, indent=2) if a.json else table(p))
+    return 0 if p["choice"] else 1
