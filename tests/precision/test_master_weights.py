@@ -30,9 +30,9 @@ def _batches(n: int, b: int = 4, t: int = 32, vocab: int = 1000, seed: int = 1):
     return [torch.randint(0, vocab, (b, t + 1), generator=gen) for _ in range(n)]  # packed (B, T + 1)
 
 
-def _run(model, plan, batches, steps: int):
-    opt = build_optimizer(model, OptimArgs(max_lr=LR, warmup_steps=0))
-    outs = [train_step(model, opt, [batches[i % len(batches)]], plan=plan, max_grad_norm=1.0, lr=LR)
+def _run(model, plan, batches, steps: int, lr: float = LR):
+    opt = build_optimizer(model, OptimArgs(max_lr=lr, warmup_steps=0))
+    outs = [train_step(model, opt, [batches[i % len(batches)]], plan=plan, max_grad_norm=1.0, lr=lr)
             for i in range(steps)]
     return [o.loss.item() for o in outs], [float(o.grad_norm) for o in outs], opt
 
@@ -45,12 +45,19 @@ def test_bf16_params_fp32_masters_and_the_loss_curve_follows_fp32_weights_under_
     init = {k: v.clone() for k, v in mw.state_dict().items()}
     assert all(torch.equal(init[k], v) for k, v in ref.state_dict().items())  # state_dict: the fp32 masters
     batches = _batches(2)
-    ref_losses, ref_norms, _ = _run(ref, ref_plan, batches, 6)
-    losses, norms, opt = _run(mw, plan, batches, 6)
+    # lr 3e-3, not LR: at 1e-2 this model jumps between minima (losses 7 -> 13 -> 2), so BF16 autocast's
+    # kernel-dependent rounding (0.4 % on the first loss between two CPU processes) decides the curve
+    ref_losses, ref_norms, _ = _run(ref, ref_plan, batches, 8, lr=3e-3)
+    losses, norms, opt = _run(mw, plan, batches, 8, lr=3e-3)
     assert {p.dtype for g in opt.param_groups for p in g["params"]} == {torch.float32}
-    assert ref_losses[-1] < ref_losses[0] - 1.0  # the run learns, so a frozen copy-back would show
-    # tolerance: BF16 weights round the fp32 update into 8 mantissa bits for the forward only
-    assert losses == pytest.approx(ref_losses, rel=1e-2), (losses, ref_losses)
+    # Tolerances, tied to each other: BF16 weights round each fp32 master to 8 mantissa bits (relative
+    # error <= 2**-9) for the forward only; with autocast's own rounding the losses move by < 1 % (0.2 %
+    # measured). RTOL allows 2 %. The run must learn by LEARN = 5 x RTOL on both batches (steps 0/6 and 1/7
+    # see the same batch; 25 % measured), so that a frozen copy-back (losses stuck at their first values)
+    # fails the approx.
+    rtol, learn = 2e-2, 1e-1
+    assert ref_losses[6] < ref_losses[0] * (1 - learn) and ref_losses[7] < ref_losses[1] * (1 - learn), ref_losses
+    assert losses == pytest.approx(ref_losses, rel=rtol), (losses, ref_losses)
     # the gradient norm (before clipping) is the masters' fp32 one, equal to the reference's
     assert norms == pytest.approx(ref_norms, rel=5e-2), (norms, ref_norms)
     sd = mw.state_dict()
