@@ -218,4 +218,4 @@ def test_slurm_script_runs_two_nodes_through_a_stand_in_srun(tmp_path):
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     node0 = (logs / "node0.log").read_text()
     assert r.returncode == 0, r.stdout + node0[-3000:]
-    assert f"resumed from {run / 'checkpoints' / f'step_{step}'}" in node0 and f"step {step + 2:4d}" in node0, node0
+    assert f"resumed from runs/t-77/checkpoints/step_{step}" in node0 and f"step {step + 2:4d}" in node0, node0
