@@ -343,3 +343,12 @@ def test_zero3_fp8_rules(tmp_path, zero, key):
     if "offload_param" not in zero:  # offload_param is a stage-3 key: DeepSpeed rejects it below
         z2 = _write(tmp_path, "z2.json", {**GOOD_DS, "zero_optimization": {"stage": 2, **zero}})
         assert key not in _keys(lint_file(z2, use_fp8=True))
+
+
+def test_fsdp_without_cuda_warns_that_it_is_plain_data_parallel():
+    """accelerate 1.15 sets DistributedType.FSDP only from a MULTI_GPU-type state: two CPU processes
+    launched with an FSDP profile train as DDP (checked: their checkpoint is model.safetensors +
+    optimizer.bin, not FSDP's sharded folders)."""
+    env = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "ACCELERATE_USE_CPU": "1"}
+    assert "ACCELERATE_USE_FSDP" in _keys(check_launch_environment(env, cuda_available=False), "warning")
+    assert check_launch_environment(env, cuda_available=True) == []
