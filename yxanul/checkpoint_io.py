@@ -77,7 +77,7 @@ def _zero_world_size_line(ckpt, msg: str) -> str:
     saved, now = m.groups() if m else ("another", "this")
     return (f"resume '{ckpt}': its DeepSpeed ZeRO state was sharded over {saved} processes and DeepSpeed "
             f"reloads it only at that world size (this run has {now}): relaunch with --num_processes {saved}, "
-            f"or start a new run from its weights with --init_from {ckpt} (fresh optimizer)")
+            f"or `yxanul export {ckpt} OUT --dtype fp32` and start a new run with --init_from OUT (fresh optimizer)")
 
 
 def _own_storage_for_views(models: list, weights: list, output_dir: str) -> None:
