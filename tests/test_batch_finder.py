@@ -194,6 +194,20 @@ def test_cache_hit_skips_probing_and_reuses_the_boundary(tmp_path):
     assert not hit and len(calls) > n
 
 
+def test_cache_writers_global_rank0_run_dir_local_rank0_user_cache(tmp_path, monkeypatch):
+    """Several nodes: node 1's local rank 0 fills its own (node-local) user cache but never the run
+    dir's copy on the shared filesystem; global rank 0 writes both; other ranks neither."""
+    fields = {"model_shape": "z", "seq_length": 64}
+
+    def search():
+        return find_micro_batch(oom_above(12), max_size=64, safety_margin=1.0, free=None)
+
+    for who, write in (("rank0", (True, True)), ("node1_local0", (False, True)), ("node1_other", (False, False))):
+        monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / who / "home"))
+        get_or_find(fields, search, max_size=64, safety_margin=1.0, run_dir=tmp_path / who / "run", write=write)
+        assert [(tmp_path / who / d / "batch_cache.json").is_file() for d in ("run", "home")] == list(write), who
+
+
 def _tiny():
     from yxanul.models import YxanulForCausalLM, config_from_preset
 

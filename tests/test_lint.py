@@ -106,6 +106,10 @@ ACC_CASES = [
                             "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero1.json",
                                                  "gradient_clipping": 1.0}},
      "deepspeed_config.gradient_clipping", "error"),
+    ("zero3_init_flag_no_effect", {"distributed_type": "DEEPSPEED", "mixed_precision": None, "fp8_config": None,
+                                   "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero3.json",
+                                                        "zero3_init_flag": True}},
+     "deepspeed_config.zero3_init_flag", "warning"),
 ]
 
 
@@ -237,7 +241,8 @@ def test_shipped_yaml_through_accelerates_own_loader_and_launcher(path, monkeypa
         assert args.multi_gpu and args.nproc_per_node == "2"  # torchrun with 2 processes
     assert [p for p in check_launch_environment(env, cuda_available=True) if p.severity == "error"] == []
     if "deepspeed" in name:
-        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == "ds_configs/zero1.json"
+        stage = name.split("zero")[1][0]  # deepspeed_zeroN_fp8.yaml -> ds_configs/zeroN.json
+        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == f"ds_configs/zero{stage}.json"
         assert "mixed_precision" not in env["ACCELERATE_CONFIG_DS_FIELDS"]
 
 
@@ -250,8 +255,10 @@ def test_check_launch_environment_rules(tmp_path):
     problems = check_launch_environment(env, use_fp8=False, cuda_available=False)
     assert {"amp", "ACCELERATE_CONFIG_DS_FIELDS"} <= _keys(problems, "error")  # the DeepSpeed file is linted too
     assert "fp8" in _keys(problems, "warning") and "fp8" not in _keys(problems, "error")
-    assert {"ACCELERATE_FP8_BACKEND", "ACCELERATE_FP8_AMAX_HISTORY_LENGTH", "ACCELERATE_MIXED_PRECISION",
-            "ACCELERATE_USE_CPU"} <= _keys(problems, "warning")
+    assert {"ACCELERATE_FP8_BACKEND", "ACCELERATE_FP8_AMAX_HISTORY_LENGTH",
+            "ACCELERATE_MIXED_PRECISION"} <= _keys(problems, "warning")
+    # no 'rank 0 of 1' warning under DeepSpeed: the trainer names gloo and DeepSpeed joins the ranks
+    assert "ACCELERATE_USE_CPU" not in _keys(problems)
     missing = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "/nope.json"}
     assert "ACCELERATE_DEEPSPEED_CONFIG_FILE" in _keys(check_launch_environment(missing), "error")
     assert check_launch_environment({}) == []
@@ -311,10 +318,37 @@ def test_shipped_ds_configs_accepted_by_deepspeed(path, precision, monkeypatch):
     plugin.deepspeed_config_process(
         must_match=False, train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=accum,
         train_batch_size=micro * accum * world, gradient_clipping=1.0,
-        **{"zero_optimization.reduce_bucket_size": 1920 * 1920})
+        **{"zero_optimization.reduce_bucket_size": 1920 * 1920,  # hidden-size keys, as _prepare_deepspeed fills them
+           "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * 1920 * 1920),
+           "zero_optimization.stage3_param_persistence_threshold": 10 * 1920})
     cfg = dict(plugin.deepspeed_config, steps_per_print=10**9)
     assert "auto" not in json.dumps(cfg)
     parsed = DeepSpeedConfig(cfg)
     assert parsed.train_batch_size == micro * accum * world and parsed.bfloat16_config.enabled
     assert not parsed.float16_config.enabled and parsed.communication_data_type is None
     assert parsed.zero_optimization_stage == json.load(open(path))["zero_optimization"]["stage"]
+
+
+@pytest.mark.parametrize("zero,key", [
+    ({"zero_quantized_weights": True}, "zero_optimization.zero_quantized_weights"),
+    ({"offload_param": {"device": "cpu"}}, "zero_optimization.offload_param.device"),
+])
+def test_zero3_fp8_rules(tmp_path, zero, key):
+    """Only for ZeRO-3 with the yxanul config's use_fp8; the same keys in a bf16 run or at stage 2 pass."""
+    z3 = _write(tmp_path, "z3.json", {**GOOD_DS, "zero_optimization": {"stage": 3, **zero}})
+    assert key in _keys(lint_file(z3, use_fp8=True), "warning")
+    assert key not in _keys(lint_file(z3, use_fp8=False))
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": z3, "WORLD_SIZE": "8"}
+    assert key in _keys(check_launch_environment(env, use_fp8=True, cuda_available=True), "warning")
+    if "offload_param" not in zero:  # offload_param is a stage-3 key: DeepSpeed rejects it below
+        z2 = _write(tmp_path, "z2.json", {**GOOD_DS, "zero_optimization": {"stage": 2, **zero}})
+        assert key not in _keys(lint_file(z2, use_fp8=True))
+
+
+def test_fsdp_without_cuda_warns_that_it_is_plain_data_parallel():
+    """accelerate 1.15 sets DistributedType.FSDP only from a MULTI_GPU-type state: two CPU processes
+    launched with an FSDP profile train as DDP (checked: their checkpoint is model.safetensors +
+    optimizer.bin, not FSDP's sharded folders)."""
+    env = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "ACCELERATE_USE_CPU": "1"}
+    assert "ACCELERATE_USE_FSDP" in _keys(check_launch_environment(env, cuda_available=False), "warning")
+    assert check_launch_environment(env, cuda_available=True) == []

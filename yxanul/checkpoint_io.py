@@ -47,8 +47,10 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
         what = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line or "Unsupported" in line), "")
         raise UserError(f"resume '{ckpt}': a file holds a pickle that would run code; refused, nothing was "
                         f"executed ({what[:160]})") from None
-    except RuntimeError as e:
-        if "state_dict" not in str(e):
+    except Exception as e:  # noqa: BLE001 - DeepSpeed's own exception class, without importing DeepSpeed
+        if type(e).__name__ == "ZeRORuntimeException" and "world size" in str(e):
+            raise UserError(_zero_world_size_line(ckpt, str(e))) from None
+        if not isinstance(e, RuntimeError) or "state_dict" not in str(e):
             raise
         import dataclasses
 
@@ -66,6 +68,16 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
                         + ("; ".join(diff) if diff else first) + ")") from None
     finally:
         handle.remove()
+
+
+def _zero_world_size_line(ckpt, msg: str) -> str:
+    import re
+
+    m = re.search(r"DP world size of (\d+) but the current world size is (\d+)", msg)
+    saved, now = m.groups() if m else ("another", "this")
+    return (f"resume '{ckpt}': its DeepSpeed ZeRO state was sharded over {saved} processes and DeepSpeed "
+            f"reloads it only at that world size (this run has {now}): relaunch with --num_processes {saved}, "
+            f"or `yxanul export {ckpt} OUT --dtype fp32` and start a new run with --init_from OUT (fresh optimizer)")
 
 
 def _own_storage_for_views(models: list, weights: list, output_dir: str) -> None:

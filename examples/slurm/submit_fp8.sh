@@ -35,7 +35,9 @@ if [[ -z "${ACCEL_CONFIG:-}" ]]; then
   if (( NNODES > 1 )); then ACCEL_CONFIG=accelerate_configs/multi_node_fp8.yaml
   else ACCEL_CONFIG=accelerate_configs/multi_gpu_fp8.yaml; fi
 fi
-HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# not `scontrol ... | head -n 1`: under pipefail, head closing the pipe early can fail the job with SIGPIPE (141)
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+HEAD_NODE=${NODES[0]}
 HEAD_NODE_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD_NODE" hostname --ip-address | awk '{print $1}')
 
 # torchrun (inside accelerate launch) forwards these signals to the workers and waits this long

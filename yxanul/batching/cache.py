@@ -108,22 +108,27 @@ def _write(f: Path, key: str, entry: dict) -> None:
 
 
 def get_or_find(fields: dict, search: Callable[[], SearchResult], *, max_size: int, safety_margin: float,
-                multiple: int = 1, run_dir=None, user_cache: bool = True, write: bool = True,
+                multiple: int = 1, run_dir=None, user_cache: bool = True, write: bool | tuple[bool, bool] = True,
                 reduce_min: Callable[[int], int] | None = None,
                 extra: Callable[[SearchResult], dict] | None = None) -> tuple[SearchResult, bool]:
     """``(result, from_cache)``: the cached search result for ``fields``, else ``search()`` (then
-    stored when ``write``: pass ``write=accelerator.is_main_process``). With ``reduce_min`` all ranks
-    probe unless every rank had a hit, and agree on the smallest cached micro-batch."""
+    stored when ``write``: pass ``write=accelerator.is_main_process``, or ``(is_main_process,
+    is_local_main_process)``: the run dir's copy (shared) by global rank 0, the user cache (per node)
+    by each node's local rank 0). With ``reduce_min`` all ranks probe unless every rank had a hit, and
+    agree on the smallest cached micro-batch."""
     key, files = cache_key(fields), cache_files(run_dir, user_cache)
+    write_run, write_user = write if isinstance(write, tuple) else (write, write)
+    mine = [f for f, user in zip(files, [False] * (run_dir is not None) + [True] * user_cache)
+            if (write_user if user else write_run)]
     hit, entry = lookup(key, files, max_size, safety_margin, multiple)
     everyone = bool(reduce_min(int(hit is not None))) if reduce_min is not None else hit is not None
     if everyone:
         if reduce_min is not None:
             hit.micro_batch, hit.largest_ok = reduce_min(hit.micro_batch), reduce_min(hit.largest_ok)
-        if write and run_dir is not None and key not in _read(files[0]):  # keep a user-cache hit with the run
+        if write_run and run_dir is not None and key not in _read(files[0]):  # keep a user-cache hit with the run
             _write(files[0], key, entry)
         return hit, True
     result = search()
-    if write:
-        store(key, fields, result, files, extra(result) if extra else None)
+    if mine:
+        store(key, fields, result, mine, extra(result) if extra else None)
     return result, False

@@ -179,6 +179,11 @@ def _check_deepspeed_plugin(cfg: dict, mp: str | None, ds_file_exists, add) -> N
     for key in sorted(set(ds) - DS_YAML_KEYS):
         add(f"deepspeed_config.{key}", WARNING, "not an accelerate DeepSpeed option: ignored",
             "remove it")
+    if truthy(ds.get("zero3_init_flag")):
+        add("deepspeed_config.zero3_init_flag", WARNING, "has no effect in yxanul: deepspeed.zero.Init applies "
+            "to models built while accelerate's HfDeepSpeedConfig exists, and yxanul builds its model before the "
+            "Accelerator (every process holds the whole model until DeepSpeed partitions it at prepare)",
+            "set zero3_init_flag: false")
     path = ds.get("deepspeed_config_file")
     if not path:
         add("deepspeed_config.deepspeed_config_file", WARNING, "not set: accelerate builds a "
@@ -226,6 +231,8 @@ def fix_accelerate(cfg: dict) -> dict:
         ds = cfg.get("deepspeed_config") or {}
         for key in set(ds) - DS_YAML_KEYS:
             del ds[key]
+        if truthy(ds.get("zero3_init_flag")):
+            ds["zero3_init_flag"] = False
         if ds.get("deepspeed_config_file"):
             cfg.pop("mixed_precision", None)
             for key in DS_FILE_CONFLICTS:

@@ -85,9 +85,9 @@ def harmful_ds_keys(cfg: dict) -> list[tuple[str, str, str]]:
     return out
 
 
-def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[Problem]:
+def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None, use_fp8: bool | None = None) -> list[Problem]:
     """The problems of a DeepSpeed JSON config, in rule order (`world_size`: check train_batch_size
-    against it too)."""
+    against it too; `use_fp8`: the yxanul config's, for the ZeRO-3 + Transformer Engine rules)."""
     P, add = collector(file)
     if not isinstance(cfg, dict):
         add("<root>", ERROR, "a DeepSpeed config must be a JSON object", "write a JSON object")
@@ -99,6 +99,8 @@ def lint_deepspeed(cfg: dict, file: str, world_size: int | None = None) -> list[
     _check_yxanul_owns(cfg, add)
     _check_values(cfg, add)
     _check_batch_size(cfg, world_size, add)
+    if use_fp8:
+        _check_zero3_fp8(cfg, add)
     return P
 
 
@@ -177,6 +179,23 @@ def _check_batch_size(cfg: dict, world_size: int | None, add) -> None:
         add("train_batch_size", WARNING, f"fixed at {tb} while micro batch/accumulation are "
             "'auto': accelerate keeps the fixed value and DeepSpeed raises unless it equals "
             "micro x accumulation x world size exactly", "set \"train_batch_size\": \"auto\"")
+
+
+def _check_zero3_fp8(cfg: dict, add) -> None:
+    """ZeRO-3 with TE FP8: what silently costs the FP8 speed or adds a second weight rounding. (What
+    breaks is handled in code: TE's FP8 weight cache is off under ZeRO-3, precision/plan.py.)"""
+    zero = cfg.get("zero_optimization")
+    if not isinstance(zero, dict) or zero.get("stage") != 3:
+        return
+    if truthy(zero.get("zero_quantized_weights")):
+        add("zero_optimization.zero_quantized_weights", WARNING, "ZeRO++ all-gathers the weights as int8 "
+            "blocks (DeepSpeed's CUDAQuantizer) and dequantizes them; TE then quantizes those to FP8: two "
+            "roundings of every weight in every forward", "remove it (FP8 runs gather bf16 weights)")
+    device = _get(cfg, "zero_optimization.offload_param.device")
+    if isinstance(device, str) and device.lower() in ("cpu", "nvme"):
+        add("zero_optimization.offload_param.device", WARNING, f"parameters live on {device} and are copied "
+            "to the GPU for every module's forward and backward: the step is bound by those copies, not by the "
+            "GEMMs FP8 speeds up", "remove offload_param (or train in bf16), or shard over more GPUs")
 
 
 def fix_deepspeed(cfg: dict) -> dict:

@@ -63,7 +63,7 @@ def lint_file(path: str, *, use_fp8: bool | None = None,
         return [Problem(path, "<file>", ERROR, f"does not parse: {msg}", "fix the syntax")]
     kind = detect_kind(path, data)
     if kind == "deepspeed":
-        return lint_deepspeed(data, path, world_size=world_size)
+        return lint_deepspeed(data, path, world_size=world_size, use_fp8=use_fp8)
     if kind == "accelerate":
         return lint_accelerate(data, path, use_fp8=use_fp8,
                                ds_file_exists=_ds_file_resolver(path))

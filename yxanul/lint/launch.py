@@ -17,12 +17,9 @@ def _int(value, default: int | None) -> int | None:
         return default
 
 
-def _deepspeed_problems(env, add, cuda_available) -> list[Problem]:
-    world = _int(env.get("WORLD_SIZE", "1"), 1)
-    if cuda_available is False and world > 1:  # one CPU process trains (tests/test_deepspeed.py); several fail
-        add("ACCELERATE_USE_DEEPSPEED", ERROR, f"DeepSpeed was launched with {world} processes but this machine "
-            "has no CUDA GPU (every rank would fail in DeepSpeed's CPU accelerator)",
-            "on CPU launch with accelerate_configs/cpu.yaml (or one DeepSpeed process), or run on a GPU machine")
+def _deepspeed_problems(env, add, use_fp8) -> list[Problem]:
+    # several DeepSpeed processes without CUDA are fine: DeepSpeed's CPU accelerator joins them over gloo
+    # and the trainer tells accelerate so (training/runtime.py process_state; tests/test_deepspeed.py)
     fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
     path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if not path or path == "none":
@@ -34,7 +31,7 @@ def _deepspeed_problems(env, add, cuda_available) -> list[Problem]:
         add("ACCELERATE_DEEPSPEED_CONFIG_FILE", ERROR, f"{path} not found from {os.getcwd()}",
             "launch from the repository root or use an absolute path")
         return []
-    return lint_file(path, world_size=_int(env.get("WORLD_SIZE"), 0) or None)
+    return lint_file(path, world_size=_int(env.get("WORLD_SIZE"), 0) or None, use_fp8=use_fp8)
 
 
 def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_available: bool | None = None,
@@ -61,10 +58,14 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_avai
         if found:
             add("ACCELERATE_MIXED_PRECISION", WARNING, *found)
     if deepspeed:
-        P.extend(_deepspeed_problems(env, add, cuda_available))
+        P.extend(_deepspeed_problems(env, add, use_fp8))
+    if truthy(env.get("ACCELERATE_USE_FSDP")) and cuda_available is False:
+        add("ACCELERATE_USE_FSDP", WARNING, "no CUDA: accelerate turns FSDP on only for a GPU-type process group "
+            "(AcceleratorState, state.py), so this run is plain data parallel with the whole model in every "
+            "process and checkpoints unsharded", "run FSDP on GPUs; on CPU use accelerate_configs/cpu.yaml")
     world = _int(env.get("WORLD_SIZE", "1"), 1)
     if cuda_available is False and world > 1 and "LOCAL_RANK" in env and not truthy(env.get("ACCELERATE_USE_CPU")) \
-            and (deepspeed or not forces_cpu):
+            and not (deepspeed or forces_cpu):
         add("ACCELERATE_USE_CPU", WARNING, f"{world} processes, no CUDA and ACCELERATE_USE_CPU "
             "unset: accelerate makes each process 'rank 0 of 1' unless Accelerator(cpu=True)",
             "launch with ACCELERATE_USE_CPU=1 (accelerate_configs/cpu.yaml)")

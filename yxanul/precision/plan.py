@@ -155,6 +155,9 @@ class PrecisionPlan:
         self.readback: dict | None = None  # TE's own state, recorded during the first training forward
         self._snapshot: dict[str, str] | None = None
         self._tied = False
+        # False when the weights are sharded (ZeRO-3, FSDP2): TE's FP8 weight cache would keep an
+        # unsharded FP8 copy of every layer on every GPU between micro-batches
+        self.cache_fp8_weights = True
 
     @property
     def label(self) -> str:
@@ -242,7 +245,7 @@ class PrecisionPlan:
 
     def is_first_microbatch(self, micro_step_in_accum: int) -> bool | None:
         """TE quantizes and caches FP8 weights on True, reuses them on False, re-quantizes on None."""
-        return (micro_step_in_accum == 0) if self.fp8_enabled else None
+        return (micro_step_in_accum == 0) if self.fp8_enabled and self.cache_fp8_weights else None
 
     # -- checkpoints, stats, metadata ---------------------------------------------------------
     def save_fp8_state(self, model, directory) -> None:

@@ -65,6 +65,17 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
     return acc
 
 
+def weights_sharded(accelerator) -> bool:
+    """Each process holds only a shard of the weights (DeepSpeed ZeRO-3, FSDP): a forward needs every
+    process (so rank 0 cannot sample alone) and TE's FP8 weight cache would hold unsharded copies."""
+    from accelerate.utils import DistributedType
+
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        return plugin.zero_stage == 3
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
 def compile_model(model, device_type: str):
     """``--torch_compile``. On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many
     machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen."""
@@ -79,5 +90,10 @@ def process_state():
     import torch
     from accelerate import PartialState
 
-    cpu = not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() != "true"
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    cpu = not torch.cuda.is_available() and not deepspeed
+    if deepspeed and not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # accelerate finds no backend without CUDA and counts 1 process while DeepSpeed's own
+        # init_distributed (gloo on its CPU accelerator) joins all of them: name gloo so both agree
+        return cpu, PartialState(cpu=False, backend="gloo")
     return cpu, PartialState(cpu=cpu)

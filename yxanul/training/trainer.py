@@ -31,7 +31,7 @@ from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
 from .schedule import lr_at
 from .state import TrainState
-from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet
+from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .step import StepOutput, train_step
 
 
@@ -84,7 +84,7 @@ class Trainer:
         self.mcfg = model.config
         self.plan = resolve_precision(cfg.precision, self.mcfg, say=self.say)
         self.plan.prepare_model(model, say=self.say)  # small-GEMM policy, read-back hooks: the probe sees them too
-        finder = dict(model=model, plan=self.plan, run_dir=self.run_dir, write_cache=self.dist.is_main_process,
+        finder = dict(model=model, plan=self.plan, run_dir=self.run_dir, write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
                       reduce_min=torch_reduce_min() if world > 1 else None)
         self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say, **finder)
         self.state.tokens_per_step = self.batch.micro_batch * self.batch.grad_accum * world * cfg.model.seq_length
@@ -102,12 +102,17 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.run_dir / "config.yaml")
         model.to(acc.device)  # before the optimizer: AdamW takes its fused CUDA kernel only for CUDA params
+        self.sharded = weights_sharded(acc) and acc.num_processes > 1
+        self.plan.cache_fp8_weights = not weights_sharded(acc)
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
             self.model = compile_model(self.model, acc.device.type)
         self.say(describe(self.mcfg))
         self.say(f"batch: {self.batch.line()}")
+        if self.sharded and cfg.tracking.sample_tokens:
+            self.say("samples: none during training (the weights are sharded over the processes; rank 0 cannot "
+                     "generate alone): `yxanul generate` on an export")
         self.report = PrecisionReport(self.plan, self.run_dir, acc.is_main_process, self.say)
         self.report.build(self.unwrapped_model)
         self.state.world_size, self.state.backend = acc.num_processes, self.mcfg.backend
@@ -243,7 +248,7 @@ class Trainer:
         extra = {k.removeprefix("eval/"): v for k, v in self.callbacks.on_evaluate(self).items()}
         row.update(extra)
         msg += "".join(f" | {k}: {v:.4f}" for k, v in extra.items() if isinstance(v, float))
-        if acc.is_main_process and tr.sample_tokens:
+        if acc.is_main_process and tr.sample_tokens and not self.sharded:  # rank 0 alone can't run sharded weights
             row["sample"] = sample(self.unwrapped_model, self.tokenizer, tr.sample_prompt, tr.sample_tokens,
                                    acc.device)
             with open(self.run_dir / "samples.txt", "a") as f:
