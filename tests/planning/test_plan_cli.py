@@ -41,12 +41,13 @@ def test_tight_memory_needs_sharding_and_checkpointing(capsys):
                        "--nodes", "2", "--gpu_memory", "40")
     assert code == 0
     c = p["choice"]
-    assert c["checkpointing"] and c["strategy"] in ("zero2", "hsdp", "fsdp2", "zero3")
+    assert c["checkpointing"] and c["strategy"] in ("zero2", "zero3")  # FSDP2/HSDP rows are planned only
     assert "--gradient_checkpointing true" in c["launch"]
     fits = [r for r in p["rows"] if r["fits"]]
     assert all(r["total"] <= p["budget_bytes"] for r in fits)
-    first = next(r for r in p["rows"] if r["fits"])
+    first = next(r for r in p["rows"] if r["fits"] and r["strategy"] not in ("fsdp2", "hsdp"))
     assert (first["strategy"], first["checkpointing"]) == (c["strategy"], c["checkpointing"])
+    assert f"accelerate_configs/deepspeed_{c['strategy']}_fp8.yaml" in c["launch"]
 
 
 def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
@@ -95,8 +96,14 @@ def test_user_errors_are_one_line(capsys, argv, key):
     assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err
 
 
-def test_every_strategy_has_a_profile():
-    assert set(PROFILES) == set(STRATEGIES)
+def test_every_launchable_strategy_has_a_shipped_profile():
+    from pathlib import Path
+
+    from yxanul.planning.cli import NOT_LAUNCHABLE
+
+    assert set(PROFILES) | set(NOT_LAUNCHABLE) == set(STRATEGIES)
+    shipped = Path(__file__).resolve().parents[2] / "accelerate_configs"
+    assert all((shipped / f).is_file() for f in PROFILES.values()), PROFILES
 
 
 def test_docs_example_is_the_real_output(capsys):
