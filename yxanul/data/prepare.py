@@ -8,6 +8,7 @@ Output folder::
     tokenizer/             a copy of the tokenizer (the folder is self-contained)
     train_00000.bin ...    shards of exactly shard_size_tokens tokens, the last one shorter (shards.py)
     val_00000.bin
+    verified.json          shards whose sha256/max id checked out, by size/mtime/inode (verify.py)
 
 Pipeline: sources are read in batches of documents, tokenized by ``prepare_num_proc`` worker processes
 (tokenize.py), mixed by weight (mixture.py) and written by the main process. The folder is built
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import DataError, is_no_space
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
@@ -293,9 +294,11 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
     except DataError:
         work.discard()  # bad input: nothing worth resuming
         raise
-    except BaseException:
+    except BaseException as e:
         work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
         work.release()
+        if is_no_space(e):
+            raise work.disk_full(args.shard_size_tokens * dtype_for_vocab(len(tok))().itemsize) from None
         raise
     report(say, out, splits, packer, time.time() - t0)
     return out
@@ -316,6 +319,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
         raise DataError(f"dataset '{sources[0].path}': {what}")
     tok.save_pretrained(work.path / "tokenizer")
     from .. import __version__
+    from .verify import record_verified
 
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
             "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
@@ -324,6 +328,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
             "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
                       "backend": packer.pool.encoder.backend},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    record_verified(work.path, meta)  # the writers have just hashed every shard: no re-read at the first start
     (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
     work.finish()
 
@@ -341,6 +346,8 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     (the first prepares, the others reuse its folder). Without ``wait``, call it inside
     ``state.main_process_first()``.
     """
+    from .verify import verified  # every process that trains from the shards checks them first
+
     quiet = (lambda *a, **k: None)
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
@@ -352,14 +359,15 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
         def get(**kw):
             return prepare(args, **kw)
     if wait is None:
-        return get(progress=is_main_process, say=say if is_main_process else quiet)
+        return verified(get(progress=is_main_process, say=say if is_main_process else quiet),
+                        say if is_main_process else quiet)
     if is_main_process:  # every rank meets at the barrier exactly once, whatever happens
         try:
-            return get(progress=True, say=say)
+            return verified(get(progress=True, say=say), say)
         finally:
             wait()
     wait()
-    return get(progress=False, say=quiet, create=False)
+    return verified(get(progress=False, say=quiet, create=False), quiet)  # the main process's verification cached
 
 
 @dataclass
