@@ -74,16 +74,23 @@ def _gpt2_offline() -> str:
     return str(out)
 
 
-def load_tokenizer(name_or_path: str | None):
-    """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE."""
+def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
+    """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE. A tokenizer with code of
+    its own is refused unless ``trust_remote_code`` (remote_code.py)."""
     from transformers import AutoTokenizer
+
+    from .remote_code import declares_code, refused
 
     name = name_or_path or str(BUNDLED_TOKENIZER)
     if name == GPT2_OFFLINE:
         name = _gpt2_offline()
+    if not trust_remote_code and (where := declares_code(name)):
+        raise refused(name, where)
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 -- any failure to load becomes one line
+        if not trust_remote_code and "trust_remote_code" in str(e):
+            raise refused(name) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]})") from None
     if tok.eos_token_id is None:
@@ -97,8 +104,9 @@ def load_prepared_tokenizer(data_dir):
 
     d = Path(data_dir)
     if (d / "tokenizer" / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(d / "tokenizer"))
-    return AutoTokenizer.from_pretrained(json.loads((d / "meta.json").read_text())["tokenizer"])
+        return AutoTokenizer.from_pretrained(str(d / "tokenizer"), trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(json.loads((d / "meta.json").read_text())["tokenizer"],
+                                         trust_remote_code=False)
 
 
 def is_val(doc_index: int, val_fraction: float) -> bool:
@@ -119,7 +127,7 @@ def _settings(args: DataArgs, n_sources: int) -> dict:
 def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
-    tok_name, tok = load_tokenizer(args.tokenizer)
+    tok_name, tok = load_tokenizer(args.tokenizer, args.trust_remote_code)
     fp = fingerprint(sources, tok_name, _settings(args, len(sources)))
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)
@@ -317,9 +325,12 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
         n = splits["train"]["documents"] + splits["val"]["documents"]
         what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
         raise DataError(f"dataset '{sources[0].path}': {what}")
-    tok.save_pretrained(work.path / "tokenizer")
     from .. import __version__
+    from .remote_code import strip_code
     from .verify import record_verified
+
+    tok.save_pretrained(work.path / "tokenizer")
+    strip_code(work.path / "tokenizer")  # the folder never keeps code that came with a tokenizer
 
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
             "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
