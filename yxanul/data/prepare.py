@@ -175,7 +175,7 @@ class _Packer:
         self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
         self.ended_by = None  # the source whose end ended the mixture, if one did
-        self._saved_at, self._shards_at_save = time.time(), self._shards()
+        self._saved_at, self._shards_at_save = time.monotonic(), self._shards()
 
     def _open(self, i: int):
         """Source ``i`` read from where the mixture's state says: its epoch, after the documents taken in it."""
@@ -220,7 +220,7 @@ class _Packer:
             mix["tokens"][i] -= n
         self.work.save({"fingerprint": self.fp, "doc_index": self.doc_index, "mix": mix,
                         "writers": {s: w.state() for s, w in self.writers.items()}})
-        self._saved_at, self._shards_at_save = time.time(), self._shards()
+        self._saved_at, self._shards_at_save = time.monotonic(), self._shards()
 
     def run(self, bar) -> None:
         a = self.args
@@ -234,7 +234,7 @@ class _Packer:
                     self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
                 split = self._split(i, ids)
                 self.pending = (split, ids, i)
-                if self._shards() != self._shards_at_save or time.time() - self._saved_at > CHECKPOINT_SECONDS:
+                if self._shards() != self._shards_at_save or time.monotonic() - self._saved_at > CHECKPOINT_SECONDS:
                     self.checkpoint()
                 bar.update(len(ids))
             self.doc_index += 1
@@ -296,7 +296,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         resumed = work.progress(fp)
         if resumed:
             say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")
-        t0, dtype = time.time(), dtype_for_vocab(len(tok))
+        t0, dtype = time.monotonic(), dtype_for_vocab(len(tok))
         splits, packer = _pack(args, sources, work, fp, tok, dtype, progress)
         _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer)
     except DataError:
@@ -308,7 +308,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         if is_no_space(e):
             raise work.disk_full(args.shard_size_tokens * dtype_for_vocab(len(tok))().itemsize) from None
         raise
-    report(say, out, splits, packer, time.time() - t0)
+    report(say, out, splits, packer, time.monotonic() - t0)
     return out
 
 
