@@ -66,6 +66,8 @@ def init_trackers_or_offline(accelerator, project: str, init: dict, config: dict
         accelerator.init_trackers(project, init_kwargs=init, config=config)
         return
     except Exception as e:  # noqa: BLE001 - wandb.errors.CommError, UsageError, timeouts, ...
+        if not _raised_in_wandb(e):
+            raise  # TensorBoard's (a full disk: the CLI's one line), not W&B's
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
     _reset_trackers(accelerator)
     if init["wandb"].get("mode") != "offline":
@@ -81,6 +83,15 @@ def init_trackers_or_offline(accelerator, project: str, init: dict, config: dict
     say(f"warning: W&B could not start even offline ({why}); training goes on without W&B", flush=True)
     accelerator.log_with = [t for t in accelerator.log_with if str(t) != "wandb"]
     accelerator.init_trackers(project, init_kwargs={k: v for k, v in init.items() if k != "wandb"}, config=config)
+
+
+def _raised_in_wandb(e: BaseException) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("wandb"):
+            return True
+        tb = tb.tb_next
+    return type(e).__module__.startswith("wandb")
 
 
 def _reset_trackers(accelerator) -> None:
