@@ -24,7 +24,6 @@ the listing table in checkpoint_table.py.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError, UserError
+from .errors import ConfigError, UserError, is_no_space
 from .checkpoint_io import _fsync_dir, _own_storage_for_views, _write_atomic, load_for_resume  # noqa: F401
 from .checkpoint_pointers import _pointer, _pointer_name, _update_best, checkpoints_dir  # noqa: F401 (re-exported)
 from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
@@ -228,7 +227,7 @@ def _need_bytes(root: Path, tmp: Path, step: int) -> tuple[int, int, list]:
 def _is_disk_full(e: Exception, root: Path, tmp: Path, step: int) -> bool:
     """ENOSPC/EDQUOT; or any write error while the file system is (nearly) full: torch.save reports
     ENOSPC as ``RuntimeError: basic_ios::clear: iostream error`` / ``unexpected pos`` (seen on tmpfs)."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if is_no_space(e):  # also safetensors' SafetensorError, which wraps the OS error in its message
         return True
     if not isinstance(e, (OSError, RuntimeError)):
         return False

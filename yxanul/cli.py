@@ -56,7 +56,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 class StoppedBeforeTraining(BaseException):
-    """SIGTERM/SIGUSR1 before the training loop's own handler exists (data preparation, model
+    """SIGTERM/SIGUSR1/SIGHUP before the training loop's own handler exists (data preparation, model
     build, resume load): nothing to save, so the run ends at once with exit code 0 (preemption)."""
 
 
@@ -66,7 +66,7 @@ def _stop_before_training() -> None:
     def handler(signum, _frame):
         raise StoppedBeforeTraining(signal.Signals(signum).name)
 
-    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None), getattr(signal, "SIGHUP", None)):
         if sig is not None:
             try:
                 signal.signal(sig, handler)
@@ -88,8 +88,8 @@ EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long w
 
 def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
-    a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk -> one
-    line naming the file, 2; a closed stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other
+    a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk, a read-only
+    or forbidden path -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other
     exception -> its traceback (a bug: report it), then one line, 1. ``process_exit``: the process
     exits with the returned code (the `yxanul` entry points, train.py): then, on every error, a
     watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread, a child) would keep it
@@ -117,6 +117,9 @@ def _run(func, argv) -> int:
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return _fail(_disk_full_line(e), 2)
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and e.filename:  # a read-only or foreign folder
+            return _fail(f"error: '{e.filename}': {e.strerror}; check its permissions or choose another folder "
+                         "(e.g. --output_dir)", 2)
         return _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)

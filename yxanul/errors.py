@@ -32,3 +32,22 @@ class TrainingDiverged(UserError):
     """The loss or the gradient norm became inf/nan: the run stops without saving over good checkpoints."""
 
     exit_code = 3
+
+
+_NO_SPACE = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def is_no_space(e: BaseException | None) -> bool:
+    """A write that failed for lack of space: ENOSPC/EDQUOT, also when a library wraps it (safetensors'
+    ``SafetensorError: ... No space left on device (os error 28)``) or chains it."""
+    import errno
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(s in str(e) for s in _NO_SPACE):
+            return True
+        e = e.__cause__ or e.__context__
+    return False

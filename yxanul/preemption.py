@@ -1,4 +1,5 @@
-"""Preemption: SIGTERM/SIGUSR1 stop every rank on the same step, after a checkpoint (docs/training.md)."""
+"""Stop signals: SIGTERM/SIGUSR1 (preemption), SIGINT (Ctrl-C) and SIGHUP (a closed terminal or SSH session)
+stop every rank on the same step, after a checkpoint (docs/training.md); a second Ctrl-C exits at once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 
 class StopRequest:
-    """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction): finish the step, checkpoint, exit 0.
+    """SIGTERM/SIGUSR1 (SLURM preemption, k8s eviction), SIGINT, SIGHUP: finish the step, checkpoint, exit 0.
     A context manager: ``with StopRequest() as stop:`` installs the handlers and restores the
     previous ones on exit.
 
@@ -19,7 +20,8 @@ class StopRequest:
     the host runs ahead of the device) and decides from it. So every rank stops on the same step,
     at most one step after the signal, and no step pays a host/device sync."""
 
-    SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+    SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None), signal.SIGINT,
+                                getattr(signal, "SIGHUP", None)) if s is not None)
 
     def __init__(self):
         self.signum: int | None = None
@@ -42,6 +44,8 @@ class StopRequest:
         self._previous.clear()
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: the user does not want to wait for the save
         self.signum = signum
 
     def poll(self, accelerator) -> bool:

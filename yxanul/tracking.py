@@ -102,6 +102,7 @@ def tracker_names(args: TrackingArgs) -> list[str]:
 
 
 RUN_ID_FILE = "wandb_run_id"
+INIT_TIMEOUT_S = 30.0
 
 
 def wandb_run_id(run_dir: str | os.PathLike, resumed: str | None = None, environ=None) -> str:
@@ -137,6 +138,11 @@ def tracker_init_kwargs(args: TrackingArgs, run_dir: str | os.PathLike, run_name
     if not has_key and not environ.get("WANDB_MODE"):
         kw["mode"] = "offline"
         say("W&B: no API key found, logging offline (sync later with `wandb sync`)", flush=True)
+    elif not environ.get("WANDB_INIT_TIMEOUT"):
+        import wandb
+
+        # a server that accepts and never answers: give up after 30 s (wandb's default is 90), then offline
+        kw["settings"] = wandb.Settings(init_timeout=INIT_TIMEOUT_S)
     return {"wandb": kw}
 
 

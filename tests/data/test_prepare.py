@@ -130,7 +130,8 @@ def test_worker_processes_give_the_same_shards(tmp_path, docs_file, monkeypatch)
     assert (a / "val_00000.bin").read_bytes() == (b / "val_00000.bin").read_bytes()
     import datasets  # the Arrow copies (and the map's cache of ids) lived in the temporary folder only
 
-    assert sorted(p.name for p in b.iterdir()) == ["meta.json", "tokenizer", "train_00000.bin", "val_00000.bin"]
+    assert sorted(p.name for p in b.iterdir()) == ["meta.json", "tokenizer", "train_00000.bin", "val_00000.bin",
+                                                "verified.json"]
     assert not Path(datasets.config.HF_DATASETS_CACHE).exists()
     assert not list(tmp_path.glob("*.partial"))  # the work folder became the output
 

@@ -35,7 +35,7 @@ def yx_here(*args):
     from yxanul.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

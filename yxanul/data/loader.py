@@ -195,7 +195,7 @@ def split_window(win: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]
 def _leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     """torchrun (``os.killpg``) and SLURM signal the whole process group: a worker killed by SIGTERM
     would crash the run before the main process saves its checkpoint (preemption.py). Workers
-    ignore SIGTERM/SIGUSR1; the main process finishes the step, saves and shuts them down.
+    ignore SIGTERM/SIGUSR1/SIGINT/SIGHUP; the main process finishes the step, saves and shuts them down.
 
     Ignoring SIGTERM must never cost a hang: multiprocessing's exit handler stops workers with
     SIGTERM and then joins them without a timeout. So the main process stops its workers itself
@@ -203,7 +203,7 @@ def _leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     exit before multiprocessing's handler runs (`_kill_live_workers`, registered after it: atexit
     runs last-registered first); and a worker dies with its parent (PR_SET_PDEATHSIG on Linux; torch's
     own watchdog is the fallback elsewhere)."""
-    for name in ("SIGTERM", "SIGUSR1"):
+    for name in ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP"):  # Ctrl-C and a hangup reach the whole group too
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     _die_with_parent()

@@ -8,6 +8,7 @@ Output folder::
     tokenizer/             a copy of the tokenizer (the folder is self-contained)
     train_00000.bin ...    shards of exactly shard_size_tokens tokens, the last one shorter (shards.py)
     val_00000.bin
+    verified.json          shards whose sha256/max id checked out, by size/mtime/inode (verify.py)
 
 Pipeline: sources are read in batches of documents, tokenized by ``prepare_num_proc`` worker processes
 (tokenize.py), mixed by weight (mixture.py) and written by the main process. The folder is built
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import DataError, is_no_space
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
@@ -73,16 +74,23 @@ def _gpt2_offline() -> str:
     return str(out)
 
 
-def load_tokenizer(name_or_path: str | None):
-    """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE."""
+def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
+    """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE. A tokenizer with code of
+    its own is refused unless ``trust_remote_code`` (remote_code.py)."""
     from transformers import AutoTokenizer
+
+    from .remote_code import declares_code, refused
 
     name = name_or_path or str(BUNDLED_TOKENIZER)
     if name == GPT2_OFFLINE:
         name = _gpt2_offline()
+    if not trust_remote_code and (where := declares_code(name)):
+        raise refused(name, where)
     try:
-        tok = AutoTokenizer.from_pretrained(name)
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 -- any failure to load becomes one line
+        if not trust_remote_code and "trust_remote_code" in str(e):
+            raise refused(name) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]})") from None
     if tok.eos_token_id is None:
@@ -96,8 +104,9 @@ def load_prepared_tokenizer(data_dir):
 
     d = Path(data_dir)
     if (d / "tokenizer" / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(d / "tokenizer"))
-    return AutoTokenizer.from_pretrained(json.loads((d / "meta.json").read_text())["tokenizer"])
+        return AutoTokenizer.from_pretrained(str(d / "tokenizer"), trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(json.loads((d / "meta.json").read_text())["tokenizer"],
+                                         trust_remote_code=False)
 
 
 def is_val(doc_index: int, val_fraction: float) -> bool:
@@ -118,7 +127,7 @@ def _settings(args: DataArgs, n_sources: int) -> dict:
 def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
-    tok_name, tok = load_tokenizer(args.tokenizer)
+    tok_name, tok = load_tokenizer(args.tokenizer, args.trust_remote_code)
     fp = fingerprint(sources, tok_name, _settings(args, len(sources)))
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)
@@ -166,7 +175,7 @@ class _Packer:
         self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
         self.ended_by = None  # the source whose end ended the mixture, if one did
-        self._saved_at, self._shards_at_save = time.time(), self._shards()
+        self._saved_at, self._shards_at_save = time.monotonic(), self._shards()
 
     def _open(self, i: int):
         """Source ``i`` read from where the mixture's state says: its epoch, after the documents taken in it."""
@@ -211,7 +220,7 @@ class _Packer:
             mix["tokens"][i] -= n
         self.work.save({"fingerprint": self.fp, "doc_index": self.doc_index, "mix": mix,
                         "writers": {s: w.state() for s, w in self.writers.items()}})
-        self._saved_at, self._shards_at_save = time.time(), self._shards()
+        self._saved_at, self._shards_at_save = time.monotonic(), self._shards()
 
     def run(self, bar) -> None:
         a = self.args
@@ -225,7 +234,7 @@ class _Packer:
                     self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
                 split = self._split(i, ids)
                 self.pending = (split, ids, i)
-                if self._shards() != self._shards_at_save or time.time() - self._saved_at > CHECKPOINT_SECONDS:
+                if self._shards() != self._shards_at_save or time.monotonic() - self._saved_at > CHECKPOINT_SECONDS:
                     self.checkpoint()
                 bar.update(len(ids))
             self.doc_index += 1
@@ -287,17 +296,19 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         resumed = work.progress(fp)
         if resumed:
             say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")
-        t0, dtype = time.time(), dtype_for_vocab(len(tok))
+        t0, dtype = time.monotonic(), dtype_for_vocab(len(tok))
         splits, packer = _pack(args, sources, work, fp, tok, dtype, progress)
         _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer)
     except DataError:
         work.discard()  # bad input: nothing worth resuming
         raise
-    except BaseException:
+    except BaseException as e:
         work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
         work.release()
+        if is_no_space(e):
+            raise work.disk_full(args.shard_size_tokens * dtype_for_vocab(len(tok))().itemsize) from None
         raise
-    report(say, out, splits, packer, time.time() - t0)
+    report(say, out, splits, packer, time.monotonic() - t0)
     return out
 
 
@@ -314,8 +325,12 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
         n = splits["train"]["documents"] + splits["val"]["documents"]
         what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
         raise DataError(f"dataset '{sources[0].path}': {what}")
-    tok.save_pretrained(work.path / "tokenizer")
     from .. import __version__
+    from .remote_code import strip_code
+    from .verify import record_verified
+
+    tok.save_pretrained(work.path / "tokenizer")
+    strip_code(work.path / "tokenizer")  # the folder never keeps code that came with a tokenizer
 
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
             "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
@@ -324,6 +339,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
             "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
                       "backend": packer.pool.encoder.backend},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    record_verified(work.path, meta)  # the writers have just hashed every shard: no re-read at the first start
     (work.path / "meta.json").write_text(json.dumps(meta, indent=2))  # before the rename: marks it complete
     work.finish()
 
@@ -341,6 +357,8 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     (the first prepares, the others reuse its folder). Without ``wait``, call it inside
     ``state.main_process_first()``.
     """
+    from .verify import verified  # every process that trains from the shards checks them first
+
     quiet = (lambda *a, **k: None)
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
@@ -352,14 +370,15 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
         def get(**kw):
             return prepare(args, **kw)
     if wait is None:
-        return get(progress=is_main_process, say=say if is_main_process else quiet)
+        return verified(get(progress=is_main_process, say=say if is_main_process else quiet),
+                        say if is_main_process else quiet)
     if is_main_process:  # every rank meets at the barrier exactly once, whatever happens
         try:
-            return get(progress=True, say=say)
+            return verified(get(progress=True, say=say), say)
         finally:
             wait()
     wait()
-    return get(progress=False, say=quiet, create=False)
+    return verified(get(progress=False, say=quiet, create=False), quiet)  # the main process's verification cached
 
 
 @dataclass

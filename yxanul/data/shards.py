@@ -56,7 +56,8 @@ class ShardWriter:
 
     A shard is written in place; its header's token count is filled in when it is complete. The
     manifest entry of a complete shard: file, tokens, documents (EOS tokens in it, i.e. documents that
-    end in it), tokens per source, sha256 of its token bytes (after the 32-byte header).
+    end in it), tokens per source, sha256 of its token bytes (after the 32-byte header), the largest token
+    id in it (``max_id``: checked against the model's vocabulary before step 1, verify.py).
     ``state()`` (after ``flush()``) + the files on disk are enough to continue exactly: the current
     shard is truncated back to the recorded length and later files are removed."""
 
@@ -65,7 +66,7 @@ class ShardWriter:
         st = state or {}
         self.entries: list[dict] = list(st.get("entries", []))
         self.tokens, self.documents = int(st.get("tokens", 0)), int(st.get("documents", 0))
-        self._cur = {"tokens": 0, "documents": 0, "sources": {}} | dict(st.get("current", {}))
+        self._cur = {"tokens": 0, "documents": 0, "sources": {}, "max_id": 0} | dict(st.get("current", {}))
         self._cur["sources"] = dict(self._cur["sources"])
         self._f, self._hash = None, hashlib.sha256()
         self._reopen()
@@ -90,6 +91,8 @@ class ShardWriter:
             if not chunk:
                 raise DataError(f"shard '{self._path(i)}': shorter than its recorded progress; delete the folder")
             self._hash.update(chunk)
+            top = int(np.frombuffer(chunk, self.dtype.newbyteorder("<")).max())
+            self._cur["max_id"] = max(self._cur["max_id"], top)
             left -= len(chunk)
 
     def add(self, ids: np.ndarray, source: str = "") -> None:
@@ -107,6 +110,8 @@ class ShardWriter:
             self._hash.update(data)
             self._cur["tokens"] += len(part)
             self._cur["sources"][source] = self._cur["sources"].get(source, 0) + len(part)
+            if len(part):
+                self._cur["max_id"] = max(self._cur["max_id"], int(part.max()))
             if not len(ids) and len(part) and part[-1] == self.eos:
                 self._cur["documents"] += 1
             if self._cur["tokens"] == self.shard_size:
@@ -119,9 +124,9 @@ class ShardWriter:
         f.close()
         self.entries.append({"file": self._path(i).name, "tokens": self._cur["tokens"],
                              "documents": self._cur["documents"], "sources": self._cur["sources"],
-                             "sha256": self._hash.hexdigest()})
+                             "sha256": self._hash.hexdigest(), "max_id": self._cur["max_id"]})
         self._f, self._hash = None, hashlib.sha256()
-        self._cur = {"tokens": 0, "documents": 0, "sources": {}}
+        self._cur = {"tokens": 0, "documents": 0, "sources": {}, "max_id": 0}
 
     @property
     def shards_done(self) -> int:
@@ -134,7 +139,7 @@ class ShardWriter:
     def state(self) -> dict:
         return {"entries": list(self.entries), "tokens": self.tokens, "documents": self.documents,
                 "current": {"tokens": self._cur["tokens"], "documents": self._cur["documents"],
-                            "sources": dict(self._cur["sources"])}}
+                            "sources": dict(self._cur["sources"]), "max_id": self._cur["max_id"]}}
 
     def close(self) -> dict:
         if self._f is not None:

@@ -8,10 +8,11 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import DataError, is_no_space
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUNDLED_CORPUS = ASSETS / "corpus" / "shakespeare.jsonl.gz"
@@ -161,6 +162,8 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     except ConnectionError as e:  # datasets: "Couldn't reach 'X' on the Hub (OfflineModeIsEnabled)"
         raise DataError(hub_unreachable(src.path, str(e).splitlines()[0][:120] if str(e) else "")) from None
     except Exception as e:  # noqa: BLE001 -- bad parquet, unknown config, ...: any failure becomes one line
+        if is_no_space(e):
+            raise _cache_full(src, cache_dir) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
     if src.text_template is not None:
@@ -173,6 +176,18 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
                         "set text_column")
     ds = ds.select_columns([src.text_column])
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
+
+
+def _cache_full(src: Source, cache_dir) -> DataError:
+    """Writing datasets' Arrow copy (or a Hub download) ran out of space: where, and about how much it needs."""
+    import datasets
+
+    where = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
+    probe = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
+    need = f"about {sum(os.path.getsize(f) for f in src.files):,} bytes (the size of its files)" if src.files else "more"
+    return DataError(f"disk full: datasets' cache {where} needs {need} for dataset '{src.path}', "
+                     f"{shutil.disk_usage(probe).free:,} free: free space or point HF_DATASETS_CACHE / YXANUL_CACHE "
+                     "elsewhere")
 
 
 def _first(ds, src: Source) -> dict:

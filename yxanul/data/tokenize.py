@@ -14,6 +14,7 @@ threads exist; ``fork`` would be unsafe there).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing as mp
 import os
@@ -49,20 +50,63 @@ class Encoder:
         tok = Tokenizer.from_str(self.tokenizer_json)
         tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not a boundary
         fast = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster, same ids
+        raw = functools.partial(fast, add_special_tokens=False)
+        batch = functools.partial(_chunked, raw) if _split_safe(raw) else (lambda texts: [e.ids for e in raw(texts)])
 
         def encode(texts):
             if not single_thread:
-                return [e.ids for e in fast(texts, add_special_tokens=False)]
+                return batch(texts)
             before = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by `tokenizers` at every call
             try:
-                return [e.ids for e in fast(texts, add_special_tokens=False)]
+                return batch(texts)
             finally:
                 if before is None:
                     del os.environ["TOKENIZERS_PARALLELISM"]
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = before
         return encode
+
+
+# `tokenizers` keeps per-byte alignments of the whole text it encodes: one 50 MB document peaked at 8.3 GB.
+# A longer document is encoded in pieces of about CHUNK_CHARS, cut before a single space between two
+# non-space characters, where a whitespace-splitting pre-tokenizer (byte-level BPE, Metaspace) starts a new
+# word anyway: the same ids. `_split_safe` checks that on a probe; a tokenizer that fails it is not chunked.
+CHUNK_CHARS = 1 << 20
+_PROBE = "The quick brown fox, it's said, jumps over 12 lazy dogs.\nAnd then  it rests; well-earned!"
+
+
+def _cuts(text: str, size: int) -> list[int]:
+    """Start offsets of the pieces of ``text`` (0 first): each a single space between non-space characters,
+    at or after every multiple of ``size`` (a text without such a space stays whole)."""
+    starts, at = [0], size
+    while at < len(text):
+        i = text.find(" ", at)
+        while i != -1 and (text[i - 1].isspace() or i + 1 >= len(text) or text[i + 1].isspace()):
+            i = text.find(" ", i + 1)
+        if i == -1:
+            break
+        starts.append(i)
+        at = i + size
+    return starts
+
+
+def _chunked(raw, texts: list[str], size: int | None = None) -> list[list[int]]:
+    """Ids of ``texts``, documents longer than ``size`` characters encoded in pieces (bounded memory)."""
+    size = size or CHUNK_CHARS
+    if max(map(len, texts), default=0) <= size:
+        return [e.ids for e in raw(texts)]
+    out = []
+    for t in texts:
+        starts = _cuts(t, size) + [len(t)]
+        pieces = [t[a:b] for a, b in zip(starts, starts[1:])]
+        out.append([i for k in range(0, len(pieces), 8) for e in raw(pieces[k:k + 8]) for i in e.ids])
+    return out
+
+
+def _split_safe(raw) -> bool:
+    """True when encoding the probe in pieces gives the ids of encoding it whole."""
+    return _chunked(raw, [_PROBE], size=8) == [e.ids for e in raw([_PROBE])]
 
 
 def _init(encoder: Encoder, single_thread: bool) -> None:

@@ -122,6 +122,15 @@ class WorkDir:
         os.rename(self.path, self.out)
         self.release()
 
+    def disk_full(self, shard_bytes: int):
+        """The one line for a write that failed for space: the shards written so far stay for a restart."""
+        from ..errors import DataError
+
+        free = shutil.disk_usage(self.path if self.path.exists() else self.out.parent).free
+        return DataError(f"disk full: preparing into {self.path} needs at least {shard_bytes:,} bytes for its next "
+                         f"shard, {free:,} free; the shards written so far stay: free space (or choose another "
+                         "data_dir / YXANUL_CACHE) and run it again, it continues where it stopped")
+
     def discard(self) -> None:
         """Remove the whole folder (nothing worth resuming)."""
         (self.path / LOCK).unlink(missing_ok=True)

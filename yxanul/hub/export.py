@@ -164,6 +164,9 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     src = Path(source).resolve()
     if src == out.resolve() or out.resolve() in src.parents:
         raise UserError(f"export OUT '{out}': would overwrite the MODEL '{source}' it exports")
+    blocker = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UserError(f"export OUT '{out}': '{blocker}' is a file, not a folder (choose another OUT)")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
     ckpt = None

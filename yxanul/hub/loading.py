@@ -159,10 +159,12 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
 
         kw = {"backend": "torch"} if json.loads((p / "config.json").read_text()).get("model_type") == "yxanul" else {}
         try:  # a yxanul export saved with backend te loads into the torch twin (same names, any device)
-            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32, **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32,
+                                                         trust_remote_code=False, **kw)
         except (OSError, ValueError) as e:
             raise UserError(f"MODEL '{path}': not loadable by transformers ({str(e).splitlines()[0]})") from None
-        tok = AutoTokenizer.from_pretrained(str(p)) if any(p.glob("tokenizer*.json")) else None
+        has_tok = any(p.glob("tokenizer*.json"))
+        tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False) if has_tok else None
     else:
         ckpt = resolve_checkpoint(p)
         model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)

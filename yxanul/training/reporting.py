@@ -51,8 +51,58 @@ def start_trackers(accelerator, cfg, run_dir: Path, run_name: str, model, plan, 
             (run_dir / RUN_ID_FILE).write_text(wandb_id + "\n")
     init = tracker_init_kwargs(tr, run_dir, run_name, wandb_id, say=say)
     config = flat_tracker_config({**cfg.to_flat_dict(), "precision_report": precision_report(model, plan)})
-    accelerator.init_trackers(tr.wandb_project if tr.use_wandb else run_name, init_kwargs=init, config=config)
+    init_trackers_or_offline(accelerator, tr.wandb_project if tr.use_wandb else run_name, init, config, say)
     return wandb_id
+
+
+def init_trackers_or_offline(accelerator, project: str, init: dict, config: dict, say) -> None:
+    """accelerate's init_trackers; when W&B cannot start (an unreachable or failing server, a refused key),
+    one warning and W&B logs offline (`wandb sync` later), and if even that fails, training goes on
+    without W&B: a tracker never stops training."""
+    if "wandb" not in init:
+        accelerator.init_trackers(project, init_kwargs=init, config=config)
+        return
+    try:
+        accelerator.init_trackers(project, init_kwargs=init, config=config)
+        return
+    except Exception as e:  # noqa: BLE001 - wandb.errors.CommError, UsageError, timeouts, ...
+        if not _raised_in_wandb(e):
+            raise  # TensorBoard's (a full disk: the CLI's one line), not W&B's
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+    _reset_trackers(accelerator)
+    if init["wandb"].get("mode") != "offline":
+        say(f"warning: W&B could not start online ({why}); logging offline instead (sync later with "
+            f"`wandb sync {init['wandb']['dir']}/wandb`)", flush=True)
+        init = {**init, "wandb": {**init["wandb"], "mode": "offline"}}
+        try:
+            accelerator.init_trackers(project, init_kwargs=init, config=config)
+            return
+        except Exception as e:  # noqa: BLE001
+            why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
+        _reset_trackers(accelerator)
+    say(f"warning: W&B could not start even offline ({why}); training goes on without W&B", flush=True)
+    accelerator.log_with = [t for t in accelerator.log_with if str(t) != "wandb"]
+    accelerator.init_trackers(project, init_kwargs={k: v for k, v in init.items() if k != "wandb"}, config=config)
+
+
+def _raised_in_wandb(e: BaseException) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("wandb"):
+            return True
+        tb = tb.tb_next
+    return type(e).__module__.startswith("wandb")
+
+
+def _reset_trackers(accelerator) -> None:
+    """Close what a failed init_trackers started (TensorBoard's writer, W&B's half-made run)."""
+    for t in accelerator.trackers:
+        if t.name != "wandb" and getattr(t, "writer", None) is not None:
+            t.finish()
+    accelerator.trackers = []
+    import wandb
+
+    wandb.teardown()  # the failed run's id would be "in use" for the offline one
 
 
 def resumed_line(ckpt, saved, **now) -> str:

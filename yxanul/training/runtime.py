@@ -26,7 +26,7 @@ class StepTimer:
         now = time.perf_counter()
         dt = (now - self.t0) / max(self.steps, 1)
         self.t0, self.steps = now, 0
-        return dt
+        return dt if dt > 0 else float("nan")  # a clock that did not advance: not measured (tok/sec: nan)
 
 
 def configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:

@@ -50,7 +50,7 @@ class Trainer:
         self._resumed_data: dict | None = None
         self.train_iter = None
         self._trackers_started = False
-        self.t_start = time.time()
+        self.t_start = time.monotonic()  # durations: a wall clock may jump (NTP, a VM resumed)
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> "Trainer":
@@ -343,7 +343,7 @@ class Trainer:
         self.callbacks.on_train_end(self)
         self.accelerator.end_training()
         summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
-                              time.time() - self.t_start, self.run_dir)
+                              time.monotonic() - self.t_start, self.run_dir)
         if self.accelerator.is_main_process:
             write_summary(summary, self.run_dir, self.say)
         return summary
