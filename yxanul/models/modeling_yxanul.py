@@ -266,6 +266,7 @@ class LMHead(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_parameter("bias", None)  # nn.Linear's attributes: TRL's fused log-prob head reads both
 
     def forward(self, x):
         return F.linear(x, self.weight)
