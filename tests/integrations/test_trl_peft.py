@@ -70,3 +70,42 @@ def test_grpo_trainer_trains_the_native_model_by_path(native_dir, tmp_path):
     logs = [r for r in trainer.state.log_history if "reward" in r]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
     assert changed(before, trainer.model)
+
+
+def test_lora_through_the_llama_export_trains_merges_and_comes_back(tmp_path):
+    """PEFT targets nn.Linear; the native blocks hold TE-shaped fused parameters (docs/export.md), so LoRA
+    runs on the Llama export: a few steps move the adapter, merge_and_unload keeps the adapted model's
+    logits, and the merged folder reads back into yxanul (`--init_from`'s path) with the same logits."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from yxanul.hub.export import read_weights_any, save_llama
+
+    torch.manual_seed(0)
+    cfg = YxanulConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                       num_key_value_heads=1, intermediate_size=128, max_position_embeddings=32)
+    (tmp_path / "llama").mkdir()
+    save_llama(YxanulForCausalLM(cfg), tmp_path / "llama", torch.float32, "5GB")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tmp_path / "llama")),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"]))
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    losses = []
+    for _ in range(5):
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    model.eval()
+    with torch.no_grad():
+        adapted = model(ids).logits
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(ids).logits, adapted, rtol=0, atol=1e-5)  # fp32, W + BA folded once
+    merged.save_pretrained(str(tmp_path / "merged"))
+    back = YxanulForCausalLM(cfg).eval()
+    back.load_state_dict(read_weights_any(tmp_path / "merged"), strict=False)
+    back.tie_weights()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, adapted, rtol=0, atol=1e-5)
