@@ -82,11 +82,14 @@ def test_padded_loss_equals_the_loss_of_each_sequence(tiny_config):
 def test_batched_greedy_generate_equals_one_by_one(tiny_config):
     model = model_of(tiny_config)
     ids, mask = padded(PROMPTS)
-    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=PAD)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=PAD, return_dict_in_generate=True, output_logits=True)
     with torch.no_grad():
-        batch = model.generate(ids, attention_mask=mask, **kw)[:, ids.shape[1]:]
+        batch = model.generate(ids, attention_mask=mask, **kw)
         for i, p in enumerate(PROMPTS):
-            assert torch.equal(batch[i], model.generate(torch.tensor([p]), **kw)[0, len(p):]), i
+            alone = model.generate(torch.tensor([p]), **kw)
+            assert torch.equal(batch.sequences[i, ids.shape[1]:], alone.sequences[0, len(p):]), i
+            for got, want in zip(batch.logits, alone.logits):  # every step, through the KV cache
+                torch.testing.assert_close(got[i], want[0], **CLOSE)
 
 
 def test_hidden_states_inputs_embeds_and_tuples(tiny_config):
