@@ -109,3 +109,29 @@ def test_lora_through_the_llama_export_trains_merges_and_comes_back(tmp_path):
     back.tie_weights()
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, adapted, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sft", "grpo"])
+def test_trl_trainers_with_the_precision_plan(native_dir, tmp_path, kind):
+    """YxanulSFTTrainer / YxanulGRPOTrainer: TRL's trainer under yxanul's precision plan (the FP8 path on a
+    GPU with TE; on a CPU the plan resolves to FP32 and the composition itself is what is tested)."""
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, SFTConfig
+
+    from yxanul.integrations import YxanulGRPOTrainer, YxanulSFTTrainer
+    from yxanul.precision import PrecisionArgs
+
+    model = AutoModelForCausalLM.from_pretrained(str(native_dir))
+    common = dict(output_dir=str(tmp_path / kind), max_steps=1, per_device_train_batch_size=2, learning_rate=1e-2,
+                  report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    if kind == "sft":
+        trainer = YxanulSFTTrainer(model=model, args=SFTConfig(max_length=16, **common), precision=PrecisionArgs(),
+                                   train_dataset=Dataset.from_dict({"text": ["ROMEO: But soft!", "JULIET: O Romeo!"]}))
+    else:
+        trainer = YxanulGRPOTrainer(model=model, args=GRPOConfig(num_generations=2, max_completion_length=4, **common),
+                                    reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions],
+                                    train_dataset=Dataset.from_dict({"prompt": ["ROMEO:", "O"]}),
+                                    precision=PrecisionArgs())
+    before = weights(model)
+    trainer.train()
+    assert trainer.plan is not None and changed(before, trainer.model)
