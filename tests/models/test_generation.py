@@ -130,9 +130,3 @@ def test_torch_twin_shares_the_weights_and_generates_the_same(model):
     x = ids(2, 5)
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(twin.generate(x, **kw), model.generate(x, **kw))
-
-
-def test_only_sdpa_attention_is_declared(tiny_config):
-    assert YxanulForCausalLM(tiny_config()).config._attn_implementation == "sdpa"
-    with pytest.raises(ConfigError, match="attn_implementation"):
-        YxanulForCausalLM(tiny_config(attn_implementation="eager"))

@@ -86,9 +86,31 @@ def _precision_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+FORMAT_INTRO = {
+    "llama": "exported as a standard `LlamaForCausalLM`: it loads with plain `transformers`, no `trust_remote_code`.",
+    "yxanul": "in yxanul's native format (`YxanulForCausalLM`, the Transformer Engine / FP8-ready model that "
+              "fine-tunes with FP8 under Trainer-based tools). Loading it needs `pip install yxanul` and "
+              "`import yxanul`, which registers the `yxanul` model type with transformers' Auto classes "
+              "(no `trust_remote_code`: no code ships with the weights). For a folder that loads without "
+              "yxanul, export with `--format llama`.",
+}
+
+
+def usage_snippet(fmt: str, repo_id: str | None) -> list[str]:
+    """The card's "Use" code: runs as written in the export folder (or with the Hub id)."""
+    where = repr(repo_id or ".")
+    head = ["import yxanul  # registers the 'yxanul' model type with transformers"] if fmt == "yxanul" else []
+    return ["```python", *head, "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"tok = AutoTokenizer.from_pretrained({where})",
+            f"model = AutoModelForCausalLM.from_pretrained({where})",
+            "inputs = tok('ROMEO:', return_tensors='pt')",
+            "print(tok.decode(model.generate(**inputs, max_new_tokens=40, do_sample=True, top_k=50)[0]))", "```"]
+
+
 def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str = "other",
-               repo_id: str | None = None, has_plot: bool = False) -> str:
-    """README.md text: YAML metadata + architecture, data, tokens, loss, precision, hardware, loss curve."""
+               repo_id: str | None = None, has_plot: bool = False, fmt: str = "llama") -> str:
+    """README.md text: YAML metadata + architecture, data, tokens, loss, precision, hardware, loss curve,
+    and the intro and usage code of the export format ``fmt`` ("llama" or "yxanul")."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..models.configuration_yxanul import count_parameters
@@ -100,13 +122,12 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
     val = state.get("val_loss") or next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None)
     tps = [r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r]
     meta = ModelCardData(license=license, library_name="transformers", datasets=hub_ids or None,
-                         tags=["yxanul", "llama", "text-generation", "pretraining"]
+                         tags=["yxanul", "llama" if fmt == "llama" else "fp8-ready", "text-generation", "pretraining"]
                          + (["fp8"] if report.get("fp8") else []), pipeline_tag="text-generation")
     c = config
     body = [f"# {repo_id or 'yxanul model'}", "",
             "A decoder-only language model pretrained from scratch with yxanul "
-            "(Transformer Engine / accelerate on the Hugging Face stack), exported as a standard "
-            "`LlamaForCausalLM`: it loads with plain `transformers`, no `trust_remote_code`.", "",
+            "(Transformer Engine / accelerate on the Hugging Face stack), " + FORMAT_INTRO[fmt], "",
             "## Architecture", "",
             f"- {count_parameters(c):,} parameters ({count_parameters(c) / 1e6:.1f}M), Llama-style: RMSNorm, "
             "SwiGLU, RoPE, no biases",
@@ -125,11 +146,7 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
                     + (f"; throughput {sorted(tps)[len(tps) // 2]:,.0f} tokens/s (median)" if tps else ""))
     if has_plot:
         body += ["", "## Loss curve", "", f"![loss curve]({LOSS_PNG})"]
-    body += ["", "## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-             f"tok = AutoTokenizer.from_pretrained({repo_id or '.'!r})",
-             f"model = AutoModelForCausalLM.from_pretrained({repo_id or '.'!r})",
-             "ids = tok('ROMEO:', return_tensors='pt').input_ids",
-             "print(tok.decode(model.generate(ids, max_new_tokens=40, do_sample=True, top_k=50)[0]))", "```", ""]
+    body += ["", "## Use", "", *usage_snippet(fmt, repo_id), ""]
     return str(ModelCard("---\n" + meta.to_yaml() + "\n---\n\n" + "\n".join(body)))
 
 

@@ -127,17 +127,19 @@ def save_llama(model, out: Path, dtype: torch.dtype, max_shard_size: str) -> Non
 
 
 def save_generation_config(config, out: Path) -> None:
+    """The ids the tokenizer really has: no pad id unless it defines a pad token (the bundled one has
+    only <|endoftext|> = bos = eos). generate() then pads with eos and, given the tokenizer's
+    attention_mask, needs to infer nothing."""
     from transformers import GenerationConfig
 
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                     pad_token_id=config.pad_token_id if config.pad_token_id is not None else config.eos_token_id,
-                     ).save_pretrained(str(out))
+                     pad_token_id=config.pad_token_id).save_pretrained(str(out))
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "precision_report.json")
 
 
-def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | None) -> None:
+def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | None, fmt: str = "llama") -> None:
     """Next to the weights: the checkpoint's trainer_state.json, the run's config.yaml, metrics.jsonl and
     precision report, the loss-curve PNG and the model card (README.md)."""
     from ..checkpoint import STATE_FILE, read_state
@@ -150,7 +152,8 @@ def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | 
         if src.is_file():
             shutil.copy2(src, out / name)
     has_plot = plot_loss(read_metrics(run_dir), out / LOSS_PNG) is not None
-    (out / "README.md").write_text(build_card(config, run_dir, read_state(ckpt), license, repo_id, has_plot))
+    (out / "README.md").write_text(build_card(config, run_dir, read_state(ckpt), license, repo_id, has_plot,
+                                                  fmt))
 
 
 def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str = "bf16",
@@ -192,7 +195,7 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     if tok is not None:
         tok.save_pretrained(str(out))
     if ckpt is not None:
-        write_run_files(out, ckpt, model.config, license, repo_id)
+        write_run_files(out, ckpt, model.config, license, repo_id, fmt)
     return out
 
 

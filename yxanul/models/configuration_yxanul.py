@@ -6,9 +6,10 @@ Shape errors raise :class:`yxanul.errors.ConfigError` (one line, exit code 2 fro
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Literal
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import PreTrainedConfig
 
 from ..errors import ConfigError
 from .args import validate_loss
@@ -33,6 +34,10 @@ class YxanulConfig(PreTrainedConfig):
 
     model_type = "yxanul"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # No remote code: the classes come from `import yxanul` (yxanul/_register.py). An empty, read-only,
+    # unsaved class attribute: TRL's create_model_from_path reads `config.auto_map` for any architecture
+    # that is not in transformers and then picks AutoModelForCausalLM.
+    auto_map = MappingProxyType({})
 
     vocab_size: int = 8192
     hidden_size: int = 256
@@ -61,6 +66,9 @@ class YxanulConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         self.validate_shapes()
         super().__post_init__(**kwargs)
+        from .._register import register_models
+
+        register_models()  # AutoModel/AutoModelForCausalLM: every lookup comes with a config instance
 
     @property
     def head_dim(self) -> int:
@@ -95,7 +103,13 @@ class YxanulConfig(PreTrainedConfig):
         validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
 
 
-AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
+def _register() -> None:
+    from transformers.models.auto.configuration_auto import AutoConfig
+
+    AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
+
+
+_register()
 
 
 def config_from_preset(name: str, vocab_size: int, seq_length: int, **overrides) -> YxanulConfig:

@@ -87,10 +87,16 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))
             qkv.register_load_state_dict_pre_hook(fuse_split_qkv)
 
-    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None):
-        """(B, T, C) -> (B, T, C); ``rotary_pos_emb`` [T, 1, 1, head_dim] (non-interleaved)."""
-        return super().forward(hidden_states, rotary_pos_emb=rotary_pos_emb,
-                               is_first_microbatch=is_first_microbatch)
+    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None, attention_mask=None):
+        """(B, T, C) -> (B, T, C); ``rotary_pos_emb`` [T, 1, 1, head_dim] (non-interleaved). ``attention_mask``:
+        None (causal, the training path) or yxanul's (B, 1, T, S) bool, True = attend; TE's convention is
+        the opposite (True = masked out). It goes in as TE's "arbitrary" mask: "padding_causal" turns the
+        mask into sequence lengths, i.e. assumes right padding, and generation pads on the left."""
+        if attention_mask is None:
+            return super().forward(hidden_states, rotary_pos_emb=rotary_pos_emb,
+                                   is_first_microbatch=is_first_microbatch)
+        return super().forward(hidden_states, attention_mask=~attention_mask, self_attn_mask_type="arbitrary",
+                               rotary_pos_emb=rotary_pos_emb, is_first_microbatch=is_first_microbatch)
 
 
 def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
@@ -100,10 +106,10 @@ def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
     return norm
 
 
-def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch):  # pragma: no cover - GPU only
+def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch, attention_mask=None):  # pragma: no cover
     """Activation checkpointing of a TE block with TE's own `checkpoint` (non-reentrant), not
     `torch.utils.checkpoint`: the recompute runs in backward, outside the step's `te.autocast`, and
     torch's version would recompute in BF16 what the forward did in FP8 (different saved tensors).
     TE's captures the autocast state and recipe of the forward and re-enters them for the recompute,
     which also reuses the forward's delayed-scaling scales (TE 2.20 `distributed.py` `checkpoint`)."""
-    return te.checkpoint(layer, hidden_states, rotary_pos_emb, is_first_microbatch, use_reentrant=False)
+    return te.checkpoint(layer, hidden_states, rotary_pos_emb, is_first_microbatch, attention_mask, use_reentrant=False)

@@ -86,20 +86,34 @@ def rotate_half(x):
 
 
 def apply_rotary(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x (B, T, nh, hd), freqs [T, 1, 1, hd] in TE's layout (non-interleaved, like HF Llama)."""
-    f = freqs[:, 0, 0, :][None, :, None, :]  # (1, T, 1, hd)
+    """x (B, T, nh, hd), freqs [T, 1, 1, hd] in TE's layout (non-interleaved, like HF Llama), or (B, T, hd)
+    per sequence (explicit ``position_ids``)."""
+    f = freqs[:, :, None, :] if freqs.dim() == 3 else freqs[:, 0, 0, :][None, :, None, :]  # (B|1, T, 1, hd)
     xf = x.float()
     return (xf * f.cos() + rotate_half(xf) * f.sin()).to(x.dtype)
+
+
+def eager_attention(q, k, v, allowed):
+    """softmax(q k^T / sqrt(hd) + mask) v in fp32 softmax, as transformers' eager attention; ``allowed``
+    (B|1, 1, T, S) bool. q (B, nh, T, hd), k/v (B, nkv, S, hd) -> (B, nh, T, hd)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5                  # (B, nh, T, S)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
 class SelfAttention(nn.Module):
     def __init__(self, config: YxanulConfig):
         super().__init__()
+        self.config = config  # read at call time: `attn_implementation` can change after building
         self.n_head, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.layernorm_qkv = LayerNormQKV(config)
         self.proj = Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x, rotary_pos_emb, cache=None, layer_idx: int = 0):
+    def forward(self, x, rotary_pos_emb, cache=None, layer_idx: int = 0, attention_mask=None):
+        """``attention_mask``: None (causal; the training path) or (B, 1, T, S) bool, True = attend
+        (``masking.padding_causal_mask``), then SDPA or eager attention take it as it is."""
         B, T, C = x.shape
         q, k, v = self.layernorm_qkv(x)
         q = apply_rotary(q.view(B, T, self.n_head, self.head_dim), rotary_pos_emb).transpose(1, 2)  # (B, nh, T, hd)
@@ -107,6 +121,9 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                                   # (B, nkv, T, hd)
         if cache is not None:  # transformers' Cache: append this step's k/v, get the whole prefix back
             k, v = cache.update(k, v, layer_idx)                                                    # (B, nkv, S, hd)
+        if attention_mask is not None or self.config._attn_implementation == "eager":
+            y = self.masked_attention(q, k, v, attention_mask)
+            return self.proj(y.transpose(1, 2).reshape(B, T, C))
         S = k.shape[2]
         # Causal with the queries at the END of the keys: SDPA's is_causal aligns them top-left, which is
         # only right when T == S (no cache, or a prefill); one new token (T == 1) sees every key.
@@ -121,6 +138,19 @@ class SelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), **kw)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, nh, T, hd) -> (B, T, C)
 
+    def masked_attention(self, q, k, v, allowed):
+        """Attention under an explicit mask (padding, or eager's causal one); rows that see no key (a
+        left pad) come out as zeros with SDPA and as a uniform average with eager: finite either way."""
+        T, S = q.shape[2], k.shape[2]
+        if allowed is None:
+            allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)[None, None]
+        if self.config._attn_implementation == "eager":
+            return eager_attention(q, k, v, allowed)
+        if self.n_kv != self.n_head:  # SDPA's enable_gqa is not taken together with a mask by every kernel
+            rep = self.n_head // self.n_kv
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
 
 class YxanulDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block with the children of ``te.TransformerLayer`` (the norms live inside the linears)."""
@@ -131,11 +161,12 @@ class YxanulDecoderLayer(GradientCheckpointingLayer):
         self.self_attention = SelfAttention(config)
         self.layernorm_mlp = LayerNormMLP(config)
 
-    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None, cache=None):
+    def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None, cache=None, attention_mask=None):
         # is_first_microbatch: TE only. `cache`: transformers' Cache (GradientCheckpointingLayer drops it
-        # while recomputing in training).
+        # while recomputing in training). `attention_mask`: None or (B, 1, T, S) bool (SelfAttention).
         device = hidden_states.device.type
         if torch.is_autocast_enabled(device):  # as te.TransformerLayer: the residual runs in the autocast dtype
             hidden_states = hidden_states.to(torch.get_autocast_dtype(device))
-        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb, cache, self.layer_idx)  # (B, T, C)
+        x = hidden_states + self.self_attention(hidden_states, rotary_pos_emb, cache, self.layer_idx,
+                                                attention_mask)                 # (B, T, C)
         return x + self.layernorm_mlp(x)                                        # (B, T, C)

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedModel
+from transformers import AutoModel, AutoModelForCausalLM, DynamicCache, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..errors import ConfigError
 from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
+from .masking import padding_causal_mask, padding_in, position_ids_from_mask
 from .modeling_torch import RMSNorm, YxanulDecoderLayer, apply_rotary  # noqa: F401 (apply_rotary: re-exported)
 
 # transformers 5.24 names the KV cache `cache` (outputs and generate's kwargs); 5.17 (the GPU image)
@@ -75,6 +76,14 @@ class YxanulRotaryEmbedding(nn.Module):
         t = torch.arange(offset, offset + seq_len, device=inv_freq.device, dtype=torch.float32)
         f = t[:, None] * inv_freq[None, :]                     # (T, hd/2); elementwise: immune to autocast
         return torch.cat((f, f), dim=-1)[:, None, None, :]     # [T, 1, 1, hd]
+
+    def for_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) explicit positions -> (B, T, hd) (the torch backend's per-sequence layout)."""
+        inv_freq = self.inv_freq
+        if inv_freq.dtype != torch.float32:
+            inv_freq = self.compute_inv_freq(inv_freq.device)
+        f = position_ids.to(inv_freq.device, torch.float32)[..., None] * inv_freq   # (B, T, hd/2)
+        return torch.cat((f, f), dim=-1)                                             # (B, T, hd)
 
 
 def _drop_extra_state(module, state_dict, prefix, *args):
@@ -160,8 +169,8 @@ class YxanulModel(YxanulPreTrainedModel):
         super().__init__(config)
         config.backend = resolve_backend(config.backend)
         attn = getattr(config, "_attn_implementation", None)
-        if attn not in (None, "sdpa"):  # one attention per backend: SDPA (torch), TE's fused attention (te)
-            raise ConfigError("attn_implementation", "'sdpa' (the only attention yxanul implements)", attn)
+        if attn not in (None, "sdpa", "eager"):  # torch: SDPA or q k^T softmax; TE: its DotProductAttention
+            raise ConfigError("attn_implementation", "'sdpa' or 'eager' (the attentions yxanul implements)", attn)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.backend == "te":
             try:
@@ -185,25 +194,67 @@ class YxanulModel(YxanulPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def forward(self, input_ids, is_first_microbatch=None, cache=None):
-        """(B, T) ids -> (B, T, C). ``cache``: a transformers Cache (torch backend), updated in place;
-        the new tokens sit at positions cache_length ... cache_length + T - 1 (RoPE offset)."""
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                use_cache=None, output_hidden_states=None, return_dict=None, is_first_microbatch=None, cache=None,
+                **kwargs) -> BaseModelOutputWithPast:
+        """transformers' decoder interface -> ``last_hidden_state`` (B, T, C) (+ the cache, + ``hidden_states``:
+        the embeddings, each block's output, the last one after the final norm, as Llama's).
+
+        ``attention_mask`` (B, past + T) of 1/0: with padding, attention is causal AND never to a pad key,
+        and the positions count from each sequence's first real token (unless ``position_ids`` are given);
+        without padding it is dropped and the causal kernel runs as in training (``masking.py``).
+        ``cache`` (``past_key_values``): transformers' KV cache, torch backend; new tokens continue its
+        positions. ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        cache = cache if cache is not None else past_key_values
+        if self.gradient_checkpointing and self.training:
+            cache = None  # recomputation in backward would append the keys twice (as transformers' layers do)
+        elif use_cache and cache is None:
+            cache = DynamicCache(config=self.config)
         if cache is not None and self.config.backend == "te":
             raise ConfigError("backend", "'torch' for a KV cache (generate() on a TE model runs on its torch "
                               "twin with the same weights)", "te")
-        x = self.embed_tokens(input_ids)                                       # (B, T, C)
-        offset = cache.get_seq_length() if cache is not None else 0
-        freqs = self.rotary_emb(input_ids.shape[1], offset)                    # [T, 1, 1, hd]
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
+        T = x.shape[1]
+        mask = None
+        if padding_in(attention_mask):
+            mask = padding_causal_mask(attention_mask, T)                      # (B, 1, T, S) bool
+            if position_ids is None and self.config.backend == "torch":        # TE: see rotary_for
+                position_ids = position_ids_from_mask(attention_mask, T)
+        freqs = self.rotary_for(T, cache, position_ids)
+        hidden = [] if output_hidden_states else None
         for layer in self.layers:
-            if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
-                from .modeling_te import checkpointed_forward  # TE blocks: TE's own checkpoint (FP8-aware)
+            if hidden is not None:
+                hidden.append(x)
+            x = self.run_layer(layer, x, freqs, is_first_microbatch, cache, mask)
+        x = self.norm(x)                                                       # (B, T, C)
+        if hidden is not None:
+            hidden.append(x)
+        out = BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden) if hidden else None,
+                                      **{_CACHE_FIELD: cache})
+        return out if return_dict is not False else out.to_tuple()
 
-                x = checkpointed_forward(layer, x, freqs, is_first_microbatch)
-            elif cache is not None:
-                x = layer(x, freqs, is_first_microbatch=is_first_microbatch, cache=cache)
-            else:
-                x = layer(x, freqs, is_first_microbatch=is_first_microbatch)
-        return self.norm(x)                                                    # (B, T, C)
+    def rotary_for(self, T, cache, position_ids):
+        """[T, 1, 1, hd] from the cache's length, or (B, T, hd) for explicit positions (torch backend).
+        TE's blocks take one [T, 1, 1, hd] table for the batch: with padding they keep 0..T-1, which RoPE
+        makes equivalent (attention scores depend only on the distance between query and key)."""
+        if position_ids is None:
+            return self.rotary_emb(T, cache.get_seq_length() if cache is not None else 0)
+        if self.config.backend == "te":
+            raise ConfigError("position_ids", "None on the TE backend (one RoPE table per batch; pass "
+                              "attention_mask for padding)", "a tensor")
+        return self.rotary_emb.for_positions(position_ids)
+
+    def run_layer(self, layer, x, freqs, is_first_microbatch, cache, mask):
+        if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
+            from .modeling_te import checkpointed_forward  # TE blocks: TE's own checkpoint (FP8-aware)
+
+            return checkpointed_forward(layer, x, freqs, is_first_microbatch, mask)
+        kw = {} if mask is None else {"attention_mask": mask}  # no mask: the blocks' calls are unchanged
+        if cache is not None:
+            kw["cache"] = cache
+        return layer(x, freqs, is_first_microbatch=is_first_microbatch, **kw)
 
 
 class LMHead(nn.Module):
@@ -215,6 +266,7 @@ class LMHead(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_parameter("bias", None)  # nn.Linear's attributes: TRL's fused log-prob head reads both
 
     def forward(self, x):
         return F.linear(x, self.weight)
@@ -247,25 +299,22 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
-    def forward(self, input_ids, labels=None, shift_labels=None, is_first_microbatch=None, attention_mask=None,
-                position_ids=None, cache=None, past_key_values=None, use_cache=None, logits_to_keep=0,
-                return_logits=True, num_items_in_batch=None, **kwargs) -> YxanulCausalLMOutput:
-        """Causal LM over unpadded sequences. ``labels``: HF-style (position t predicts labels[t+1],
-        shifted here); ``shift_labels``: targets already aligned with the inputs (the loader's y);
-        ignore_index -100. ``num_items_in_batch`` (transformers' Trainer under gradient accumulation):
-        the loss is the sum over targets divided by it instead of the mean. ``attention_mask`` and
-        ``position_ids`` are accepted (generate passes them) and ignored: attention is always causal,
-        padding is not masked, positions continue from the cache. ``cache`` (``past_key_values`` on
-        transformers < 5.24) / ``use_cache``: transformers' KV cache; ``logits_to_keep`` = k > 0:
-        logits of the last k positions only (generate asks for 1). ``is_first_microbatch`` goes to TE's
-        blocks (FP8 weight caching). ``return_logits=False`` (training/eval steps): no (B, T, V) logits
-        in the output, which accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`)."""
-        cache = cache if cache is not None else past_key_values
-        if use_cache and cache is None:
-            cache = DynamicCache(config=self.config)
-        if self.model.gradient_checkpointing and self.training:
-            cache = None  # recomputation in backward would append the keys twice (as transformers' layers do)
-        h = self.model(input_ids, is_first_microbatch=is_first_microbatch, cache=cache)  # (B, T, C)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
+                labels=None, use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
+                shift_labels=None, is_first_microbatch=None, return_logits=True, num_items_in_batch=None, cache=None,
+                **kwargs) -> YxanulCausalLMOutput:
+        """transformers' causal-LM interface (``YxanulModel.forward`` for the mask, positions and cache).
+        ``labels``: HF-style (position t predicts labels[t+1], shifted here); ``shift_labels``: targets
+        already aligned with the inputs (the loader's y); ignore_index -100. ``num_items_in_batch``
+        (transformers' Trainer under gradient accumulation): the loss is the sum over targets divided by it
+        instead of the mean. ``logits_to_keep`` = k > 0: logits of the last k positions only (generate asks
+        for 1). ``return_logits=False`` (training/eval steps): no (B, T, V) logits in the output, which
+        accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`). ``cache`` is
+        ``past_key_values``' name on transformers 5.24 (both work)."""
+        base = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+                          use_cache=use_cache, output_hidden_states=output_hidden_states,
+                          is_first_microbatch=is_first_microbatch, cache=cache if cache is not None else past_key_values)
+        h = base.last_hidden_state                                                     # (B, T, C)
         if labels is not None and shift_labels is None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)                   # (B, T), last has no target
         chunked = shift_labels is not None and self.config.loss_impl == "chunked"
@@ -273,10 +322,11 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         if return_logits or not chunked:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
             logits = self.lm_head(h[:, keep])                                          # (B, T', V)
-        out = YxanulCausalLMOutput(logits=logits if return_logits else None, **{_CACHE_FIELD: cache})
+        out = YxanulCausalLMOutput(logits=logits if return_logits else None, hidden_states=base.hidden_states,
+                                   **{_CACHE_FIELD: getattr(base, _CACHE_FIELD)})
         if shift_labels is not None:
             out.loss, out.lm_loss, out.penalty = self._loss(h, logits, shift_labels, num_items_in_batch)
-        return out
+        return out if return_dict is not False else out.to_tuple()
 
     def _loss(self, h, logits, shift_labels, num_items_in_batch):
         """(loss, lm_loss, penalty) by ``config.loss_impl`` and ``config.penalty_type`` (loss.py)."""
@@ -323,4 +373,5 @@ def torch_twin(model: YxanulForCausalLM) -> YxanulForCausalLM:
     return twin.train(model.training)
 
 
+AutoModel.register(YxanulConfig, YxanulModel, exist_ok=True)
 AutoModelForCausalLM.register(YxanulConfig, YxanulForCausalLM, exist_ok=True)
