@@ -137,7 +137,7 @@ def render_group(day: str, gpu: str, records: dict[str, dict]) -> str:
     return head + "\n".join(lines) + notes + "\n"
 
 
-def tests_line(path: Path) -> str:
+def junit_line(path: Path) -> str:
     """'GPU tests (file): N passed, F failed, E errors, S skipped' (+ the failed ones) from a junit XML."""
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
@@ -176,7 +176,7 @@ def render(bench_dir: Path) -> str:
         return "No device speed results are committed yet (docs/bench/ has no YYYY-MM-DD-<gpu>-<variant>.json).\n"
     parts = []
     for (day, gpu), records in groups.items():
-        extra = [f(p) for suffix, f in (("tests.xml", tests_line), ("parity.json", parity_line))
+        extra = [f(p) for suffix, f in (("tests.xml", junit_line), ("parity.json", parity_line))
                  if (p := Path(bench_dir) / f"{day}-{gpu}-{suffix}").is_file()]
         parts.append(render_group(day, gpu, records) + "".join(f"\n{e}\n" for e in extra))
     return "\n".join(parts)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table + f"\nwrote {archive} and {Path(a.out) / 'summary.md'}")
         return 0
     if a.action == "junit":
-        print(tests_line(merge_junit([Path(p) for p in a.paths], Path(a.out))))
+        print(junit_line(merge_junit([Path(p) for p in a.paths], Path(a.out))))
         return 0
     if a.action == "commit":
         for path in commit([Path(p) for p in a.paths], Path(a.bench_dir), a.tag):
