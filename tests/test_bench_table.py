@@ -107,3 +107,12 @@ def test_user_mistakes_are_one_line(tmp_path):
     with pytest.raises(UserError, match="expected the two lines"):
         main(["render", "--bench_dir", str(tmp_path), "--doc", str(tmp_path / "d.md")])
     assert "No device speed results are committed yet" in render(tmp_path)
+
+
+def test_the_device_script_runs_every_variant_of_the_table_in_its_order():
+    """gpu_checks.sh's default FIRST_VARIANTS is the table's VARIANTS (the flags come from the table itself)."""
+    import re
+
+    script = (Path(__file__).parents[1] / "scripts" / "device" / "gpu_checks.sh").read_text()
+    default = re.search(r"FIRST_VARIANTS:-([a-z0-9,-]+)\}", script).group(1)
+    assert default.split(",") == list(VARIANTS)
