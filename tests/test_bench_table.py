@@ -114,5 +114,5 @@ def test_the_device_script_runs_every_variant_of_the_table_in_its_order():
     import re
 
     script = (Path(__file__).parents[1] / "scripts" / "device" / "gpu_checks.sh").read_text()
-    default = re.search(r"FIRST_VARIANTS:-([a-z0-9,-]+)\}", script).group(1)
+    default = re.search(r"local order=([a-z0-9,-]+)\n", script).group(1)
     assert default.split(",") == list(VARIANTS)

@@ -66,7 +66,8 @@ variant_flags() {  # the yxanul bench flags of a speed variant (one table: yxanu
 speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one `yxanul bench` with a fair share
   local budget=$1 s0=$SECONDS name flags left share n
   local -a names
-  IFS=, read -r -a names <<< "${FIRST_VARIANTS:-default,master-fp32,loss-te,graphs,stack,fused-qkv,loss-chunked,compile}"
+  local order=default,master-fp32,loss-te,graphs,stack,fused-qkv,loss-chunked,compile
+  IFS=, read -r -a names <<< "${FIRST_VARIANTS:-$order}"
   local presets=${FIRST_PRESETS:-gpt2-124m,medium,xlarge} precisions=bf16,fp8-delayed
   local common=(--backend "${FIRST_BACKEND:-te}" --presets "$presets"
                 --seq_lengths "${FIRST_SEQ:-1024}" --precisions "$precisions" --fp8_min_gemm_dim 0
@@ -89,7 +90,9 @@ speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one 
   step pack python3 -m yxanul.tools.bench_table pack "$WORK/speed" --out "$OUT"
 }
 
-first() {  # one call, <= FIRST_BUDGET (420 s) in all: the order is the priority
+# one call, <= FIRST_BUDGET (400 s) in all (a capped step may end up to 20 s past its cap, by SIGKILL);
+# the order is the priority
+first() {
   local t0=$SECONDS tests_t0 left
   rm -rf "$WORK/speed" "$WORK"/*.xml
   step nvidia-smi capped 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -105,14 +108,14 @@ first() {  # one call, <= FIRST_BUDGET (420 s) in all: the order is the priority
     echo "=== gpu-tests: not started (FIRST_TESTS_S spent)" | tee -a "$log"; status=1
   fi
   step junit python3 -m yxanul.tools.bench_table junit "$WORK/trainer.xml" "$WORK/gpu.xml" --out "$OUT/tests.xml"
-  left=$(( ${FIRST_BUDGET:-420} - (SECONDS - t0) - 10 ))
+  left=$(( ${FIRST_BUDGET:-400} - (SECONDS - t0) - 10 ))
   speed_variants "$(( left < ${FIRST_SPEED_S:-240} ? left : ${FIRST_SPEED_S:-240} ))"
-  { echo; echo "Steps of this call (exit code, seconds):"; grep -E '^=== .*(exit [0-9]+ after|not started|reaped)' "$log"; } \
-    >> "$OUT/summary.md"
+  { echo; echo "Steps of this call (exit code, seconds):"
+    grep -E '^=== .*(exit [0-9]+ after|not started|reaped)' "$log"; } >> "$OUT/summary.md"
 }
 
 parity() {  # shortened: PARITY_STEPS (250) of medium, BF16 then FP8 delayed, the val loss within 0.5 %?
-  local steps=${PARITY_STEPS:-250} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024} cap=${PARITY_CAP_S:-120}
+  local steps=${PARITY_STEPS:-250} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024} cap=${PARITY_CAP_S:-100}
   local model=${PARITY_MODEL:-medium} flags=${PARITY_FLAGS:-}
   local common=(--model "$model" --seq_length "$seq" --micro_batch_size "$micro" --max_steps "$steps"
                 --warmup_steps 40 --max_lr 6e-4 --log_freq 5 --eval_freq "$(( steps / 2 ))" --eval_steps 4
@@ -134,7 +137,7 @@ parity() {  # shortened: PARITY_STEPS (250) of medium, BF16 then FP8 delayed, th
 profile() {  # where a step's time goes: 3 profiled steps per case (kernel table, host vs device time)
   rm -rf "$WORK/profile"
   # shellcheck disable=SC2086  # $PROFILE_FLAGS are flags and their values, split on purpose
-  step profile capped "${PROFILE_CAP_S:-100}" python3 -m yxanul bench --backend "${FIRST_BACKEND:-te}" \
+  step profile capped "${PROFILE_CAP_S:-80}" python3 -m yxanul bench --backend "${FIRST_BACKEND:-te}" \
     --presets "${PROFILE_PRESETS:-gpt2-124m,medium}" --seq_lengths "${FIRST_SEQ:-1024}" --precisions bf16,fp8-delayed \
     --fp8_min_gemm_dim 0 --tokens_per_micro "${FIRST_TOKENS:-16384}" --vocab_size "${FIRST_VOCAB:-50257}" \
     --warmup 2 --steps 3 --profile ${PROFILE_FLAGS:-} --out "$WORK/profile"
