@@ -68,17 +68,20 @@ def summarize(averages, steps: int, wall_s: float) -> dict:
 
 def report(s: dict, title: str) -> str:
     """The text file: totals, then the two tables."""
-    device = f"{s['device_ms_per_step']:.2f}" if s["device_ms_per_step"] is not None else "n/a (no CUDA)"
+    device = f"{s['device_ms_per_step']:.2f} ms" if s["device_ms_per_step"] is not None else "n/a (no CUDA)"
     bound = ""
     if s["device_ms_per_step"]:
         bound = ("  -> host-bound (launches)" if s["host_ms_per_step"] > s["device_ms_per_step"]
                  else "  -> device-bound (kernels)")
     lines = [title, "",
              f"per step: wall {s['wall_ms_per_step']:.2f} ms | host (self CPU of all ops) "
-             f"{s['host_ms_per_step']:.2f} ms | device (self time of all kernels) {device} ms"
+             f"{s['host_ms_per_step']:.2f} ms | device (self time of all kernels) {device}"
              f" | {s['kernels_per_step']:.0f} kernels{bound}", ""]
     for label, key in (("CUDA kernels by self device time", "top_kernels"),
                        ("host ops by self CPU time", "top_host_ops")):
+        if not s[key]:
+            lines += [f"no {label.split(' by ')[0]} recorded", ""]
+            continue
         lines += [f"top {len(s[key])} {label}:", f"{'ms/step':>9} {'%':>6} {'calls/step':>10}  name"]
         lines += [f"{r['ms_per_step']:>9.3f} {r['pct'] if r['pct'] is not None else '':>6} "
                   f"{r['calls_per_step']:>10}  {r['name'][:140]}" for r in s[key]]
