@@ -112,13 +112,15 @@ first() {
   speed_variants "$(( left < ${FIRST_SPEED_S:-240} ? left : ${FIRST_SPEED_S:-240} ))"
   { echo; echo "Steps of this call (exit code, seconds):"
     grep -E '^=== .*(exit [0-9]+ after|not started|reaped)' "$log"; } >> "$OUT/summary.md"
+  cat "$OUT/summary.md"  # the end of the output comes back in the tool's reply
 }
 
 parity() {  # shortened: PARITY_STEPS (250) of medium, BF16 then FP8 delayed, the val loss within 0.5 %?
   local steps=${PARITY_STEPS:-250} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024} cap=${PARITY_CAP_S:-100}
   local model=${PARITY_MODEL:-medium} flags=${PARITY_FLAGS:-}
   local common=(--model "$model" --seq_length "$seq" --micro_batch_size "$micro" --max_steps "$steps"
-                --warmup_steps "$(( steps / 5 < 40 ? steps / 5 : 40 ))" --max_lr 6e-4 --log_freq 5 --eval_freq "$(( steps / 2 ))" --eval_steps 4
+                --warmup_steps "$(( steps / 5 < 40 ? steps / 5 : 40 ))" --max_lr 6e-4 --log_freq 5
+                --eval_freq "$(( steps / 2 ))" --eval_steps 4
                 --val_fraction 0.1 --checkpoint_freq 0 --sample_tokens 0 --num_workers 2
                 --backend "${PARITY_BACKEND:-te}" --fp8_min_gemm_dim 0)
   rm -rf "$WORK/parity" && mkdir -p "$WORK/parity"
