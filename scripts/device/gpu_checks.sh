@@ -32,8 +32,9 @@ step() {  # step NAME CMD... : run, log, remember failure, keep going
   local name=$1; shift
   echo "=== $name: $*" | tee -a "$log"
   local t0=$SECONDS
-  YX_CHECKS_STEP="$$-$name" "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
+  # not `| tee`: a leftover that keeps the pipe open would hold the step until it ends, before reap could run
+  YX_CHECKS_STEP="$$-$name" "$@" > >(tee -a "$log") 2>&1
+  local rc=$?
   echo "=== $name: exit $rc after $(( SECONDS - t0 )) s" | tee -a "$log"
   reap "$$-$name"
   [ "$rc" -eq 0 ] || status=1
