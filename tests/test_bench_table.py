@@ -6,6 +6,7 @@ run wrote (tests/fixtures/bench/<variant>/bench.json: nano, seq 32, bf16 + fp8-d
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -68,9 +69,10 @@ def test_junit_merge_and_the_junit_line(tmp_path):
     (tmp_path / "test_a.py").write_text("import pytest\ndef test_ok(): pass\n"
                                         "@pytest.mark.skip(reason='no GPU')\ndef test_gpu(): pass\n")
     (tmp_path / "test_b.py").write_text("def test_ok(): pass\ndef test_broken(): assert 1 == 2\n")
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # a bare pytest: seconds, not the plugins' imports
     for name in ("a", "b"):
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"test_{name}.py",
-                        f"--junitxml={name}.xml"], cwd=tmp_path, capture_output=True, timeout=120)
+                        f"--junitxml={name}.xml"], cwd=tmp_path, capture_output=True, timeout=120, env=env)
     merged = merge_junit([tmp_path / "a.xml", tmp_path / "missing.xml", tmp_path / "b.xml"], tmp_path / "t.xml")
     line = junit_line(merged)
     assert line.startswith("GPU tests ([t.xml](bench/t.xml)): 2 passed, 1 failed, 0 errors, 1 skipped")
