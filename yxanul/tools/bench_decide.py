@@ -103,8 +103,8 @@ def fp8_threshold(default: dict, min_speedup: float = MIN_SPEEDUP) -> tuple[int 
 
 
 def report(decisions: list[dict], threshold: int | None, ratios: list[tuple], parity: dict | None, tag: str) -> str:
-    lines = [f"defaults decision from {tag} (rule: >= {MIN_SPEEDUP:.2f}x at every precision, finite losses, "
-             f"FP8 vs BF16 val loss within {100 * PARITY_TOLERANCE:g} %):"]
+    lines = [(f"defaults decision from {tag} (rule: >= {MIN_SPEEDUP:.2f}x at every precision, finite losses, "
+              f"FP8 vs BF16 val loss within {100 * PARITY_TOLERANCE:g} %):")]
     if parity:
         lines.append(f"  parity ({parity['model']}, flags '{parity.get('flags', '')}'): val loss at step "
                      f"{parity['val_step']} BF16 {parity['val_loss_bf16']:.4f} FP8 {parity['val_loss_fp8']:.4f} "

@@ -74,9 +74,9 @@ def report(s: dict, title: str) -> str:
         bound = ("  -> host-bound (launches)" if s["host_ms_per_step"] > s["device_ms_per_step"]
                  else "  -> device-bound (kernels)")
     lines = [title, "",
-             f"per step: wall {s['wall_ms_per_step']:.2f} ms | host (self CPU of all ops) "
-             f"{s['host_ms_per_step']:.2f} ms | device (self time of all kernels) {device}"
-             f" | {s['kernels_per_step']:.0f} kernels{bound}", ""]
+             (f"per step: wall {s['wall_ms_per_step']:.2f} ms | host (self CPU of all ops) "
+              f"{s['host_ms_per_step']:.2f} ms | device (self time of all kernels) {device}"
+              f" | {s['kernels_per_step']:.0f} kernels{bound}"), ""]
     for label, key in (("CUDA kernels by self device time", "top_kernels"),
                        ("host ops by self CPU time", "top_host_ops")):
         if not s[key]:
