@@ -41,8 +41,23 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     data = json.loads((out / "bench.json").read_text())
     assert data["rows"][0]["status"] == "ok" and data["env"]["torch"]
     assert (out / "bench.md").read_text().startswith("Device:")
-    assert (out / data["rows"][0]["profile"]).read_text().strip()  # the profiler's op table
+    prof = data["rows"][0]["profile"]  # per-step totals and the top ops of 3 profiled steps, in the row
+    text = (out / prof["file"]).read_text()
+    assert text.startswith("nano seq 32 micro 2 fp32") and "per step: wall" in text
+    assert prof["steps"] == 3 and prof["wall_ms_per_step"] > 0 and prof["host_ms_per_step"] > 0
+    assert prof["device_ms_per_step"] is None and prof["top_kernels"] == []  # no CUDA kernels on a CPU
+    ops = prof["top_host_ops"]
+    assert ops and any(o["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for o in ops)  # the matmuls show
+    assert [o["ms_per_step"] for o in ops] == sorted((o["ms_per_step"] for o in ops), reverse=True)
     assert "tok/s" in capsys.readouterr().out
+
+
+def test_rows_are_handed_over_as_they_come():
+    """bench.json is rewritten after every case: a run cut off by a timeout keeps what it finished."""
+    seen = []
+    rows, _ = run(BenchArgs(precisions="fp32,fp8-delayed", **SMALL), say=lambda *a: None,
+                  on_row=lambda rows, env: seen.append([r["precision"] for r in rows]))
+    assert seen == [["fp32"], ["fp32", "fp8-delayed"]]
 
 
 def test_time_limit_skips_the_rest():

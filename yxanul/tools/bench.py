@@ -63,8 +63,9 @@ class BenchArgs:
                                                          "(inductor on CUDA, aot_eager on CPU, as the trainer)."})
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
                                                      "as skipped (0: no limit)."})
-    profile: bool = field(default=False, metadata={"help": "Also write a torch-profiler kernel table per case "
-                                                   "into --out (where the time goes)."})
+    profile: bool = field(default=False, metadata={"help": "Also profile 3 steps per case: per-step wall, host and "
+                                                   "device time and the top CUDA kernels, into the row and a "
+                                                   "profile-*.txt in --out (where the time goes)."})
     out: str | None = field(default=None, metadata={"help": "Folder for bench.json and bench.md."})
 
     def __post_init__(self):
@@ -173,7 +174,9 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
 
         times, losses, row["peak_memory_gib"] = _time_steps(step, a.warmup, a.steps, device)
         if profile_dir is not None:
-            row["profile"] = _profile(step, device, Path(profile_dir), row)
+            from .bench_profile import profile_steps
+
+            row["profile"] = profile_steps(step, device, Path(profile_dir), row)
         loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
     except torch.OutOfMemoryError:
         return {**row, "status": "OOM", "reason": f"out of memory at micro-batch {micro}"}
@@ -258,25 +261,6 @@ def _release(device) -> None:
         _te.reset_fp8_state()  # no stale amax buffers of freed modules between cases
 
 
-def _profile(step, device, folder: Path, row: dict) -> str:
-    """Three profiled steps; the top ops by device (else CPU) time go to a text file."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        for i in range(3):
-            step(i)
-        if device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"profile-{row['preset']}-{row['seq_length']}-{row['precision']}.txt"
-    path.write_text(prof.key_averages().table(sort_by=key, row_limit=30))
-    return path.name
-
-
 def cases(a: BenchArgs):
     """(preset, seq, micro, precision) in run order: small presets first, precisions side by side."""
     for preset in _split(a.presets):
@@ -343,7 +327,9 @@ def markdown(rows: list[dict], env: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run(a: BenchArgs, say=print) -> tuple[list[dict], dict]:
+def run(a: BenchArgs, say=print, on_row=None) -> tuple[list[dict], dict]:
+    """Every case in order; ``on_row(rows, env)`` after each (bench.json is rewritten as rows come in, so a
+    run cut off by a timeout keeps the cases it finished)."""
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -361,10 +347,18 @@ def run(a: BenchArgs, say=print) -> tuple[list[dict], dict]:
         else:
             row = run_case(preset, seq, micro, precision, a, device, profile_dir)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows, env)
         msg = (f"{row['tokens_per_sec']:>12,.0f} tok/s  {row['step_ms']:>8.1f} ms" if row["status"] == "ok"
                else f"{row['status']}: {row['reason']}")
         say(f"{preset:>10} seq {seq:>5} micro {micro:>3} {precision:<12} {msg}")
     return rows, env
+
+
+def _write(out: Path, a: BenchArgs, rows: list[dict], env: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps({"env": env, "args": asdict(a), "rows": rows}, indent=2))
+    (out / "bench.md").write_text(markdown(rows, env))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,14 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..flags import parse_command
 
     a = parse_command(BenchArgs, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
-    rows, env = run(a)
-    md = markdown(rows, env)
-    print(md)
+    rows, env = run(a, on_row=(lambda rows, env: _write(Path(a.out), a, rows, env)) if a.out else None)
+    print(markdown(rows, env))
     if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps({"env": env, "args": asdict(a), "rows": rows}, indent=2))
-        (out / "bench.md").write_text(md)
-        print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+        print(f"wrote {Path(a.out) / 'bench.json'} and {Path(a.out) / 'bench.md'}")
     return 0 if all(r["status"] != "ok" or r.get("finite") for r in rows) else 1
 

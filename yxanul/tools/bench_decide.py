@@ -1,0 +1,171 @@
+"""Which speed variant becomes the default where, from the committed device numbers (prints; changes nothing).
+
+The rule: a variant becomes the default for a preset when, at every precision measured for it there (BF16 and
+FP8 delayed), its tokens/s is at least ``--min_speedup`` (1.03) x today's default's in the same bench call
+group (same date, GPU, preset, seq and precision), its losses stay finite, and the parity run (FP8 vs BF16
+validation loss, ``medium``) is within ``--parity_tolerance`` (0.5 %). A variant that is slower anywhere, or
+that was not measured, stays a flag with the reason. From the default's own rows it also says where FP8
+(delayed) pays: the smallest hidden size from which FP8 is >= min_speedup x BF16 at every measured larger
+preset, the measurement ``fp8_min_gemm_dim`` may move to.
+
+    python -m yxanul.tools.bench_decide                       # newest group in docs/bench/
+    python -m yxanul.tools.bench_decide --parity_runs runs/bf16,runs/fp8 --parity_out parity.json   # the device
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from .bench_table import VARIANTS, load, read_json
+
+MIN_SPEEDUP, PARITY_TOLERANCE = 1.03, 0.005
+
+
+def parity_from_runs(bf16_dir: str, fp8_dir: str, model: str = "medium", flags: str = "") -> dict:
+    """The last common validation loss of two `yxanul train` runs (``yxanul compare``'s reading of them)."""
+    from .compare import compare, read_run
+
+    res = compare(read_run(bf16_dir), read_run(fp8_dir))
+    if "val_rel_diff" not in res:
+        raise UserError(f"bench_decide: '{bf16_dir}' and '{fp8_dir}' share no validation step (--eval_freq)")
+    return {"model": model, "flags": flags, "val_step": res["val_step"], "val_loss_bf16": res["val_loss_baseline"],
+            "val_loss_fp8": res["val_loss"], "val_rel_diff": res["val_rel_diff"],
+            "train_rel_diff": res["train_rel_diff"], "window_steps": res["window_steps"]}
+
+
+def _ok(row: dict | None) -> bool:
+    return bool(row) and row.get("status") == "ok" and bool(row.get("finite", True))
+
+
+def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float = MIN_SPEEDUP,
+           parity_tolerance: float = PARITY_TOLERANCE) -> list[dict]:
+    """One verdict per (variant, preset, seq): 'default', 'flag' or 'pending', with speed-ups and the reason."""
+    rows = {v: {(r["preset"], r["seq_length"], r["precision"]): r for r in d.get("rows", [])}
+            for v, d in by_variant.items()}
+    base = rows.get("default")
+    if not base:
+        raise UserError("bench_decide: no 'default' variant among the JSONs: nothing to compare against")
+    out = []
+    for v in (v for v in VARIANTS if v in rows and v != "default"):
+        for preset, seq in dict.fromkeys((p, s) for p, s, _ in base):
+            speed, why = {}, []
+            for (p, s, prec), b in base.items():
+                r = rows[v].get((p, s, prec))
+                if (p, s) != (preset, seq) or not _ok(b):  # nothing to compare with where the default did not run
+                    continue
+                if not _ok(r):
+                    why.append(f"{prec} not measured ({(r or {}).get('status', 'missing')})")
+                    continue
+                speed[prec] = round(r["tokens_per_sec"] / b["tokens_per_sec"], 3)
+                if speed[prec] < min_speedup:
+                    why.append(f"{prec} {speed[prec]:.2f}x < {min_speedup:.2f}x")
+            verdict, reason = _verdict(speed, why, parity, parity_tolerance, v)
+            out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed,
+                        "verdict": verdict, "reason": reason})
+    return out
+
+
+def _verdict(speed: dict, why: list, parity: dict | None, tol: float, variant: str) -> tuple[str, str]:
+    if why or not speed:
+        return "flag", "; ".join(why) or "not measured"
+    gain = ", ".join(f"{k} {x:.2f}x" for k, x in speed.items())
+    if parity is None:
+        return "pending", f"{gain}; no parity result yet (gpu_checks.sh parity)"
+    if abs(parity["val_rel_diff"]) > tol:
+        return "flag", f"{gain}, but FP8 vs BF16 val loss {100 * parity['val_rel_diff']:+.2f} % > {100 * tol:g} %"
+    recheck = "" if VARIANTS[variant] in parity.get("flags", "") else (
+        f"; re-run parity with it as the default (PARITY_FLAGS='{VARIANTS[variant]}')")
+    return "default", f"{gain}; parity {100 * parity['val_rel_diff']:+.2f} %{recheck}"
+
+
+def fp8_threshold(default: dict, min_speedup: float = MIN_SPEEDUP) -> tuple[int | None, list[tuple]]:
+    """(smallest hidden size from which FP8 delayed >= min_speedup x BF16 at every measured larger preset, or None;
+    [(preset, seq, hidden, FP8 / BF16)])."""
+    from ..models.configuration_yxanul import config_from_preset
+
+    rows = {(r["preset"], r["seq_length"], r["precision"]): r for r in default.get("rows", [])}
+    ratios = []
+    for (p, s, prec), r in rows.items():
+        b = rows.get((p, s, "bf16"))
+        if prec == "fp8-delayed" and _ok(r) and _ok(b):
+            hidden = config_from_preset(p, 50257, s).hidden_size
+            ratios.append((p, s, hidden, round(r["tokens_per_sec"] / b["tokens_per_sec"], 3)))
+    ratios.sort(key=lambda t: t[2])
+    threshold = None
+    for i, (_, _, hidden, _) in enumerate(ratios):
+        if all(x >= min_speedup for *_, x in ratios[i:]):
+            threshold = hidden
+            break
+    return threshold, ratios
+
+
+def report(decisions: list[dict], threshold: int | None, ratios: list[tuple], parity: dict | None, tag: str) -> str:
+    lines = [(f"defaults decision from {tag} (rule: >= {MIN_SPEEDUP:.2f}x at every precision, finite losses, "
+              f"FP8 vs BF16 val loss within {100 * PARITY_TOLERANCE:g} %):")]
+    if parity:
+        lines.append(f"  parity ({parity['model']}, flags '{parity.get('flags', '')}'): val loss at step "
+                     f"{parity['val_step']} BF16 {parity['val_loss_bf16']:.4f} FP8 {parity['val_loss_fp8']:.4f} "
+                     f"({100 * parity['val_rel_diff']:+.2f} %)")
+    for d in decisions:
+        lines.append(f"  {d['verdict'].upper():<8} {d['variant']:<13} {d['preset']:<10} seq {d['seq_length']}: "
+                     f"{d['reason']}")
+    for p, s, hidden, x in ratios:
+        lines.append(f"  FP8 delayed / BF16, default: {p} (hidden {hidden}) seq {s}: {x:.2f}x")
+    lines.append(f"  fp8_min_gemm_dim: {threshold if threshold else 'no change (FP8 wins at no measured size)'}"
+                 + (" (FP8 >= the bar from this width up)" if threshold else ""))
+    return "\n".join(lines)
+
+
+@dataclass
+class DecideArgs:
+    """Print which speed variant becomes the default where (the rule, applied to committed numbers)."""
+
+    bench_dir: str = field(default="docs/bench", metadata={"help": "The committed YYYY-MM-DD-<gpu>-*.json."})
+    tag: str | None = field(default=None, metadata={"help": "YYYY-MM-DD-<gpu> (default: the newest)."})
+    parity: str | None = field(default=None, metadata={"help": "Parity JSON (default: <tag>-parity.json there)."})
+    parity_runs: str | None = field(default=None, metadata={"help": "BF16_RUN,FP8_RUN: compute the parity JSON "
+                                                            "from two `yxanul train` runs instead."})
+    parity_out: str | None = field(default=None, metadata={"help": "With --parity_runs: write it here."})
+    parity_model: str = field(default="medium", metadata={"help": "With --parity_runs: the preset they trained."})
+    parity_flags: str = field(default="", metadata={"help": "With --parity_runs: the speed flags they trained with."})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..flags import parse_command
+
+    a = parse_command(DecideArgs, argv, prog="python -m yxanul.tools.bench_decide",
+                      description=__doc__.split("\n\n")[0])
+    if a.parity_runs:
+        runs = a.parity_runs.split(",")
+        if len(runs) != 2:
+            raise UserError(f"bench_decide: --parity_runs expects BF16_RUN,FP8_RUN (got '{a.parity_runs}')")
+        p = parity_from_runs(*runs, model=a.parity_model, flags=a.parity_flags)
+        if a.parity_out:
+            Path(a.parity_out).write_text(json.dumps(p, indent=2))
+        ok = abs(p["val_rel_diff"]) <= PARITY_TOLERANCE
+        print(f"parity {p['model']}: val loss at step {p['val_step']}: BF16 {p['val_loss_bf16']:.4f}, FP8 "
+              f"{p['val_loss_fp8']:.4f} ({100 * p['val_rel_diff']:+.2f} %): "
+              f"{'within' if ok else 'OUTSIDE'} {100 * PARITY_TOLERANCE:g} %")
+        return 0 if ok else 1
+    groups = load(Path(a.bench_dir))
+    tag = a.tag or (f"{next(iter(groups))[0]}-{next(iter(groups))[1]}" if groups else None)
+    records = {k: v for (day, gpu), recs in groups.items() if f"{day}-{gpu}" == tag for k, v in recs.items()}
+    if not records:
+        raise UserError(f"bench_decide: no YYYY-MM-DD-<gpu>-<variant>.json for '{tag}' in {a.bench_dir}")
+    by_variant = {name[len(tag) + 1:-len(".json")]: data for name, data in records.items()}
+    ppath = Path(a.parity) if a.parity else Path(a.bench_dir) / f"{tag}-parity.json"
+    parity = read_json(ppath) if ppath.is_file() else None
+    threshold, ratios = fp8_threshold(by_variant.get("default", {}))
+    print(report(decide(by_variant, parity), threshold, ratios, parity, tag))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..cli import run
+
+    sys.exit(run(main, sys.argv[1:], process_exit=True))

@@ -1,0 +1,89 @@
+"""`yxanul bench --profile`: where one training step's time goes.
+
+A few steps of the case run under torch.profiler. Written per case into --out:
+``profile-<preset>-<seq>-<precision>.txt`` with the totals per step (wall, host, device), the top
+CUDA kernels by self device time (what the GPU runs) and the top ops by self host time (what Python
+and the dispatcher launch). The same numbers, per step, go into the bench row (``row["profile"]``), so
+they are committed with the bench JSON. Host time above device time means the step is bound by the
+launches (the host cannot keep the GPU fed), not by the kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+TOP_KERNELS = 20
+TOP_HOST_OPS = 15
+
+
+def profile_steps(step, device, folder: Path, row: dict, steps: int = 3) -> dict:
+    """Profile ``steps`` calls of ``step``; write the text report, return its per-step summary."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(i)
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
+    summary = summarize(prof.key_averages(), steps, wall)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"profile-{row['preset']}-{row['seq_length']}-{row['precision']}.txt"
+    title = (f"{row['preset']} seq {row['seq_length']} micro {row['micro_batch']} {row['precision']}"
+             + (f" ({row['variant']})" if row.get("variant") else "") + f", {steps} profiled steps")
+    path.write_text(report(summary, title))
+    return {"file": path.name, **summary}
+
+
+def summarize(averages, steps: int, wall_s: float) -> dict:
+    """Per-step milliseconds: wall, host (self CPU time of every op), device (self time of every kernel),
+    and the top kernels / host ops with their share."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in averages if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0]
+    host_ops = [e for e in averages if e.device_type == DeviceType.CPU]
+    host_us = sum(e.self_cpu_time_total for e in host_ops)
+    device_us = sum(e.self_device_time_total for e in kernels)
+
+    def top(events, attr, n, total):
+        events = sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:n]
+        return [{"name": e.key, "calls_per_step": round(e.count / steps, 1),
+                 "ms_per_step": round(getattr(e, attr) / 1e3 / steps, 3),
+                 "pct": round(100 * getattr(e, attr) / total, 1) if total else None} for e in events]
+
+    return {"steps": steps, "wall_ms_per_step": round(wall_s * 1e3 / steps, 2),
+            "host_ms_per_step": round(host_us / 1e3 / steps, 2),
+            "device_ms_per_step": round(device_us / 1e3 / steps, 2) if kernels else None,
+            "kernels_per_step": round(sum(e.count for e in kernels) / steps, 1),
+            "top_kernels": top(kernels, "self_device_time_total", TOP_KERNELS, device_us),
+            "top_host_ops": top(host_ops, "self_cpu_time_total", TOP_HOST_OPS, host_us)}
+
+
+def report(s: dict, title: str) -> str:
+    """The text file: totals, then the two tables."""
+    device = f"{s['device_ms_per_step']:.2f} ms" if s["device_ms_per_step"] is not None else "n/a (no CUDA)"
+    bound = ""
+    if s["device_ms_per_step"]:
+        bound = ("  -> host-bound (launches)" if s["host_ms_per_step"] > s["device_ms_per_step"]
+                 else "  -> device-bound (kernels)")
+    lines = [title, "",
+             (f"per step: wall {s['wall_ms_per_step']:.2f} ms | host (self CPU of all ops) "
+              f"{s['host_ms_per_step']:.2f} ms | device (self time of all kernels) {device}"
+              f" | {s['kernels_per_step']:.0f} kernels{bound}"), ""]
+    for label, key in (("CUDA kernels by self device time", "top_kernels"),
+                       ("host ops by self CPU time", "top_host_ops")):
+        if not s[key]:
+            lines += [f"no {label.split(' by ')[0]} recorded", ""]
+            continue
+        lines += [f"top {len(s[key])} {label}:", f"{'ms/step':>9} {'%':>6} {'calls/step':>10}  name"]
+        lines += [f"{r['ms_per_step']:>9.3f} {r['pct'] if r['pct'] is not None else '':>6} "
+                  f"{r['calls_per_step']:>10}  {r['name'][:140]}" for r in s[key]]
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,266 @@
+"""Device speed results -> docs/bench/ -> docs/benchmarks.md's generated speed table.
+
+``python -m yxanul.tools.bench_table pack SRC --out OUT`` (on the device, `gpu_checks.sh first`): SRC holds one
+folder per speed variant with the ``bench.json`` that `yxanul bench` wrote; each becomes
+``YYYY-MM-DD-<gpu>-<variant>.json`` in one ``speed-YYYY-MM-DD-<gpu>.tar.gz`` (a device call returns at most 8
+files), and ``summary.md`` gets the table.
+
+``python -m yxanul.tools.bench_table commit DIR [DIR ...]`` (here, on the folders the device calls returned):
+the archive's JSONs, ``tests.xml``, ``parity.json`` and ``profile.json`` go to docs/bench/ under the same
+``YYYY-MM-DD-<gpu>-`` prefix, and docs/benchmarks.md's table between its two markers is regenerated from
+every committed JSON (``render`` does the last step alone). Each column names the JSON its numbers come from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ..errors import UserError
+
+# the speed variants of `gpu_checks.sh first`, in the table's column order (name -> yxanul bench flags)
+VARIANTS = {
+    "default": "",
+    "master-fp32": "--master_weights fp32",
+    "loss-te": "--loss_impl te",
+    "graphs": "--cuda_graphs",
+    "stack": "--loss_impl te --fuse_qkv_params --master_weights fp32 --cuda_graphs",
+    "fused-qkv": "--fuse_qkv_params",
+    "loss-chunked": "--loss_impl chunked",
+    "compile": "--torch_compile",
+}
+NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+)-([a-z0-9-]+)\.(json|xml)$")
+START, END = "<!-- bench-table:start (python -m yxanul.tools.bench_table render) -->", "<!-- bench-table:end -->"
+
+
+def gpu_slug(env: dict) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; a CPU run -> 'cpu' (the file-name part of a device)."""
+    if not str(env.get("device", "")).startswith("cuda"):
+        return "cpu"
+    name = str(env.get("device_name", "gpu")).lower()
+    m = re.search(r"\b(gh200|gb200|[abhl]\d{2,3}s?|rtx\s?\d{4})\b", name)
+    return re.sub(r"[^a-z0-9]", "", m.group(1) if m else name.replace("nvidia", "")) or "gpu"
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"bench_table: '{path}': not a readable JSON file ({e})") from None
+
+
+def pack(src: Path, out: Path, day: str | None = None) -> tuple[Path, str]:
+    """SRC/<variant>/bench.json -> OUT/speed-<day>-<gpu>.tar.gz and OUT/summary.md; returns (archive, table)."""
+    day = day or time.strftime("%Y-%m-%d")
+    found = {v: read_json(src / v / "bench.json") for v in VARIANTS if (src / v / "bench.json").is_file()}
+    if not found:
+        raise UserError(f"bench_table: '{src}': no <variant>/bench.json (variants: {', '.join(VARIANTS)})")
+    gpu = gpu_slug(next(iter(found.values()))["env"])
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"speed-{day}-{gpu}.tar.gz"
+    records = {}
+    with tarfile.open(archive, "w:gz") as tar:
+        for v, data in found.items():
+            name = f"{day}-{gpu}-{v}.json"
+            tar.add(src / v / "bench.json", arcname=name)
+            records[name] = data
+    table = render_group(day, gpu, records)
+    missing = [v for v in VARIANTS if v not in found]
+    note = f"\nNot measured in this call: {', '.join(missing)}.\n" if missing else ""
+    (out / "summary.md").write_text(table + note)
+    return archive, table
+
+
+def load(bench_dir: Path) -> dict[tuple[str, str], dict[str, dict]]:
+    """The committed bench JSONs of the speed variants, grouped by (date, gpu), newest first."""
+    groups: dict[tuple[str, str], dict[str, dict]] = {}
+    for path in sorted(Path(bench_dir).glob("*.json")):
+        m = NAME.match(path.name)
+        if m and m.group(3) in VARIANTS:
+            groups.setdefault((m.group(1), m.group(2)), {})[path.name] = read_json(path)
+    return dict(sorted(groups.items(), reverse=True))
+
+
+def _cell(row: dict | None, base: dict | None, bf16: dict | None) -> str:
+    if row is None:
+        return "–"
+    if row.get("status") != "ok":
+        return str(row.get("status", "?"))
+    tps = f"{row['tokens_per_sec']:,.0f}"
+    if base is row:  # the default column: tok/s and MFU (and FP8 ÷ BF16)
+        mfu = f", {100 * row['mfu_bf16_peak']:.1f} %" if row.get("mfu_bf16_peak") is not None else ""
+        vs = (f", {row['tokens_per_sec'] / bf16['tokens_per_sec']:.2f}× BF16"
+              if bf16 is not None and bf16 is not row and bf16.get("status") == "ok" else "")
+        return f"{tps}{mfu}{vs}"
+    if base is None or base.get("status") != "ok":
+        return tps
+    return f"**{row['tokens_per_sec'] / base['tokens_per_sec']:.2f}×** {tps}"
+
+
+def _rows_by_case(data: dict) -> dict[tuple, dict]:
+    return {(r["preset"], r["seq_length"], r["precision"]): r for r in data.get("rows", [])}
+
+
+def render_group(day: str, gpu: str, records: dict[str, dict]) -> str:
+    """One (date, gpu) table: a row per (preset, seq, precision), a column per variant; header links name the
+    JSON of each column."""
+    by_variant = {NAME.match(n).group(3): (n, _rows_by_case(d)) for n, d in records.items()}
+    order = [v for v in VARIANTS if v in by_variant]
+    env = next(iter(records.values())).get("env", {})
+    args = next(iter(records.values())).get("args", {})
+    cases = [c for c in by_variant[order[0]][1]] if "default" not in by_variant else list(by_variant["default"][1])
+    for v in order:
+        cases += [c for c in by_variant[v][1] if c not in cases]
+    head = (f"### {gpu.upper()}, {day}: tokens/s, and × today's default (same preset, seq, precision)\n\n"
+            f"{env.get('device_name')} (driver {env.get('driver')}), torch {env.get('torch')}, TE "
+            f"{env.get('transformer_engine')}; `yxanul bench --backend {args.get('backend')} --warmup "
+            f"{args.get('warmup')} --steps {args.get('steps')} --tokens_per_micro {args.get('tokens_per_micro')} "
+            f"--fp8_min_gemm_dim {args.get('fp8_min_gemm_dim')}` + the column's flags; MFU against the BF16 peak.\n\n")
+    lines = ["| preset | seq | precision | " + " | ".join(
+        f"[{v}](bench/{by_variant[v][0]})" + (f" `{VARIANTS[v]}`" if VARIANTS[v] else "") for v in order) + " |",
+             "|" + "---|" * (3 + len(order))]
+    default = by_variant.get("default", (None, {}))[1]
+    for case in cases:
+        base, bf16 = default.get(case), default.get((case[0], case[1], "bf16"))
+        cells = [_cell(by_variant[v][1].get(case), base, bf16) for v in order]
+        lines.append(f"| {case[0]} | {case[1]} | {case[2]} | " + " | ".join(cells) + " |")
+    reasons = sorted({f"{v} {c[0]} {c[2]}: {r['status']}: {r.get('reason')}" for v in order
+                      for c, r in by_variant[v][1].items() if r.get("status") != "ok"})
+    notes = "\n\nNot measured:\n" + "\n".join(f"- {r}" for r in reasons) if reasons else ""
+    return head + "\n".join(lines) + notes + "\n"
+
+
+def junit_line(path: Path) -> str:
+    """'GPU tests (file): N passed, F failed, E errors, S skipped' (+ the failed ones) from a junit XML."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    line = (f"GPU tests ([{path.name}](bench/{path.name})): {passed} passed, {n['failures']} failed, "
+            f"{n['errors']} errors, {n['skipped']} skipped")
+    return line + "".join(f"\n  - failed: `{b}`" for b in bad)
+
+
+def merge_junit(inputs: list[Path], out: Path) -> Path:
+    """Several pytest junit files (one per capped pytest run) -> one, every <testsuite> kept. A run cut off
+    before it wrote its file is missing here, and its log says so."""
+    root = ET.Element("testsuites")
+    for path in inputs:
+        if Path(path).is_file():
+            got = ET.parse(path).getroot()
+            root.extend([got] if got.tag == "testsuite" else list(got))
+    ET.ElementTree(root).write(out, encoding="utf-8", xml_declaration=True)
+    return out
+
+
+def parity_line(path: Path) -> str:
+    p = read_json(path)
+    return (f"Parity ([{path.name}](bench/{path.name})): {p.get('model')} val loss at step {p.get('val_step')}: "
+            f"BF16 {p.get('val_loss_bf16'):.4f}, FP8 {p.get('val_loss_fp8'):.4f} "
+            f"({100 * p.get('val_rel_diff'):+.2f} %)")
+
+
+def render(bench_dir: Path) -> str:
+    """Every (date, gpu) group of the committed JSONs: the speed table, its test and parity lines."""
+    groups = load(bench_dir)
+    if not groups:
+        return "No device speed results are committed yet (docs/bench/ has no YYYY-MM-DD-<gpu>-<variant>.json).\n"
+    parts = []
+    for (day, gpu), records in groups.items():
+        extra = [f(p) for suffix, f in (("tests.xml", junit_line), ("parity.json", parity_line))
+                 if (p := Path(bench_dir) / f"{day}-{gpu}-{suffix}").is_file()]
+        parts.append(render_group(day, gpu, records) + "".join(f"\n{e}\n" for e in extra))
+    return "\n".join(parts)
+
+
+def update_doc(doc: Path, table: str) -> None:
+    """Replace what lies between the two markers of ``doc`` (nothing else in it changes)."""
+    text = doc.read_text()
+    if START not in text or END not in text or text.index(START) > text.index(END):
+        raise UserError(f"bench_table: '{doc}': expected the two lines '{START}' and '{END}'")
+    head, rest = text.split(START, 1)
+    doc.write_text(f"{head}{START}\n{table.rstrip()}\n{END}{rest.split(END, 1)[1]}")
+
+
+def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Path]:
+    """The device calls' files -> docs/bench/: the speed archive's JSONs, then tests.xml, parity.json and
+    profile.json under the archive's 'YYYY-MM-DD-<gpu>' (or ``tag``). Returns the files written."""
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for archive in (a for d in dirs for a in sorted(Path(d).glob("speed-*.tar.gz"))):
+        tag = tag or archive.name[len("speed-"):-len(".tar.gz")]
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if not (member.isfile() and NAME.match(member.name)):
+                    raise UserError(f"bench_table: '{archive}': unexpected member '{member.name}'")
+                (bench_dir / member.name).write_bytes(tar.extractfile(member).read())
+                written.append(bench_dir / member.name)
+    if tag is None or not re.match(r"^\d{4}-\d{2}-\d{2}-[a-z0-9]+$", tag):
+        raise UserError(f"bench_table: no speed-YYYY-MM-DD-<gpu>.tar.gz in {', '.join(map(str, dirs))}: "
+                        f"give --tag YYYY-MM-DD-<gpu> (got {tag!r})")
+    for d in dirs:
+        for name in ("tests.xml", "parity.json", "profile.json"):
+            if (Path(d) / name).is_file():
+                shutil.copyfile(Path(d) / name, bench_dir / f"{tag}-{name}")
+                written.append(bench_dir / f"{tag}-{name}")
+    return written
+
+
+@dataclass
+class BenchTableArgs:
+    """Pack device speed results, commit them to docs/bench/, regenerate docs/benchmarks.md's table."""
+
+    action: Literal["pack", "junit", "commit", "render"] = field(metadata={"positional": True, "help": (
+        "pack | junit (on the device) | commit (here) | render (the table only)")})
+    paths: list[str] = field(default_factory=list, metadata={"positional": True, "metavar": "PATH", "help": (
+        "pack: the folder of <variant>/bench.json; junit: the XML files to merge; commit: the folders the "
+        "device calls returned")})
+    out: str = field(default=".", metadata={"help": "pack: where the archive and summary.md go; junit: the file."})
+    bench_dir: str = field(default="docs/bench", metadata={"help": "The committed raw results."})
+    doc: str = field(default="docs/benchmarks.md", metadata={"help": "The page whose marked table is regenerated."})
+    tag: str | None = field(default=None, metadata={"help": "commit: YYYY-MM-DD-<gpu> when no speed archive is "
+                                                    "among the folders."})
+
+    def __post_init__(self):
+        if self.action != "render" and not self.paths:
+            raise UserError(f"bench_table {self.action}: give the path(s) to read")
+        for p in self.paths if self.action != "junit" else ():
+            if not Path(p).is_dir():
+                raise UserError(f"bench_table: '{p}' is not a folder")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..flags import parse_command
+
+    a = parse_command(BenchTableArgs, argv, prog="python -m yxanul.tools.bench_table",
+                      description=__doc__.split("\n\n")[0])
+    if a.action == "pack":
+        archive, table = pack(Path(a.paths[0]), Path(a.out))
+        print(table + f"\nwrote {archive} and {Path(a.out) / 'summary.md'}")
+        return 0
+    if a.action == "junit":
+        print(junit_line(merge_junit([Path(p) for p in a.paths], Path(a.out))))
+        return 0
+    if a.action == "commit":
+        for path in commit([Path(p) for p in a.paths], Path(a.bench_dir), a.tag):
+            print(f"wrote {path}")
+    update_doc(Path(a.doc), render(Path(a.bench_dir)))
+    print(f"regenerated the table in {a.doc} from {a.bench_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..cli import run
+
+    sys.exit(run(main, sys.argv[1:], process_exit=True))
