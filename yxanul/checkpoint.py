@@ -59,8 +59,17 @@ class CheckpointArgs:
     checkpoint_freq: int = field(default=250, metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
     keep_last: int = field(default=3, metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
     save_final: bool = field(default=True, metadata={"help": "Save a checkpoint when training ends."})
+    resume_allow_changes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Resume although these differ from what the checkpoint was trained on (else one line, "
+                          "exit 2): tokenizer, dataset, val_split, seq_length, seed, or all. What each change does "
+                          "to the run is printed."})
 
     def __post_init__(self):
+        allowed = ("tokenizer", "dataset", "val_split", "seq_length", "seed", "all")
+        bad = [n for n in self.resume_allow_changes or () if n not in allowed]
+        if bad:
+            raise ConfigError("resume_allow_changes", f"names out of {', '.join(allowed)}", bad[0])
         if self.checkpoint_freq < 0:
             raise ConfigError("checkpoint_freq", "an integer >= 0", self.checkpoint_freq)
         if self.keep_last < 1:

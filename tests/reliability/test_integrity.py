@@ -1,0 +1,100 @@
+"""Nothing silently wrong: every reader verifies the checkpoint it reads, `best` is the best checkpoint
+that exists, and a resume checks what it resumes (tokenizer, data, val split, seq_length, seed)."""
+
+import json
+import math
+
+from safetensors.torch import load_file, save_file
+
+from yxanul.manifest import MANIFEST, write_manifest
+
+from _reliability import FAST, ok, one_line, yx_here
+
+
+def _zero_two_tensors(path):
+    """Two weight tensors zeroed in place: same file size, another sha256 (what the manifest catches)."""
+    state = load_file(str(path))
+    for name in sorted(state)[:2]:
+        state[name] = state[name] * 0
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def _state(ckpt):
+    return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def test_every_reader_refuses_a_damaged_checkpoint_in_one_line(run_copy, tmp_path):
+    ck = run_copy / "checkpoints"
+    _zero_two_tensors(ck / "step_8" / "model.safetensors")
+    sha = "model.safetensors does not match its sha256"
+    one_line(yx_here("export", ck / "step_8", tmp_path / "e1"), 2, sha)
+    one_line(yx_here("eval", ck / "step_8", "--eval_steps", "1"), 2, sha)
+    one_line(yx_here("generate", ck / "step_8", "--max_new_tokens", "2"), 2, sha)
+    one_line(yx_here("train", *FAST, "--max_steps", "2", "--output_dir", tmp_path / "r",
+                     "--init_from", ck / "step_8"), 2, sha)
+    assert not (tmp_path / "e1").exists()
+    with open(ck / "step_6" / "model.safetensors", "r+b") as f:  # truncated: one line, not a traceback
+        f.truncate(1000)
+    one_line(yx_here("export", ck / "step_6", tmp_path / "e2"), 2, "model.safetensors has 1,000 bytes")
+    (ck / "step_4" / MANIFEST).unlink()  # an older checkpoint without a manifest, truncated
+    with open(ck / "step_4" / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    one_line(yx_here("export", ck / "step_4", tmp_path / "e3"), 2, "model.safetensors is truncated")
+
+
+def test_a_run_dir_exports_the_newest_checkpoint_that_verifies_and_its_own_val_loss(run_copy, tmp_path):
+    ck = run_copy / "checkpoints"
+    assert (ck / "best").read_text().strip() == "step_8" and _state(ck / "step_8")["val_loss"] is not None
+    _zero_two_tensors(ck / "step_8" / "model.safetensors")
+    r = ok(yx_here("export", run_copy, tmp_path / "out"))
+    warn = [line for line in r.stdout.splitlines() if "damaged" in line]
+    assert len(warn) == 1 and "step_8" in warn[0] and "using step_6" in warn[0], r.stdout[-2000:]
+    assert _state(tmp_path / "out")["step"] == 6
+    card = (tmp_path / "out" / "README.md").read_text()
+    # step_6 was not evaluated: the card must not quote step_8's val loss (it did, from metrics.jsonl)
+    assert f"{_state(ck / 'step_8')['val_loss']:.4f}" not in card and "not measured" in card, card
+    r = ok(yx_here("eval", run_copy, "--eval_steps", "1"))
+    assert sum("damaged" in line for line in r.stdout.splitlines()) == 1
+
+
+def test_best_is_the_best_checkpoint_that_exists_after_a_worse_re_save(run_copy):
+    """Resume from an older step and re-save a step with a worse val loss: `best` named the worse model."""
+    ck = run_copy / "checkpoints"
+    common = [*FAST, "--checkpoint_freq", "2", "--keep_last", "10", "--eval_freq", "2", "--output_dir", run_copy]
+    ok(yx_here("train", *common, "--max_steps", "10", "--resume", "latest"))
+    good8, good10 = _state(ck / "step_8")["val_loss"], _state(ck / "step_10")["val_loss"]
+    assert good10 < good8 and (ck / "best").read_text().strip() == "step_10"
+    # from step_8 again, with a learning rate that wrecks the model: step_10 is re-saved, worse
+    ok(yx_here("train", *common, "--max_steps", "10", "--resume", ck / "step_8", "--max_lr", "0.3"))
+    worse10 = _state(ck / "step_10")["val_loss"]
+    assert math.isfinite(worse10) and worse10 > good8, (worse10, good8)
+    assert (ck / "best").read_text().strip() == "step_8"
+    assert f"{good8:.4f}" in ok(yx_here("checkpoints", run_copy)).stdout
+
+
+def _resume(run, *extra):
+    return yx_here("train", *FAST, "--max_steps", "9", "--checkpoint_freq", "0", "--output_dir", run,
+                   "--resume", "latest", *extra)
+
+
+def test_resume_refuses_other_seed_seq_length_or_data_unless_allowed(run_copy, tmp_path):
+    one_line(_resume(run_copy, "--seed", "7"), 2, "seed: 1337 -> 7")
+    one_line(_resume(run_copy, "--seq_length", "16"), 2, "seq_length: 32 -> 16")
+    r = _resume(run_copy, "--val_fraction", "0.2")  # prepares the other split first (progress bars on stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("error: "), r.stderr[-2000:]
+    assert "val_split: val_fraction 0.01, val_tokens " in last and "-> val_fraction 0.2, val_tokens" in last
+    assert last.endswith("--resume_allow_changes dataset val_split")
+    assert not (run_copy / "checkpoints" / "step_9").exists()
+    r = ok(_resume(run_copy, "--seed", "7", "--resume_allow_changes", "seed"))
+    assert "warning: resume with another seed (1337 -> 7), allowed" in r.stdout
+    assert "data order restarts at epoch 1" in r.stdout
+    assert json.loads((run_copy / "checkpoints" / "step_9" / "trained_on.json").read_text())["seed"] == 7
+
+
+def test_a_checkpoint_without_records_resumes_with_one_note(run_copy):
+    ckpt = run_copy / "checkpoints" / "step_8"
+    (ckpt / "trained_on.json").unlink()
+    write_manifest(ckpt, lambda p, text: p.write_text(text))
+    r = ok(_resume(run_copy, "--seed", "7"))
+    assert sum("could not check" in line for line in r.stdout.splitlines()) == 1, r.stdout[-2000:]
