@@ -153,13 +153,15 @@ def is_checkpoint_dir(p: Path) -> bool:
 
 def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
     """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then newest first."""
-    order = [_pointer(run_dir, name) for name in prefer] + [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
+    order = [_pointer(run_dir, name) for name in prefer]
+    order += [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
     return list(dict.fromkeys(p for p in order if p is not None))
 
 
 @contextlib.contextmanager
 def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callable[[str], None] | None = print,
-                        prefer: tuple[str, ...] = ("best", "latest"), verb: str = "using"):
+                        prefer: tuple[str, ...] = ("best", "latest"), verb: str = "using", candidates=None,
+                        yxanul_state: bool = True):
     """THE way every reader gets a checkpoint (resume, init_from, export, generate, eval, push): yields
     a checkpoint folder that verifies against its manifest (`verify_checkpoint`), pinned for the
     duration of the ``with`` block so that a running training cannot prune it (run_lock.py).
@@ -167,12 +169,14 @@ def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callab
     ``arg`` a checkpoint folder: itself, or a one-line UserError naming what is wrong (a checkpoint
     named explicitly is never swapped for another). ``arg`` a run directory: the first of its
     ``prefer`` pointers, then of its checkpoints newest first, that verifies, with one line naming
-    each one skipped and why; None when the run has no checkpoint; a UserError when none verifies."""
+    each one skipped and why; None when the run has no checkpoint; a UserError when none verifies.
+    ``candidates``/``yxanul_state`` False: another layout's checkpoints, newest first (transformers.Trainer's)."""
     say = say or (lambda *_: None)
     p = Path(arg)
-    if is_checkpoint_dir(p):
+    if candidates is None and is_checkpoint_dir(p):
         with pinned(p) as here:
-            problems = verify_checkpoint(p) if here else ["deleted while it was being opened (pruned?)"]
+            problems = (verify_checkpoint(p, yxanul_state=yxanul_state) if here
+                        else ["deleted while it was being opened (pruned?)"])
             if problems:
                 raise UserError(f"{what} '{arg}': damaged checkpoint ({'; '.join(problems)})")
             yield _noted(p, say)
@@ -182,9 +186,9 @@ def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callab
         if problem:
             say(f"warning: {problem}; using the newest checkpoint that verifies")
     damaged = []
-    for ckpt in _candidates(p, prefer):
+    for ckpt in _candidates(p, prefer) if candidates is None else candidates:
         with pinned(ckpt) as here:
-            problems = verify_checkpoint(ckpt) if here else None
+            problems = verify_checkpoint(ckpt, yxanul_state=yxanul_state) if here else None
             if problems is None:  # pruned between the listing and the pin: the next one
                 continue
             if problems:
@@ -195,7 +199,8 @@ def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callab
             yield _noted(ckpt, say)
             return
     if damaged:
-        raise UserError(f"no checkpoint under {checkpoints_dir(p)} verifies: " + "; ".join(damaged))
+        raise UserError(f"no checkpoint under {checkpoints_dir(p) if candidates is None else p} verifies: "
+                        + "; ".join(damaged))
     yield None
 
 
@@ -362,9 +367,9 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
 
 def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
     """Delete all but the newest ``keep_last``, ``best``, ``latest`` and ``keep`` (the checkpoint just
-    saved and verified: the last good one), and any folder a reader pins (run_lock.py). Each folder is first renamed to ``.del-step_N`` (one
-    atomic rename: never listed again), then deleted, so a crash never leaves a half-deleted folder
-    that lists as complete; the next save removes ``.del-*`` leftovers."""
+    saved and verified: the last good one), and any folder a reader pins (run_lock.py). Each folder is
+    first renamed to ``.del-step_N`` (one atomic rename: never listed again), then deleted, so a crash
+    never leaves a half-deleted folder that lists as complete; the next save removes ``.del-*`` leftovers."""
     ckpts = list_checkpoints(run_dir)
     kept = {str(keep)} | {c["path"] for c in ckpts[-keep_last:]}
     for name in ("best", "latest"):

@@ -4,8 +4,12 @@ that exists, and a resume checks what it resumes (tokenizer, data, val split, se
 import json
 import math
 
+import pytest
+import torch
+
 from safetensors.torch import load_file, save_file
 
+from yxanul.errors import UserError
 from yxanul.manifest import MANIFEST, write_manifest
 
 from _reliability import FAST, ok, one_line, yx_here
@@ -98,3 +102,47 @@ def test_a_checkpoint_without_records_resumes_with_one_note(run_copy):
     write_manifest(ckpt, lambda p, text: p.write_text(text))
     r = ok(_resume(run_copy, "--seed", "7"))
     assert sum("could not check" in line for line in r.stdout.splitlines()) == 1, r.stdout[-2000:]
+
+
+def test_trainer_integration_resumes_only_a_checkpoint_that_verifies(tmp_path, capsys):
+    """transformers.Trainer resumed a damaged checkpoint-N silently: YxanulTrainer verifies it through
+    the same `verified_checkpoint`, against the manifest its ManifestCallback wrote at the save."""
+    from transformers import TrainingArguments
+
+    from yxanul.data.args import DataArgs
+    from yxanul.data.hf_dataset import ShardWindowDataset
+    from yxanul.data.prepare import prepare
+    from yxanul.integrations import YxanulTrainer
+    from yxanul.models import ModelArgs, build_model
+    from yxanul.precision import PrecisionArgs
+
+    data = prepare(DataArgs(data_dir=str(tmp_path / "d"), max_documents=40, val_fraction=0.1), progress=False,
+                   say=lambda *a, **k: None)
+    vocab = json.loads((data / "meta.json").read_text())["vocab_size"]
+
+    def run(steps, resume=None):
+        args = TrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True, report_to=[], max_steps=steps,
+                                 per_device_train_batch_size=2, save_steps=1, disable_tqdm=True)
+        YxanulTrainer(model=build_model(ModelArgs(model="nano", seq_length=16, backend="torch"), vocab), args=args,
+                      train_dataset=ShardWindowDataset(data, 16), precision=PrecisionArgs()
+                      ).train(resume_from_checkpoint=resume)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as yx_here: ~5x faster on a loaded 2-core box
+    try:
+        _damage_and_resume(run, tmp_path, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _damage_and_resume(run, tmp_path, capsys):
+    run(2)
+    ckpt2 = tmp_path / "o" / "checkpoint-2"
+    assert (ckpt2 / MANIFEST).is_file()
+    _zero_two_tensors(ckpt2 / "model.safetensors")
+    with pytest.raises(UserError, match="checkpoint-2': damaged checkpoint .model.safetensors does not match"):
+        run(3, resume=str(ckpt2))
+    capsys.readouterr()
+    run(2, resume=True)  # from checkpoint-1: one step, re-saving checkpoint-2
+    out = capsys.readouterr().out
+    assert "checkpoint-2 is damaged" in out and "resuming from checkpoint-1" in out, out[-2000:]

@@ -72,7 +72,7 @@ class Trainer:
         self.run_name = cfg.checkpoint.run_name or self.run_dir.name
         set_seed(cfg.train.seed)
         self.data_dir, self.vocab_size, self.tokenizer = prepared_data(cfg.data, self.dist, self.say)
-        self.trained_on = provenance.record(cfg, self.data_dir, self.tokenizer)  # checked on resume, saved with each step
+        self.trained_on = provenance.record(cfg, self.data_dir, self.tokenizer)  # checked on resume, saved each step
         model = self._setup_model()
         self._setup_accelerator(model)
         self._setup_loaders()
