@@ -23,6 +23,7 @@ the listing table in checkpoint_table.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -35,7 +36,8 @@ from typing import Any, Callable
 
 from .errors import ConfigError, UserError, is_no_space
 from .checkpoint_io import _fsync_dir, _own_storage_for_views, _write_atomic, load_for_resume  # noqa: F401
-from .checkpoint_pointers import _pointer, _pointer_name, _update_best, checkpoints_dir  # noqa: F401 (re-exported)
+from .checkpoint_pointers import _pointer, _pointer_name, recompute_best, checkpoints_dir  # noqa: F401 (re-exported)
+from .run_lock import pinned, try_claim
 from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
                        read_state_checked, verify_checkpoint, write_manifest)
 
@@ -56,8 +58,17 @@ class CheckpointArgs:
     checkpoint_freq: int = field(default=250, metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
     keep_last: int = field(default=3, metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
     save_final: bool = field(default=True, metadata={"help": "Save a checkpoint when training ends."})
+    resume_allow_changes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Resume although these differ from what the checkpoint was trained on (else one line, "
+                          "exit 2): tokenizer, dataset, val_split, seq_length, seed, or all. What each change does "
+                          "to the run is printed."})
 
     def __post_init__(self):
+        allowed = ("tokenizer", "dataset", "val_split", "seq_length", "seed", "all")
+        bad = [n for n in self.resume_allow_changes or () if n not in allowed]
+        if bad:
+            raise ConfigError("resume_allow_changes", f"names out of {', '.join(allowed)}", bad[0])
         if self.checkpoint_freq < 0:
             raise ConfigError("checkpoint_freq", "an integer >= 0", self.checkpoint_freq)
         if self.keep_last < 1:
@@ -134,64 +145,96 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return sorted(out, key=lambda s: (s["step"], s["path"].endswith(f"step_{s['step']}")))
 
 
+def is_checkpoint_dir(p: Path) -> bool:
+    """A checkpoint folder (named ``step_N``, or holding a trainer state or a manifest), not a run."""
+    return p.is_dir() and (_step_of(p.name) is not None or (p / STATE_FILE).exists() or (p / MANIFEST).exists())
+
+
+def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
+    """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then newest first."""
+    order = [_pointer(run_dir, name) for name in prefer]
+    order += [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
+    return list(dict.fromkeys(p for p in order if p is not None))
+
+
+@contextlib.contextmanager
+def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callable[[str], None] | None = print,
+                        prefer: tuple[str, ...] = ("best", "latest"), verb: str = "using", candidates=None,
+                        yxanul_state: bool = True):
+    """THE way every reader gets a checkpoint (resume, init_from, export, generate, eval, push): yields
+    a checkpoint folder that verifies against its manifest (`verify_checkpoint`), pinned for the
+    duration of the ``with`` block so that a running training cannot prune it (run_lock.py).
+
+    ``arg`` a checkpoint folder: itself, or a one-line UserError naming what is wrong (a checkpoint
+    named explicitly is never swapped for another). ``arg`` a run directory: the first of its
+    ``prefer`` pointers, then of its checkpoints newest first, that verifies, with one line naming
+    each one skipped and why; None when the run has no checkpoint; a UserError when none verifies.
+    ``candidates``/``yxanul_state`` False: another layout's checkpoints, newest first (transformers.Trainer's)."""
+    say = say or (lambda *_: None)
+    p = Path(arg)
+    if candidates is None and is_checkpoint_dir(p):
+        with pinned(p) as here:
+            problems = (verify_checkpoint(p, yxanul_state=yxanul_state) if here
+                        else ["deleted while it was being opened (pruned?)"])
+            if problems:
+                raise UserError(f"{what} '{arg}': damaged checkpoint ({'; '.join(problems)})")
+            yield _noted(p, say)
+        return
+    for name in prefer:
+        problem = _pointer_name(p, name)[1]
+        if problem:
+            say(f"warning: {problem}; using the newest checkpoint that verifies")
+    damaged = []
+    for ckpt in _candidates(p, prefer) if candidates is None else candidates:
+        with pinned(ckpt) as here:
+            problems = verify_checkpoint(ckpt, yxanul_state=yxanul_state) if here else None
+            if problems is None:  # pruned between the listing and the pin: the next one
+                continue
+            if problems:
+                damaged.append(f"{ckpt.name} is damaged ({'; '.join(problems)})")
+                continue
+            if damaged:
+                say(f"warning: {'; '.join(damaged)}: {verb} {ckpt.name}, the newest checkpoint that verifies")
+            yield _noted(ckpt, say)
+            return
+    if damaged:
+        raise UserError(f"no checkpoint under {checkpoints_dir(p) if candidates is None else p} verifies: "
+                        + "; ".join(damaged))
+    yield None
+
+
 def latest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
     """The checkpoint to resume a run from: the one ``latest`` names if it verifies, else the newest
-    that verifies, saying in one line per skipped checkpoint what is wrong with it. None when the run
-    has no checkpoint at all; a UserError when it has some and none verifies."""
-    say = say or (lambda *_: None)
-    target, problem = _pointer_name(run_dir, "latest")
-    if problem:
-        say(f"warning: {problem}; using the newest checkpoint that verifies")
-    ckpts = list_checkpoints(run_dir)
-    first = _pointer(run_dir, "latest")
-    order = ([first] if first is not None else []) + [Path(c["path"]) for c in reversed(ckpts)]
-    seen, damaged = set(), []
-    for ckpt in order:
-        if ckpt in seen:
-            continue
-        seen.add(ckpt)
-        problems = verify_checkpoint(ckpt)
-        if not problems:
-            if damaged:
-                say(f"warning: {'; '.join(damaged)}: resuming from {ckpt.name}, the newest checkpoint that verifies")
-            return ckpt
-        damaged.append(f"{ckpt.name} is damaged ({'; '.join(problems)})")
-    if damaged:
-        raise UserError(f"no checkpoint under {checkpoints_dir(run_dir)} verifies: " + "; ".join(damaged))
-    return None
+    that verifies (`verified_checkpoint`)."""
+    with verified_checkpoint(run_dir, "resume", say, prefer=("latest",), verb="resuming from") as ckpt:
+        return ckpt
 
 
 def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
-    """'latest' -> the checkpoint of run_dir to resume from (`latest_good_checkpoint`; None if the run
-    has none); a run directory -> the same for it; a checkpoint folder -> itself if it verifies, else
-    a one-line UserError (a checkpoint named explicitly is never swapped for another)."""
-    if resume == "latest":
-        return _checked(latest_good_checkpoint(run_dir, say), say)
-    p = Path(resume)
-    if p.is_dir() and (_step_of(p.name) is not None or (p / STATE_FILE).exists() or (p / MANIFEST).exists()):
-        problems = verify_checkpoint(p)
-        if problems:
-            raise UserError(f"resume '{resume}': damaged checkpoint ({'; '.join(problems)})")
-        return _checked(p, say)
-    if (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p):
-        return resolve_resume("latest", p, say)
-    raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
+    """'latest' -> the checkpoint of run_dir to resume from (None if the run has none); a run
+    directory -> the same for it; a checkpoint folder -> itself if it verifies (`verified_checkpoint`).
+    The writer lock of the run is held: nothing prunes it while it loads."""
+    p = Path(run_dir if resume == "latest" else resume)
+    if resume != "latest" and not is_checkpoint_dir(p) and not (
+            (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p)):
+        raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
+    with verified_checkpoint(p, "resume", say, prefer=("latest",), verb="resuming from") as ckpt:
+        return ckpt
 
 
-def _checked(ckpt: Path | None, say) -> Path | None:
-    if ckpt is not None and not has_manifest(ckpt) and say:
+def _noted(ckpt: Path, say) -> Path:
+    if not has_manifest(ckpt):
         say(f"note: {ckpt} has no {MANIFEST} (saved by an older yxanul): loading it with basic checks only")
     return ckpt
 
 
 def verified_weights_dir(path: str | os.PathLike, what: str = "init_from") -> Path:
-    """For ``init_from``/export: a checkpoint folder (has a trainer_state.json or a manifest) must
-    verify, else a one-line UserError naming ``what``; other folders (save_pretrained) pass as they are."""
+    """For ``init_from``: a checkpoint folder must verify (`verified_checkpoint`), else a one-line
+    UserError naming ``what``; other folders (save_pretrained, exports) pass as they are."""
     p = Path(path)
-    if p.is_dir() and ((p / STATE_FILE).exists() or (p / MANIFEST).exists()):
-        problems = verify_checkpoint(p)
-        if problems:
-            raise UserError(f"{what} '{path}': damaged checkpoint ({'; '.join(problems)})")
+    if is_checkpoint_dir(p):
+        with verified_checkpoint(p, what, say=None):
+            pass
     return p
 
 
@@ -284,8 +327,9 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
         _fsync_dir(root)
         shutil.rmtree(old, ignore_errors=True)
         _write_atomic(root / "latest", final.name + "\n")
-        _update_best(run_dir, state, final)
+        recompute_best(run_dir)  # the step just saved may replace the best one with a worse model
         _prune(run_dir, keep_last, keep=final, _fault=_fault)
+        recompute_best(run_dir)
     accelerator.wait_for_everyone()
     return final
 
@@ -322,9 +366,9 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
 
 def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
     """Delete all but the newest ``keep_last``, ``best``, ``latest`` and ``keep`` (the checkpoint just
-    saved and verified: the last good one). Each folder is first renamed to ``.del-step_N`` (one
-    atomic rename: never listed again), then deleted, so a crash never leaves a half-deleted folder
-    that lists as complete; the next save removes ``.del-*`` leftovers."""
+    saved and verified: the last good one), and any folder a reader pins (run_lock.py). Each folder is
+    first renamed to ``.del-step_N`` (one atomic rename: never listed again), then deleted, so a crash
+    never leaves a half-deleted folder that lists as complete; the next save removes ``.del-*`` leftovers."""
     ckpts = list_checkpoints(run_dir)
     kept = {str(keep)} | {c["path"] for c in ckpts[-keep_last:]}
     for name in ("best", "latest"):
@@ -335,13 +379,19 @@ def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
     for c in ckpts:
         if c["path"] in kept:
             continue
-        doomed = root / f".del-step_{c['step']}"
-        shutil.rmtree(doomed, ignore_errors=True)
-        os.rename(c["path"], doomed)
-        _fsync_dir(root)
-        if _fault:
-            _fault("in_prune")
-        shutil.rmtree(doomed, ignore_errors=True)
+        claim = try_claim(c["path"])
+        if claim is None:
+            continue  # a reader (export, eval) pins it: the next save prunes it
+        try:
+            doomed = root / f".del-step_{c['step']}"
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.rename(c["path"], doomed)
+            _fsync_dir(root)
+            if _fault:
+                _fault("in_prune")
+            shutil.rmtree(doomed, ignore_errors=True)
+        finally:
+            os.close(claim)
 
 
 def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:

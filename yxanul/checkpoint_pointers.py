@@ -5,6 +5,7 @@ problem."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -41,14 +42,24 @@ def _pointer(run_dir, name: str) -> Path | None:
     return None
 
 
-def _update_best(run_dir, state, final: Path) -> None:
-    """Point ``best`` at ``final`` if its val loss beats the current best's. A best without a val
-    loss (re-saved without an eval), damaged or gone, is beaten by any val loss."""
-    val = state.get("val_loss")
-    if not isinstance(val, (int, float)) or val != val:
-        return
-    best = _pointer(run_dir, "best")
-    theirs = read_state_checked(best)[0] if best is not None else None
-    old = theirs.get("val_loss") if theirs else None
-    if not isinstance(old, (int, float)) or old != old or val < old or best == final:
-        _write_atomic(checkpoints_dir(run_dir) / "best", final.name + "\n")
+def recompute_best(run_dir) -> Path | None:
+    """Point ``best`` at the checkpoint with the lowest validation loss among those that exist now,
+    read from their own trainer states (the older one on a tie); remove the pointer when none has a
+    val loss. Called after every save and prune: a re-saved step can be worse than the copy it
+    replaced, and only what is on disk can be exported."""
+    root = checkpoints_dir(run_dir)
+    found = []
+    for d in root.iterdir() if root.is_dir() else ():
+        if not STEP_NAME.match(d.name):
+            continue
+        state = read_state_checked(d)[0]
+        val = state.get("val_loss") if state else None
+        if isinstance(val, (int, float)) and not isinstance(val, bool) and math.isfinite(val):
+            found.append((val, int(d.name[5:]), d))
+    if not found:
+        (root / "best").unlink(missing_ok=True)
+        return None
+    best = min(found, key=lambda f: f[:2])[2]
+    if _pointer_name(run_dir, "best")[0] != best.name:
+        _write_atomic(root / "best", best.name + "\n")
+    return best

@@ -124,14 +124,15 @@ def _legacy_problems(ckpt: Path) -> list[str]:
     return problems
 
 
-def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False) -> list[str]:
+def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False, yxanul_state: bool = True) -> list[str]:
     """What is wrong with the checkpoint folder ``path`` ([] = it verifies). With a manifest every
     listed file must exist with its size and sha256; without one, the legacy checks (module doc).
-    ``state_only``: the manifest's sizes but not the hashes (listings of many big checkpoints)."""
+    ``state_only``: the manifest's sizes but not the hashes (listings of many big checkpoints).
+    ``yxanul_state`` False: a transformers.Trainer checkpoint (its own trainer_state.json schema)."""
     ckpt = Path(path)
     if not ckpt.is_dir():
         return ["not a directory"]
-    _, problem = read_state_checked(ckpt)
+    _, problem = read_state_checked(ckpt) if yxanul_state else (None, None)
     problems = [problem] if problem else []
     manifest = read_manifest(ckpt)
     if manifest is None:
@@ -146,7 +147,7 @@ def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False) -> l
             problems.append(f"{name} has {f.stat().st_size:,} bytes, the manifest says {entry.get('size'):,}")
         elif not state_only and _sha256(f) != entry.get("sha256"):
             problems.append(f"{name} does not match its sha256 (changed or corrupted since the save)")
-    if not any(n.startswith(("model", "pytorch_model")) for n in manifest["files"]):  # pytorch_model/: DeepSpeed
+    if yxanul_state and not any(n.startswith(("model", "pytorch_model")) for n in manifest["files"]):  # DeepSpeed
         problems.append("the manifest lists no model weights")
     return problems
 

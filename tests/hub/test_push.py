@@ -111,7 +111,7 @@ def test_push_run_uploads_llama_export_with_card(run, capsys, caplog):
 
     n = count_parameters(load_checkpoint_model(resolve_checkpoint(run)).config)
     assert f"{n:,} parameters" in card and "tokens seen: 200" in card
-    assert "final validation loss: 5.0000" in card and "![loss curve](loss_curve.png)" in card
+    assert "validation loss of this checkpoint: 5.0000" in card and "![loss curve](loss_curve.png)" in card
     assert up["files"]["loss_curve.png"][:4] == b"\x89PNG"
     out = capsys.readouterr()
     no_secret_anywhere(run, out.out, out.err, caplog.text,

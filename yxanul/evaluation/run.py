@@ -35,14 +35,23 @@ def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, devi
 
 def data_dir_of(model_path: str) -> Path | None:
     """The prepared data folder of the run behind MODEL (None for an export)."""
-    from ..hub.loading import is_export, resolve_checkpoint, run_config
+    import yaml
 
-    if is_export(model_path):
+    from ..hub.loading import is_export
+
+    from ..checkpoint import list_checkpoints
+
+    # the run's (else its newest checkpoint's) or the checkpoint's config.yaml: the data settings only
+    # (the weights were verified by load_model)
+    found = [Path(model_path) / "config.yaml"] + [Path(c["path"]) / "config.yaml"
+                                                  for c in reversed(list_checkpoints(model_path))]
+    path = next((f for f in found if f.is_file()), None)
+    if is_export(model_path) or path is None:
         return None
     from ..data.args import DataArgs
     from ..data.prepare import target_dir
 
-    cfg = run_config(resolve_checkpoint(model_path))
+    cfg = yaml.safe_load(path.read_text()) or {}
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
         return Path(keys.get("data_dir") or target_dir(DataArgs(**keys))[0])

@@ -119,7 +119,8 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
     report = _json(run_dir / "precision_report.json") if run_dir else {}
     rows = read_metrics(run_dir) if run_dir else []
     data, hub_ids = _data_lines(cfg)
-    val = state.get("val_loss") or next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None)
+    # the exported checkpoint's own val loss: the run's last one may belong to another (later, or re-saved) model
+    val = state.get("val_loss")
     tps = [r["tokens_per_sec"] for r in rows if "tokens_per_sec" in r]
     meta = ModelCardData(license=license, library_name="transformers", datasets=hub_ids or None,
                          tags=["yxanul", "llama" if fmt == "llama" else "fp8-ready", "text-generation", "pretraining"]
@@ -139,7 +140,9 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
             "## Training", "",
             f"- tokens seen: {state.get('tokens_seen', 0):,} in {state.get('step', '?')} optimizer steps"]
     if val is not None:
-        body.append(f"- final validation loss: {val:.4f} (perplexity {math.exp(min(val, 50)):.2f})")
+        body.append(f"- validation loss of this checkpoint: {val:.4f} (perplexity {math.exp(min(val, 50)):.2f})")
+    else:
+        body.append("- validation loss: not measured at this checkpoint's step")
     body += _precision_lines(report)
     if report.get("device") or tps:
         body.append(f"- hardware: {report.get('device') or 'CPU'} x {state.get('world_size', 1)}"

@@ -28,7 +28,7 @@ import torch
 
 from ..errors import UserError
 from .loading import is_export, load_checkpoint_model, read_checkpoint_weights, resolve_checkpoint, \
-    tokenizer_of_checkpoint
+    tokenizer_of_checkpoint, verified_source
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -172,16 +172,19 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
         raise UserError(f"export OUT '{out}': '{blocker}' is a file, not a folder (choose another OUT)")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
-    ckpt = None
     if is_export(source):
         from .loading import load_model
 
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":
             raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
-    else:
-        ckpt = resolve_checkpoint(source)
+        return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
+    with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
         model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
+        return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
+
+
+def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overwrite, license, repo_id) -> Path:
     _token_ids(model.config, tok)
     if out.exists() and overwrite:
         shutil.rmtree(out)

@@ -9,6 +9,7 @@ A MODEL argument (``yxanul export|push|generate|eval``) is one of:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,28 +17,30 @@ from typing import Any
 import torch
 import yaml
 
-from ..checkpoint import STATE_FILE, _pointer, list_checkpoints, read_state
+from ..checkpoint import STATE_FILE, read_state, verified_checkpoint
 from ..errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-def resolve_checkpoint(path: str | Path, what: str = "MODEL") -> Path:
-    """A checkpoint folder, or the ``best`` (else ``latest``, else newest) checkpoint of a run directory."""
+@contextlib.contextmanager
+def verified_source(path: str | Path, what: str = "MODEL", say=print):
+    """`verified_checkpoint` of a MODEL argument: a checkpoint folder, or a run's ``best`` (else
+    ``latest``, else newest) checkpoint that verifies; pinned against pruning inside the ``with``."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"{what} '{path}': no such file or directory")
-    if (p / STATE_FILE).is_file():
-        return p
-    for name in ("best", "latest"):
-        ckpt = _pointer(p, name)
-        if ckpt is not None:
-            return ckpt
-    ckpts = list_checkpoints(p)
-    if ckpts:
-        return Path(ckpts[-1]["path"])
-    raise UserError(f"{what} '{path}': not a run directory with checkpoints, a checkpoint folder "
-                    f"({STATE_FILE}) or an export (config.json)")
+    with verified_checkpoint(p, what, say) as ckpt:
+        if ckpt is None:
+            raise UserError(f"{what} '{path}': not a run directory with checkpoints, a checkpoint folder "
+                            f"({STATE_FILE}) or an export (config.json)")
+        yield ckpt
+
+
+def resolve_checkpoint(path: str | Path, what: str = "MODEL", say=print) -> Path:
+    """The verified checkpoint behind a MODEL argument (`verified_source`), unpinned once returned."""
+    with verified_source(path, what, say) as ckpt:
+        return ckpt
 
 
 def is_export(path: str | Path) -> bool:
@@ -166,8 +169,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
         has_tok = any(p.glob("tokenizer*.json"))
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False) if has_tok else None
     else:
-        ckpt = resolve_checkpoint(p)
-        model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
+        with verified_source(p) as ckpt:
+            model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         if dtype is not None:
             model = model.to(dtype)
     return model.to(device).eval(), tok

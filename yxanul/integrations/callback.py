@@ -100,3 +100,20 @@ class PrecisionCallback(TrainerCallback):
         ckpt = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(ckpt):
             self.plan.save_fp8_state(model, ckpt)
+
+
+class ManifestCallback(TrainerCallback):
+    """Last at every save: ``manifest.json`` (sizes and sha256 of every file, yxanul's manifest.py) into
+    Trainer's ``checkpoint-N``, so that a resume verifies it as yxanul's own checkpoints are verified."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from ..checkpoint_io import _write_atomic
+        from ..manifest import write_manifest
+
+        ckpt = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(ckpt):
+            write_manifest(ckpt, _write_atomic)

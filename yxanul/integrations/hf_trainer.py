@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from transformers import Trainer
 
@@ -74,7 +75,7 @@ class YxanulTrainer(Trainer):
 
     def __init__(self, model=None, args=None, *, precision: PrecisionArgs | None = None, facts=None, **kwargs):
         from ..precision import resolve_precision
-        from .callback import PrecisionCallback
+        from .callback import ManifestCallback, PrecisionCallback
 
         if model is None or args is None:
             raise ConfigError("model/args", "a YxanulForCausalLM and TrainingArguments (model_init is not supported: "
@@ -99,6 +100,15 @@ class YxanulTrainer(Trainer):
         # first, so that the FP8 statistics it adds to a log reach every report_to logger after it
         self.callback_handler.callbacks.insert(0, PrecisionCallback(self.plan, say=print if main else _quiet,
                                                                      loggers=self.callback_handler.callbacks))
+        self.add_callback(ManifestCallback())  # last: after every other on_save wrote into the checkpoint
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """Trainer's, with ``resume_from_checkpoint`` verified first (yxanul's `verified_checkpoint`): a
+        damaged checkpoint named is one line; ``True`` takes the newest that verifies, saying what it skipped."""
+        if resume_from_checkpoint:
+            resume_from_checkpoint = verified_trainer_checkpoint(
+                resume_from_checkpoint, self.args.output_dir, print if self.args.process_index == 0 else _quiet)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # -- the Accelerator -------------------------------------------------------------------------
     def _build_accelerator_args(self, **kwargs) -> dict:
@@ -198,3 +208,23 @@ def _present_labels(names: list[str], *datasets) -> list[str]:
         if present:
             return present
     return names
+
+
+def verified_trainer_checkpoint(resume, output_dir, say=print):
+    """A Trainer ``resume_from_checkpoint`` (a ``checkpoint-N`` folder, a folder of them, or True: the
+    output_dir's) -> the checkpoint folder to resume, verified by yxanul's `verified_checkpoint`
+    against the manifest `ManifestCallback` wrote (a checkpoint without one gets the basic checks)."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from ..checkpoint import is_checkpoint_dir, verified_checkpoint
+
+    p = Path(output_dir if resume is True else resume)
+    if not p.is_dir():
+        return resume  # Trainer's own error for a missing folder
+    found = [d for d in p.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if d.is_dir() and d.name.rsplit("-", 1)[1].isdigit()]
+    newest_first = None if is_checkpoint_dir(p) else sorted(found, key=lambda d: -int(d.name.rsplit("-", 1)[1]))
+    if newest_first == []:
+        return resume
+    with verified_checkpoint(p, "resume_from_checkpoint", say, prefer=(), verb="resuming from",
+                             candidates=newest_first, yxanul_state=False) as ckpt:
+        return str(ckpt)

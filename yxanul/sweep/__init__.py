@@ -104,7 +104,11 @@ def main(argv: list[str] | None = None, client=None) -> int:
     if args.sweep_id:
         raise UserError(f"yxanul sweep: --sweep_id needs W&B online, but the sweep is offline ({why})")
     print(f"sweep {spec.name}: offline ({why}), method {spec.method}, metric {spec.metric} ({spec.goal})")
-    root, trials = plan(spec, args.output_root, overrides, args.count, args.sweep_seed)
-    rc = run_offline(spec, root, trials, args.sweep_seed)
-    summarize(root)
+    from ..run_lock import DirLock
+
+    # one sweep process per sweep directory (each trial's own run-directory lock covers its training)
+    with DirLock(sweep_dir(spec, args.output_root), "sweep directory"):
+        root, trials = plan(spec, args.output_root, overrides, args.count, args.sweep_seed)
+        rc = run_offline(spec, root, trials, args.sweep_seed)
+        summarize(root)
     return rc

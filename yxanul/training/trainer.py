@@ -24,7 +24,9 @@ from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..guards import CollapseGuard, check_val_loss
 from ..preemption import StopRequest
+from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops
+from . import provenance
 from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
@@ -49,6 +51,7 @@ class Trainer:
         self.stage_idx: int | None = None
         self._resumed_data: dict | None = None
         self.train_iter = None
+        self.lock = None
         self._trackers_started = False
         self.t_start = time.monotonic()  # durations: a wall clock may jump (NTP, a VM resumed)
 
@@ -65,9 +68,11 @@ class Trainer:
         self.cpu, self.dist = process_state()
         self.say = print if self.dist.is_main_process else quiet
         self.run_dir = prepare_run_dir(cfg, self.dist)  # refuses to train over another run's checkpoints
+        self.lock = lock_on_main(self.run_dir, self.dist)  # one writer per run directory (rank 0 holds it)
         self.run_name = cfg.checkpoint.run_name or self.run_dir.name
         set_seed(cfg.train.seed)
         self.data_dir, self.vocab_size, self.tokenizer = prepared_data(cfg.data, self.dist, self.say)
+        self.trained_on = provenance.record(cfg, self.data_dir, self.tokenizer)  # checked on resume, saved each step
         model = self._setup_model()
         self._setup_accelerator(model)
         self._setup_loaders()
@@ -142,14 +147,16 @@ class Trainer:
             self.say(f"resume: no checkpoint under {self.run_dir}, starting from scratch")
         if ckpt is None:
             return None
-        load_for_resume(self.accelerator, ckpt, cfg)
         saved = TrainState.from_dict(read_state(ckpt), source=str(Path(ckpt) / "trainer_state.json"))
+        changed = provenance.check(ckpt, self.trained_on, cfg.checkpoint.resume_allow_changes, saved.data, self.say)
+        load_for_resume(self.accelerator, ckpt, cfg)
         st = self.state
         st.step, st.tokens_seen, st.epoch, st.data = saved.step, saved.tokens_seen, saved.epoch, saved.data
         st.val_loss, st.best_val_loss, st.wandb_run_id = saved.val_loss, saved.best_val_loss, saved.wandb_run_id
         self.evaluated_at = saved.step if saved.val_loss is not None else None
-        self.loader.load_state_dict(saved.data)
-        self._resumed_data = saved.data
+        if "dataset" not in changed:  # a position in other data means nothing: read the new data from its start
+            self.loader.load_state_dict(saved.data)
+            self._resumed_data = saved.data
         self.plan.restore_fp8_state(self.unwrapped_model, ckpt, cfg.model.seq_length)
         self.say(resumed_line(ckpt, saved, world_size=self.accelerator.num_processes,
                               tokens_per_step=st.tokens_per_step,
@@ -279,11 +286,16 @@ class Trainer:
         state = st.for_checkpoint(self.evaluated_at)
         ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
                                config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
-                               extra=functools.partial(self.plan.save_fp8_state, self.unwrapped_model))
+                               extra=functools.partial(self._save_extra, self.unwrapped_model))
         is_best = state["val_loss"] is not None and state["val_loss"] == st.best_val_loss
         self.callbacks.on_save(self, Path(ckpt), is_best)
         self.timer.exclude(time.perf_counter() - t0)  # save time is not step time
         return Path(ckpt)
+
+    def _save_extra(self, model, ckpt_dir) -> None:
+        """Written into a checkpoint before its manifest: the FP8 scaling state, what it was trained on."""
+        self.plan.save_fp8_state(model, ckpt_dir)
+        provenance.write(Path(ckpt_dir), self.trained_on)
 
     # -- curriculum ----------------------------------------------------------------------------
     def stage_changed(self) -> bool:
@@ -346,6 +358,8 @@ class Trainer:
                               time.monotonic() - self.t_start, self.run_dir)
         if self.accelerator.is_main_process:
             write_summary(summary, self.run_dir, self.say)
+        if self.lock is not None:
+            self.lock.release()  # the run's last write is done
         return summary
 
 
@@ -354,6 +368,11 @@ def train(cfg, callbacks=None) -> dict[str, Any]:
     ``callbacks``: None = the ones the config asks for (:func:`~yxanul.training.callbacks.from_config`)."""
     from .callbacks import from_config
 
-    trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks).setup()
-    trainer.resume()
-    return trainer.fit()
+    trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks)
+    try:
+        trainer.setup()
+        trainer.resume()
+        return trainer.fit()
+    finally:
+        if trainer.lock is not None:  # a process's end releases it too; in-process callers train again
+            trainer.lock.release()

@@ -1,0 +1,89 @@
+"""What a checkpoint was trained on, and the check that a resume continues on the same.
+
+Every checkpoint holds ``trained_on.json`` (covered by its manifest)::
+
+    {"tokenizer": sha256 of the tokenizer's serialized vocabulary, merges and special tokens,
+     "dataset": the prepared data's fingerprint (meta.json: sources, tokenizer and prepare settings),
+     "val_split": {"val_fraction": ..., "val_tokens": ...},
+     "seq_length": ..., "seed": ...}
+
+Computed once when the run starts (`record`), never per step. On resume (`check`) any difference
+is one line naming what changed (old -> new), exit 2, unless ``--resume_allow_changes`` names it:
+then one line per allowed change says what it does to the run. A checkpoint written before these
+records existed resumes with one line saying that it could not be checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..checkpoint_io import _write_atomic
+from ..errors import UserError
+
+FILE = "trained_on.json"
+NAMES = ("tokenizer", "dataset", "val_split", "seq_length", "seed")
+CONSEQUENCE = {
+    "tokenizer": "the embeddings were learned for other token ids: the loss starts again from far off",
+    "dataset": "the saved data position does not apply to other data: training reads it from its start (epoch 0)",
+    "val_split": "val losses before and after this step measure other validation sets; `best` compares them anyway",
+    "seq_length": "the window grid changes: data order restarts at epoch {next_epoch} (the rest of epoch {epoch} "
+                  "is skipped)",
+    "seed": "the window order changes: data order restarts at epoch {next_epoch} (the rest of epoch {epoch} is "
+            "skipped)",
+}
+
+
+def tokenizer_hash(tokenizer) -> str | None:
+    """sha256 of the tokenizer's full serialization (vocabulary, merges, normalizer, special tokens)."""
+    if tokenizer is None:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record(cfg, data_dir, tokenizer) -> dict:
+    """The trained-on record of this run (read once at setup)."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    return {"tokenizer": tokenizer_hash(tokenizer), "dataset": meta.get("fingerprint"),
+            "val_split": {"val_fraction": cfg.data.val_fraction,
+                          "val_tokens": (meta.get("splits") or {}).get("val", {}).get("tokens")},
+            "seq_length": cfg.model.seq_length, "seed": cfg.train.seed}
+
+
+def write(ckpt_dir: Path, rec: dict) -> None:
+    _write_atomic(Path(ckpt_dir) / FILE, json.dumps(rec, indent=1))
+
+
+def _show(v) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {w}" for k, w in v.items())
+    return str(v)
+
+
+def check(ckpt: Path, rec: dict, allowed: list[str] | None, data_state: dict | None, say) -> list[str]:
+    """Refuse (one line, exit 2) a resume whose records differ from the checkpoint's, unless allowed.
+    Returns the names of the allowed changes."""
+    path = Path(ckpt) / FILE
+    if not path.is_file():
+        say(f"note: {ckpt} records no tokenizer, dataset, val split, seq_length or seed (saved by an older "
+            "yxanul): the resume could not check that they are unchanged")
+        return []
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"resume '{ckpt}': {FILE} is not JSON") from None
+    changed = [n for n in NAMES if n in old and old[n] != rec.get(n)]
+    allowed = set(allowed or ())
+    refused = [n for n in changed if n not in allowed and "all" not in allowed]
+    if refused:
+        what = "; ".join(f"{n}: {_show(old[n])} -> {_show(rec.get(n))}" for n in refused)
+        raise UserError(f"resume '{ckpt}': trained on other data settings ({what}); if intended, add "
+                        f"--resume_allow_changes {' '.join(refused)}")
+    epoch = int((data_state or {}).get("epoch", 0))
+    for n in changed:
+        say(f"warning: resume with another {n} ({_show(old[n])} -> {_show(rec.get(n))}), allowed: "
+            + CONSEQUENCE[n].format(epoch=epoch, next_epoch=epoch + 1))
+    return changed
