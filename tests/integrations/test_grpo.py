@@ -9,7 +9,13 @@ import torch
 import yaml
 
 from yxanul.cli import main as cli
-from yxanul.finetune.qa import BUNDLED, answer_reward, format_reward, load_qa, parse_answer, prompt_of
+from yxanul.finetune.qa import (
+    answer_reward,
+    format_reward,
+    load_qa,
+    parse_answer,
+    prompt_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("trl")
