@@ -25,7 +25,8 @@ COMMANDS = {
     "export": ("yxanul.hub.export", "main", "export a run/checkpoint as a Llama (or yxanul) folder for transformers"),
     "push": ("yxanul.hub.push", "main", "push a run or export to the Hugging Face Hub with a model card"),
     "generate": ("yxanul.generate", "main", "generate text from a run, checkpoint or export (streamed)"),
-    "eval": ("yxanul.evaluation.run", "main", "val loss/perplexity and multiple-choice tasks (HellaSwag format)"),
+    "eval": ("yxanul.evaluation.run", "main", "val loss/perplexity, multiple-choice tasks, lm-eval benchmarks by name"),
+    "grpo": ("yxanul.finetune.grpo", "main", "GRPO (TRL) on multiple-choice QA (MedQA/USMLE shape), SFT first"),
 }
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")

@@ -67,7 +67,13 @@ class EvalCommand:
     data_dir: str | None = field(default=None, metadata={
         "help": "Prepared data folder for validation loss (default: the run's own; none for an export)."})
     tasks: list[str] | None = field(default=None, metadata={
-        "help": "Multiple-choice tasks: 'cloze' (bundled) and/or HellaSwag-format .jsonl files."})
+        "help": "Tasks: 'cloze' (bundled), HellaSwag-format .jsonl files, and/or lm-eval task names, comma- or "
+                "space-separated (hellaswag,arc_easy,arc_challenge,piqa,lambada_openai,mmlu,medqa_4options; run "
+                "by lm-eval's simple_evaluate on the model in memory)."})
+    task_dir: str | None = field(default=None, metadata={
+        "help": "Folder of lm-eval task YAMLs (lm-eval's include_path), e.g. tasks over local json files."})
+    num_fewshot: int | None = field(default=None, metadata={
+        "help": "Few-shot examples for the lm-eval tasks (default: each task's own, mostly 0)."})
     limit: int | None = field(default=None, metadata={"help": "At most N items per task."})
     seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
                                                                    "max_position_embeddings)."})
@@ -77,6 +83,8 @@ class EvalCommand:
     output: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
 
     def __post_init__(self):
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            raise ConfigError("num_fewshot", "an integer >= 0", self.num_fewshot)
         for key in ("limit", "seq_length"):
             v = getattr(self, key)
             if v is not None and v < 1:
@@ -88,9 +96,12 @@ class EvalCommand:
 
 def evaluate(a: EvalCommand, say=print) -> dict:
     from ..hub.loading import load_model
+    from .harness import split_tasks, task_manager
     from .tasks import load_task, score_task, task_name
 
-    tasks = {task_name(t): load_task(t, a.limit) for t in a.tasks or []}  # bad task files fail before loading
+    local, harness = split_tasks(a.tasks)
+    tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
+    tm = task_manager(harness, a.task_dir) if harness else None
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if a.device == "auto" else a.device))
     model, tok = load_model(a.model, device)
@@ -106,13 +117,26 @@ def evaluate(a: EvalCommand, say=print) -> dict:
         results.update(val_loss(model, data_dir, T, a.batch_size, a.eval_steps, device))
         say(f"val_loss: {results['val_loss']:.4f} | val_ppl: {results['val_ppl']:.2f} "
             f"({results['val_batches']} batches of {a.batch_size} x {T} tokens from {data_dir})")
-    if tasks and tok is None:
+    if (tasks or harness) and tok is None:
         raise DataError(f"MODEL '{a.model}': no tokenizer found for the tasks (export it with its tokenizer)")
     for name, items in tasks.items():
         r = score_task(model, tok, items, device)
         results[name] = r
         say(f"{name}: acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} ({r['n']} items)")
+    if harness:
+        results.update(_run_harness(a, model, tok, harness, tm, say))
     return results
+
+
+def _run_harness(a: EvalCommand, model, tok, names: list[str], tm, say) -> dict:
+    """lm-eval's tasks on the model as a transformers causal LM (a yxanul model as the same-weights Llama)."""
+    from ..integrations.causal_lm import as_llama, with_pad_token
+    from .harness import evaluate_harness, headline
+
+    out = evaluate_harness(as_llama(model), with_pad_token(tok), names, tm, a.limit, a.batch_size, a.num_fewshot)
+    for name in names:  # a group's subtasks (mmlu's 57) only in the JSON output
+        say(f"{name}: {headline(out[name])} (lm-eval)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,10 +117,17 @@ class EvalTasksCallback:
     returned ``{"eval/<task>_acc": ..., "eval/<task>_acc_norm": ...}`` go into metrics.jsonl and the
     trackers. ``trainer`` needs ``model`` (unwrapped if it has an ``accelerator``), ``tokenizer`` and a
     device (``accelerator.device`` or ``device``); ``evaluate(model, tokenizer, device)`` is the same
-    without a trainer. Items are read once (``eval_tasks_limit`` of each task)."""
+    without a trainer. Items of yxanul's own tasks are read once (``eval_tasks_limit`` of each task);
+    lm-eval task names are checked once here and run by lm-eval on the same-weights Llama of the model
+    (a copy of the weights for the duration of the evaluation; no stderr bootstrap)."""
 
     def __init__(self, tasks_args):
-        self.tasks = {task_name(t): load_task(t, tasks_args.eval_tasks_limit) for t in tasks_args.eval_tasks or []}
+        from .harness import split_tasks, task_manager
+
+        local, self.harness = split_tasks(tasks_args.eval_tasks)
+        self.limit = tasks_args.eval_tasks_limit
+        self.tasks = {task_name(t): load_task(t, self.limit) for t in local}
+        self.task_manager = task_manager(self.harness, tasks_args.eval_task_dir) if self.harness else None
 
     def on_evaluate(self, trainer) -> dict[str, float]:
         acc = getattr(trainer, "accelerator", None)
@@ -136,6 +143,17 @@ class EvalTasksCallback:
             for name, items in self.tasks.items():
                 r = score_task(model, tokenizer, items, device)
                 out[f"eval/{name}_acc"], out[f"eval/{name}_acc_norm"] = r["acc"], r["acc_norm"]
+            if self.harness:
+                out.update(self._harness(model, tokenizer))
             return out
         finally:
             model.train(was_training)
+
+    def _harness(self, model, tokenizer) -> dict[str, float]:
+        from ..integrations.causal_lm import as_llama, with_pad_token
+        from .harness import evaluate_harness
+
+        res = evaluate_harness(as_llama(model), with_pad_token(tokenizer), self.harness, self.task_manager,
+                               self.limit, bootstrap_iters=0)
+        return {f"eval/{task}_{k}": float(v) for task in self.harness for k, v in res[task].items()
+                if k not in ("n", "sample_len") and not k.endswith("_stderr")}

@@ -1,0 +1,107 @@
+"""`yxanul eval --tasks NAME` and `--eval_tasks NAME` through lm-eval's simple_evaluate on the model in memory,
+offline, with local task YAMLs (lm-eval's include_path) over local json files."""
+
+import pytest
+import torch
+
+from yxanul.evaluation.run import EvalCommand, evaluate
+from yxanul.evaluation.tasks import BUNDLED
+
+pytest.importorskip("lm_eval")
+
+CLOZE_YAML = """
+task: yxanul_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {path}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{endings}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+# a built-in-like task whose data is on the Hub: offline it must fail in one line
+HUB_YAML = """
+task: hub_only
+dataset_path: allenai/ai2_arc
+dataset_name: ARC-Easy
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{question}}"
+doc_to_target: "{{choices.label.index(answerKey)}}"
+doc_to_choice: "{{choices.text}}"
+"""
+
+
+@pytest.fixture
+def task_dir(tmp_path):
+    d = tmp_path / "tasks"
+    d.mkdir()
+    (d / "yxanul_cloze.yaml").write_text(CLOZE_YAML.format(path=BUNDLED["cloze"]))
+    (d / "hub_only.yaml").write_text(HUB_YAML)
+    return d
+
+
+def test_as_llama_is_the_same_model(tok_run):
+    """The in-memory Llama the tools get computes the native model's logits (fp32: summation order only)."""
+    from yxanul.integrations.causal_lm import as_llama
+
+    _, model = tok_run
+    llama = as_llama(model)
+    assert type(llama).__name__ == "LlamaForCausalLM"
+    x = torch.randint(0, 8192, (2, 24))
+    torch.testing.assert_close(llama(input_ids=x).logits, model(input_ids=x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_eval_by_name_runs_lm_eval_on_the_run_in_memory(tok_run, task_dir):
+    """A run (no export) scored by lm-eval by task name: the same items give yxanul's own acc / acc_norm."""
+    run, _ = tok_run
+    lines = []
+    r = evaluate(EvalCommand(model=str(run), tasks=["cloze,yxanul_cloze"], task_dir=str(task_dir), limit=6),
+                 say=lines.append)
+    assert r["yxanul_cloze"]["n"] == 6 == r["cloze"]["n"]
+    assert r["yxanul_cloze"]["acc"] == pytest.approx(r["cloze"]["acc"])
+    assert r["yxanul_cloze"]["acc_norm"] == pytest.approx(r["cloze"]["acc_norm"])
+    assert "acc_stderr" in r["yxanul_cloze"]
+    assert any(line.startswith("yxanul_cloze: ") and "(lm-eval)" in line for line in lines)
+
+
+def test_eval_hub_task_offline_is_one_line(tok_run, task_dir, capsys):
+    from yxanul.cli import main as cli
+
+    run, _ = tok_run
+    code = cli(["eval", str(run), "--tasks", "hub_only", "--task_dir", str(task_dir), "--limit", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "allenai/ai2_arc" in err[0] and "Hub" in err[0] and "--task_dir" in err[0]
+
+
+def test_eval_task_dir_must_exist(tok_run, tmp_path, capsys):
+    from yxanul.cli import main as cli
+
+    run, _ = tok_run
+    assert cli(["eval", str(run), "--tasks", "x_task", "--task_dir", str(tmp_path / "nope")]) == 2
+    assert "task_dir" in capsys.readouterr().err
+
+
+def test_eval_tasks_callback_takes_lm_eval_names(tok_run, task_dir):
+    """--eval_tasks during training: lm-eval names next to yxanul's own, logged as eval/<task>_<metric>."""
+    from yxanul.evaluation.args import EvalTaskArgs
+    from yxanul.evaluation.tasks import EvalTasksCallback
+    from yxanul.hub.loading import load_model
+
+    run, _ = tok_run
+    model, tok = load_model(run)
+    model.train()
+    cb = EvalTasksCallback(EvalTaskArgs(eval_tasks=["cloze", "yxanul_cloze"], eval_task_dir=str(task_dir),
+                                        eval_tasks_limit=5))
+    out = cb.evaluate(model, tok, "cpu")
+    assert model.training  # given back in the mode it came in
+    assert out["eval/yxanul_cloze_acc"] == pytest.approx(out["eval/cloze_acc"])
+    assert out["eval/yxanul_cloze_acc_norm"] == pytest.approx(out["eval/cloze_acc_norm"])
+    assert not any(k.endswith("_stderr") for k in out)
