@@ -187,8 +187,10 @@ if len(sys.argv) > 1:
     t0 = time.time()
     while not got and time.time() - t0 < 60:
         time.sleep(0.05)
-    time.sleep(0.5)  # 'finish the step, save a checkpoint'
-    open(os.path.join(sys.argv[1], f"saved{a.process_index}"), "w").close()
+    if got:  # only a delivered signal 'finishes the step and saves'; a timeout leaves no marker
+        time.sleep(0.5)
+        with open(os.path.join(sys.argv[1], f"saved{a.process_index}"), "w") as f:
+            f.write(signal.Signals(got[0]).name)
 """
 
 
@@ -212,6 +214,11 @@ def test_torchrun_forwards_sigusr1_with_pet_signals_to_handle(tmp_path):
         if (tmp_path / "ready0").exists() and (tmp_path / "ready1").exists():
             break
         time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError("the workers never became ready:\n" + proc.communicate()[0])
     proc.send_signal(signal.SIGUSR1)
     out, _ = proc.communicate(timeout=120)
-    assert (tmp_path / "saved0").exists() and (tmp_path / "saved1").exists(), out
+    # each marker is written by the worker's own SIGUSR1 handler, never by its timeout
+    assert [(tmp_path / f"saved{r}").read_text() if (tmp_path / f"saved{r}").exists() else None
+            for r in (0, 1)] == ["SIGUSR1", "SIGUSR1"], out

@@ -113,14 +113,31 @@ def test_parsing_and_help_do_not_import_torch():
 
 
 def test_lazy_package_exports_resolve():
-    import yxanul.batching as batching
-    import yxanul.data as data
-    import yxanul.models as models
-    import yxanul.precision as precision
+    """Every package that exports lazily (yxanul/_lazy.py), found by walking the tree: each name in
+    its __all__ imports from the module it is mapped to and is the object of that name."""
+    import importlib
+    import pkgutil
+    import types
 
-    for pkg in (models, batching, precision, data):
+    import yxanul
+
+    lazy = []
+    for info in pkgutil.walk_packages(yxanul.__path__, "yxanul."):
+        if info.ispkg:
+            pkg = importlib.import_module(info.name)
+            if getattr(getattr(pkg, "__getattr__", None), "__module__", None) == "yxanul._lazy":
+                lazy.append(pkg)
+    names = {pkg.__name__ for pkg in lazy}
+    assert {"yxanul.batching", "yxanul.data", "yxanul.integrations", "yxanul.models", "yxanul.precision",
+            "yxanul.training"} <= names, names
+    for pkg in lazy:
+        assert pkg.__all__ and sorted(dir(pkg)) == sorted(pkg.__all__), pkg.__name__
         for name in pkg.__all__:
-            assert getattr(pkg, name) is not None, f"{pkg.__name__}.{name}"
+            obj = pkg.__getattr__(name)  # the lazy mapping itself
+            assert getattr(obj, "__name__", name) == name, f"{pkg.__name__}.{name} -> {obj!r}"
+            # once imported, a submodule of the same name (yxanul.data.prepare) is what attribute access finds
+            if not isinstance(getattr(pkg, name), types.ModuleType):
+                assert getattr(pkg, name) is obj, f"{pkg.__name__}.{name}"
         with pytest.raises(AttributeError):
             pkg.no_such_name  # noqa: B018
 

@@ -153,15 +153,28 @@ def test_every_update_applies_exactly_accum_micro_batches_when_accumulation_chan
 
 
 def test_divergence_stops_without_saving_over_good_checkpoints(tmp_path):
+    """Good checkpoints first (steps 2 and 4), then the run goes on at max_lr 1e30 with a checkpoint at every
+    step (1e30: the first update puts ~1e30 into the weights, the next matmuls overflow fp32, so the run
+    diverges rather than collapsing to a zero gradient as at 1e4): the first step whose loss or gradient
+    norm is not finite stops with one line (exit 3) and no checkpoint of it; `latest` names the checkpoint
+    of the step before, which exists and is finite."""
+    from safetensors.torch import load_file
+
     out = tmp_path / "nan"
-    r = yxanul("train", *FAST, "--max_lr", "1e4", "--warmup_steps", "0", "--log_freq", "10", "--max_steps", "40",
-               "--checkpoint_freq", "5", "--output_dir", str(out), check=False)
+    yxanul("train", *FAST, "--max_steps", "4", "--checkpoint_freq", "2", "--output_dir", str(out))
+    r = yxanul("train", *FAST, "--max_lr", "1e30", "--warmup_steps", "0", "--log_freq", "10", "--max_steps", "40",
+               "--checkpoint_freq", "1", "--keep_last", "2", "--output_dir", str(out), "--resume", "latest",
+               check=False)
     assert r.returncode == 3 and r.stderr.startswith("error: step "), r.stderr[-2000:]
     assert "not finite" in r.stderr or "gradient norm nan" in r.stderr or "loss nan" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    from safetensors.torch import load_file
-
-    for d in (out / "checkpoints").glob("step_*"):  # whatever was saved is finite
+    diverged = int(r.stderr.removeprefix("error: step ").split(":")[0])
+    assert diverged > 5, r.stderr  # a step of the resumed run, after a good checkpoint of its own
+    ckpts = out / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == f"step_{diverged - 1}"
+    assert json.loads((ckpts / f"step_{diverged - 1}" / "trainer_state.json").read_text())["step"] == diverged - 1
+    assert not (ckpts / f"step_{diverged}").exists()
+    for d in ckpts.glob("step_*"):  # whatever was saved is finite
         assert all(bool(t.isfinite().all()) for t in load_file(d / "model.safetensors").values()), d
 
 

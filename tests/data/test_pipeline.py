@@ -47,29 +47,51 @@ def _prepare_cmd(src: Path, out: Path, extra=()) -> list[str]:
             "--shard_size_tokens", "4096", "--val_fraction", "0.02", "--prepare_num_proc", "1", *extra]
 
 
+def _kill_after_shards(cmd: list[str], work: Path, log: Path, shards: int) -> dict:
+    """Run ``yxanul prepare`` and SIGKILL it as soon as its saved progress holds ``shards`` finished train
+    shards; returns the progress it left on disk."""
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline, done = time.time() + 300, 0
+    while done < shards and p.poll() is None and time.time() < deadline:
+        try:
+            done = len(json.loads((work / "progress.json").read_text())["writers"]["train"]["entries"])
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert done >= shards, f"no kill at {shards} shards (exit {p.returncode}):\n{log.read_text()[-2000:]}"
+    return json.loads((work / "progress.json").read_text())
+
+
+def _finished_shards(work: Path, state: dict) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of the shards the progress counts as finished: a resume must not write them again."""
+    return {e["file"]: ((work / e["file"]).stat().st_ino, (work / e["file"]).stat().st_mtime_ns)
+            for w in state["writers"].values() for e in w["entries"]}
+
+
 @pytest.mark.slow
-def test_kill_9_at_random_moments_resumes_byte_identical(tmp_path):
-    """Killed (SIGKILL) twice at random moments after checkpoints exist, restarted: the same bytes as an
-    uninterrupted run, and the Arrow copy of the input does not outlive the run."""
+def test_kill_9_after_saved_shards_resumes_byte_identical(tmp_path):
+    """Killed (SIGKILL) twice, each time once a few more shards are saved, and restarted: each restart
+    resumes after the saved document and leaves the finished shards untouched, and the result has the same
+    bytes as an uninterrupted run; the Arrow copy of the input does not outlive the run."""
     src = write_docs(tmp_path / "docs.jsonl", 6000, 120, "doc")
     ref = tmp_path / "ref"
     subprocess.run(_prepare_cmd(src, ref), check=True, capture_output=True, env=os.environ)
     out, work = tmp_path / "out", tmp_path / "out.partial"
-    rng = np.random.default_rng(int(time.time()))
-    for _ in range(2):
-        p = subprocess.Popen(_prepare_cmd(src, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 120
-        while not (work / "progress.json").exists() and p.poll() is None and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(float(rng.uniform(0, 0.4)))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-    assert not out.exists() or (out / "meta.json").exists()
-    if work.exists():
-        state = json.loads((work / "progress.json").read_text())
-        assert state["doc_index"] > 0 and state["writers"]["train"]["entries"]  # there is something to resume
+    first = _kill_after_shards(_prepare_cmd(src, out), work, tmp_path / "run1.log", 2)
+    kept = _finished_shards(work, first)
+    second = _kill_after_shards(_prepare_cmd(src, out), work, tmp_path / "run2.log",
+                                len(first["writers"]["train"]["entries"]) + 2)
+    assert f"resuming in {work} after document {first['doc_index']:,}" in (tmp_path / "run2.log").read_text()
+    assert second["doc_index"] > first["doc_index"] > 0 and not out.exists()
+    assert {k: v for k, v in _finished_shards(work, second).items() if k in kept} == kept
+    kept = _finished_shards(work, second)
     r = subprocess.run(_prepare_cmd(src, out), check=True, capture_output=True, text=True, env=os.environ)
-    assert "resuming" in r.stdout or not work.exists()
+    assert f"resuming in {work} after document {second['doc_index']:,}" in r.stdout, r.stdout
+    after = {name: ((out / name).stat().st_ino, (out / name).stat().st_mtime_ns) for name in kept}
+    assert after == kept                                  # the renamed folder: the same files, not rewritten
     assert files_of(out) == files_of(ref) and meta_of(out) == meta_of(ref)
     assert not work.exists() and len(files_of(ref)) > 10
 

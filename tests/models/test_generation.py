@@ -110,10 +110,33 @@ def test_generate_past_the_training_length_continues_rope_positions(tiny_config)
 
 
 def test_training_forward_builds_no_cache(model):
-    model.train()
+    """A training forward builds no KV cache: by default, and under activation checkpointing even
+    when asked to (use_cache=True), as transformers' checkpointed layers do: the recomputation in
+    backward would append every key twice. The loss and gradients are those of the plain forward."""
+    def cache_of(out):  # `cache` on transformers 5.24, `past_key_values` before (an empty cache is falsy)
+        cache = getattr(out, "cache", None)
+        return cache if cache is not None else getattr(out, "past_key_values", None)
+
     x = ids(2, 8)
-    out = model(x, labels=x)
-    assert getattr(out, "cache", None) is None and getattr(out, "past_key_values", None) is None
+    assert cache_of(model(x, use_cache=True)).get_seq_length() == 8   # eval: the switch does build one
+    model.train()
+    assert cache_of(model(x, labels=x)) is None
+
+    def loss_and_grads(**kw):
+        model.zero_grad()
+        out = model(x, labels=x, **kw)
+        out.loss.backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref, ref_grads = loss_and_grads()
+    model.set_activation_checkpointing(True)
+    try:
+        out, grads = loss_and_grads(use_cache=True)
+    finally:
+        model.set_activation_checkpointing(False)
+    assert cache_of(out) is None
+    torch.testing.assert_close(out.loss, ref.loss)   # the same fp32 ops recomputed
+    torch.testing.assert_close(grads, ref_grads)
 
 
 def test_torch_twin_shares_the_weights_and_generates_the_same(model):

@@ -1,5 +1,6 @@
 """Launch-level checks (issue 17 item 6) and the trainer guards' one-line stops, on their real functions."""
 
+import json
 import math
 import os
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from yxanul.errors import TrainingDiverged
-from yxanul.guards import CollapseGuard, check_val_loss
+from yxanul.guards import CollapseGuard
 from yxanul.launch import check_wandb_key
 from yxanul.lint import check_launch_environment
 
@@ -58,10 +59,41 @@ def test_collapse_guard_counts_zero_norms_and_refuses_a_save():
     CollapseGuard().before_save(4, None)  # no optimizer step yet
 
 
-def test_non_finite_val_loss_stops_before_sampling():
-    check_val_loss(3, 4.2)
-    with pytest.raises(TrainingDiverged, match="validation loss nan"):
-        check_val_loss(3, float("nan"), "runs/x")
+class _NaNAfterSave:
+    """A model that turns non-finite between two evaluations: after the step's checkpoint, its final norm
+    is NaN (through the callback API: the training loop itself stays real)."""
+
+    def on_save(self, trainer, ckpt_dir, is_best):
+        with torch.no_grad():
+            trainer.unwrapped_model.model.norm.weight.fill_(float("nan"))
+
+
+def test_non_finite_val_loss_stops_before_sampling(tmp_path):
+    """Through the real `fit()` loop: evaluation at step 2 (finite, a sample), checkpoint, then the model
+    turns NaN; nothing is logged at steps 3-4, so the step 4 evaluation's validation loss is the first
+    check. It stops there with one line (TrainingDiverged, exit 3), before the sample (torch.multinomial
+    would fail on NaN probabilities) and before step 4's checkpoint: step 2 stays `latest`."""
+    from safetensors.torch import load_file
+
+    from yxanul.config import parse_args
+    from yxanul.training import train
+
+    out = tmp_path / "run"
+    cfg = parse_args(["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--num_workers", "0",
+                      "--warmup_steps", "1", "--max_steps", "6", "--log_freq", "10", "--eval_freq", "2",
+                      "--eval_steps", "1", "--sample_tokens", "4", "--checkpoint_freq", "2",
+                      "--use_tensorboard", "false", "--output_dir", str(out)])
+    with pytest.raises(TrainingDiverged, match=r"^step 4: validation loss nan: the model has diverged; no sample"):
+        train(cfg, callbacks=[_NaNAfterSave()])
+    assert TrainingDiverged.exit_code == 3
+    samples = (out / "samples.txt").read_text()
+    assert samples.count("--- step ") == 1 and samples.startswith("--- step 2\n")
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line]
+    assert [e["step"] for e in evals] == [2] and math.isfinite(evals[0]["val_loss"])
+    assert sorted(d.name for d in (out / "checkpoints").glob("step_*")) == ["step_2"]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
+    weights = load_file(out / "checkpoints" / "step_2" / "model.safetensors")
+    assert all(bool(t.isfinite().all()) for t in weights.values())
 
 
 def test_cpu_yaml_is_two_torchrun_ranks_that_need_accelerate_use_cpu(monkeypatch):
