@@ -185,6 +185,23 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
 
 
+def test_resume_latest_needs_a_checkpoint_and_auto_starts_fresh_once(tmp_path):
+    """`--resume latest` into a directory without a checkpoint (a typo) is one line naming it, exit 2,
+    before anything is built; `--resume auto` starts fresh there and resumes on the next start."""
+    short = [*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0"]
+    for resume, where in [("latest", str(tmp_path / "typo")), (str(tmp_path / "typo" / "step_3"), "typo/step_3")]:
+        r = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(tmp_path / "typo"), "--resume", resume,
+                   check=False)
+        assert r.returncode == 2 and where in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "typo").exists()
+    out = tmp_path / "auto"
+    first = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), "--resume", "auto")
+    assert f"resume auto: no checkpoint under {out}: starting a new run" in first.stdout
+    again = yxanul("train", *short, "--max_steps", "3", "--output_dir", str(out), "--resume", "auto")
+    assert f"resumed from {out / 'checkpoints' / 'step_2'} at step 2" in again.stdout
+    assert sorted(train_losses(out)) == [1, 2, 3]
+
+
 def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
     out = tmp_path / "v"
     yxanul("train", *FAST, "--max_steps", "12", "--eval_freq", "6", "--checkpoint_freq", "4", "--keep_last", "5",

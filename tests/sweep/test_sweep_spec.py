@@ -111,7 +111,7 @@ def test_trial_overrides_win_and_swept_or_reserved_flags_are_refused(tmp_path):
     spec = load_spec(TINY)
     t = make_trial(spec, "trial-000", plan_trials(spec, 1)[0], tmp_path / "t", ["--max_steps", "7"])
     assert t.max_steps == 7 and t.params["max_steps"] == 150 and t.config["max_steps"] == 7
-    assert t.argv[-6:] == ["--output_dir", str(tmp_path / "t"), "--run_name", "trial-000", "--resume", "latest"]
+    assert t.argv[-6:] == ["--output_dir", str(tmp_path / "t"), "--run_name", "trial-000", "--resume", "auto"]
     base = os.path.join(ROOT, "examples", "configs", "tinyshakespeare_cpu.yaml")
     t = make_trial(spec, "x", plan_trials(spec, 1)[0], tmp_path, ["--config", base, "--seed", "3"])
     assert t.argv[:2] == ["--config", base] and t.argv.index("--seed") > t.argv.index("--penalty_weight=0.0")

@@ -4,7 +4,7 @@ Layout: ``OUTPUT_ROOT/sweeps/<sweep-name>/`` holds ``sweep.json`` (the planned t
 status) and one run directory per trial (``trial-000/``, ...), each a normal yxanul run directory
 (config.yaml, metrics.jsonl, checkpoints/, wandb/ offline files for ``wandb sync``, train.log).
 Started again with the same command, a sweep skips finished trials and resumes an interrupted one
-from its last checkpoint (every trial runs with ``--resume latest``).
+from its last checkpoint (every trial runs with ``--resume auto``).
 """
 
 from __future__ import annotations

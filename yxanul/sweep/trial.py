@@ -3,7 +3,7 @@
 A subprocess (not `train()` in-process) so that the trial's config reaches every rank when the
 sweep's ``command`` starts with ``accelerate launch`` (the parameters are command-line flags, which
 every rank parses), and so that a trial's crash, memory or CUDA state never leaks into the next one.
-Every trial runs with ``--resume latest``: a trial that was interrupted continues from its last
+Every trial runs with ``--resume auto``: a trial that was interrupted continues from its last
 checkpoint, a new one starts from scratch.
 """
 
@@ -79,7 +79,7 @@ def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: 
     fixed = [t for t in _without_config(spec.fixed)]
     argv = (["--config", base] if base else []) + fixed + trial_flags(params) + list(extra) + rest
     cfg = parse_args(_with_default_config(argv))  # validates; ConfigError names the key
-    argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "latest"]
+    argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "auto"]
     flat = cfg.to_flat_dict()
     return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params})
 

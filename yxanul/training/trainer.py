@@ -133,8 +133,8 @@ class Trainer:
         checkpoint; returns its path (None: nothing to resume)."""
         cfg = self.cfg
         ckpt = resolve_resume(cfg.checkpoint.resume, self.run_dir, say=self.say) if cfg.checkpoint.resume else None
-        if cfg.checkpoint.resume and ckpt is None:
-            self.say(f"resume: no checkpoint under {self.run_dir}, starting from scratch")
+        if cfg.checkpoint.resume and ckpt is None:  # only 'auto' gets here: 'latest' was refused in setup
+            self.say(f"resume {cfg.checkpoint.resume}: no checkpoint under {self.run_dir}: starting a new run")
         if ckpt is None:
             return None
         load_for_resume(self.accelerator, ckpt, cfg)
