@@ -107,6 +107,8 @@ def _run(func, argv) -> int:
         with quiet_tensorboard_writer_thread():  # its OSError is raised again in this thread: one line below
             return int(func(argv) or 0)
     except UserError as e:
+        if not _reports_for_the_job():
+            return e.exit_code  # the same line is printed by rank 0: one line per job, not per rank
         return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
@@ -119,6 +121,17 @@ def _run(func, argv) -> int:
         return _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)
+
+
+def _reports_for_the_job() -> bool:
+    """Whether this process prints a user error. Under `accelerate launch`/torchrun every rank parses the
+    same flags and files, so an error raised before the process group exists (config, launch checks) is
+    the same on every rank: only rank 0 prints it, the others exit quietly with the same code. After
+    that, an error may be one rank's own: every rank prints its line."""
+    if os.environ.get("RANK", "0") == "0":
+        return True
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
 def _disk_full_line(e: OSError) -> str:
