@@ -34,10 +34,7 @@ def train_main(argv: list[str] | None = None) -> int:
     """`yxanul train [--config FILE] [--flag value ...]` and `accelerate launch train.py ...`."""
     from .config import parse_args
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--config" not in argv and not any(a.startswith("--config=") for a in argv) \
-            and not {"-h", "--help"} & set(argv):
-        argv = ["--config", DEFAULT_CONFIG, *argv]
+    argv = with_default_config(list(sys.argv[1:] if argv is None else argv))
     _stop_before_training()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over before its loop
     try:
         cfg = parse_args(argv)
@@ -52,6 +49,14 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
+
+
+def with_default_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
+    `yxanul train` resolves, which find-batch and plot-lr resolve too."""
+    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
+        return argv
+    return ["--config", DEFAULT_CONFIG, *argv]
 
 
 class StoppedBeforeTraining(BaseException):
