@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,8 +41,9 @@ def test_end_to_end_loss_falls_and_artifacts(tmp_path):
     assert sorted(losses) == list(range(1, 41))
     first, last = sum(losses[s] for s in (1, 2, 3)) / 3, sum(losses[s] for s in (38, 39, 40)) / 3
     assert last < first - 1.0, (first, last)           # a real drop, not noise
-    line = next(line for line in r.stdout.splitlines() if line.startswith("step   40 |"))
+    line = next(line for line in r.stdout.splitlines() if line.startswith("step   40/40 100% eta 0s |"))
     assert line.endswith("| FP32") and "| loss: " in line and "| tok/sec: " in line
+    assert any(ln.startswith("step   20/40 50% eta ") for ln in r.stdout.splitlines())
     rows = read_metrics(out / "metrics.jsonl")
     assert {"step", "loss", "lr", "grad_norm", "dt_ms", "tokens_per_sec", "precision", "tokens_seen"} <= rows[0].keys()
     evals = [r for r in rows if "val_loss" in r]
@@ -218,6 +220,19 @@ def _cfg(tmp_path, *extra):
 
     return parse_args([*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0", "--save_final", "false",
                        "--output_dir", str(tmp_path / "run"), *extra])  # warmup must fit in the short runs
+
+
+def test_progress_line_fills_a_long_gap_between_logged_steps(tmp_path, capsys, monkeypatch):
+    """Steps between two logs print `step N/MAX P% eta T` once QUIET_S passed without a line (0 here:
+    every unlogged step), from the step timer alone; metrics.jsonl keeps only the logged steps."""
+    import yxanul.training.trainer as tr
+
+    monkeypatch.setattr(tr, "QUIET_S", 0.0)
+    tr.train(_cfg(tmp_path, "--max_steps", "4", "--log_freq", "4"))
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" eta ")[0] for ln in lines if re.match(r"step +[23]/", ln)] == ["step    2/4 50%",
+                                                                                     "step    3/4 75%"]
+    assert sorted(train_losses(tmp_path / "run")) == [1, 4]
 
 
 def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):

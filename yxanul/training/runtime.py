@@ -21,6 +21,10 @@ class StepTimer:
     def exclude(self, seconds: float) -> None:
         self.t0 += seconds
 
+    def peek(self) -> float | None:
+        """Seconds per step since the last lap, without restarting the clock (None: no step yet)."""
+        return (time.perf_counter() - self.t0) / self.steps if self.steps else None
+
     def lap(self) -> float:
         """Seconds per step since the last lap; restarts the clock."""
         now = time.perf_counter()

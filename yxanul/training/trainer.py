@@ -24,7 +24,7 @@ from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..guards import CollapseGuard, check_val_loss
 from ..preemption import StopRequest
-from ..tracking import MetricsLog, format_step_line, mfu, peak_flops
+from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
 from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
@@ -33,6 +33,9 @@ from .schedule import lr_at
 from .state import TrainState
 from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet
 from .step import StepOutput, train_step
+
+
+QUIET_S = 15.0  # between two logged steps, a progress line (step, %, ETA) once this long passed without one
 
 
 class Trainer:
@@ -51,6 +54,7 @@ class Trainer:
         self.train_iter = None
         self._trackers_started = False
         self.t_start = time.time()
+        self.said_at = time.perf_counter()  # the last console line of the loop (progress lines fill long gaps)
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> "Trainer":
@@ -210,7 +214,9 @@ class Trainer:
             row.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(self.unwrapped_model).items()})
         self.report.refresh(self.unwrapped_model)
         self.say(format_step_line(st.step, self.loader.epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
-                                  self.plan.label, lm_loss=lm_loss, penalty=penalty), flush=True)
+                                  self.plan.label, lm_loss=lm_loss, penalty=penalty,
+                                  max_steps=self.cfg.train.max_steps), flush=True)
+        self.said_at = time.perf_counter()
         self.metrics.write(row)
         acc.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=st.step)
         if not (math.isfinite(loss) and (out.grad_norm is None or math.isfinite(norm))):
@@ -313,6 +319,7 @@ class Trainer:
         self.model.train()
         self.callbacks.on_train_begin(self)
         self.timer = StepTimer()
+        self.said_at = time.perf_counter()
         with StopRequest() as stop:
             while st.step < cfg.train.max_steps:
                 if self.stage_changed():
@@ -321,6 +328,9 @@ class Trainer:
                 is_last = st.step == cfg.train.max_steps
                 if self._due(cfg.tracking.log_freq, is_last) or st.step == 1:  # step 1: the initial loss (~ln V)
                     self.log(out)
+                elif time.perf_counter() - self.said_at > QUIET_S:  # no sync: the step timer only
+                    self.say(progress(st.step, cfg.train.max_steps, self.timer.peek()), flush=True)
+                    self.said_at = time.perf_counter()
                 if self._due(cfg.tracking.eval_freq, is_last):
                     self.evaluate()
                 stopping = stop.poll(self.accelerator)
