@@ -222,6 +222,22 @@ def _cfg(tmp_path, *extra):
                        "--output_dir", str(tmp_path / "run"), *extra])  # warmup must fit in the short runs
 
 
+def test_summary_line_says_stopped_and_what_this_session_did():
+    """The last line of a run: a stop before the last step is 'stopped at step N of M', a session with no
+    logged step says so (it printed 'loss None -> None'), a finished one keeps 'done: '."""
+    from yxanul.training import TrainState
+    from yxanul.training.reporting import run_summary, summary_line
+
+    st = TrainState()
+    st.step, st.tokens_seen = 40, 5120
+    stopped = summary_line(run_summary(st, None, None, "FP32", 3.0, "r"), max_steps=150)
+    assert stopped == ("stopped at step 40 of 150 (checkpoint saved; the same command with --resume continues): 40 "
+                       "steps, 5,120 tokens in 3.0s; no step trained in this session; no validation loss yet")
+    st.step, st.val_loss = 150, 4.5
+    done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r"), max_steps=150)
+    assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")
+
+
 def test_progress_line_fills_a_long_gap_between_logged_steps(tmp_path, capsys, monkeypatch):
     """Steps between two logs print `step N/MAX P% eta T` once QUIET_S passed without a line (0 here:
     every unlogged step), from the step timer alone; metrics.jsonl keeps only the logged steps."""

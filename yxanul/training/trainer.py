@@ -350,7 +350,7 @@ class Trainer:
         summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
                               time.time() - self.t_start, self.run_dir)
         if self.accelerator.is_main_process:
-            write_summary(summary, self.run_dir, self.say)
+            write_summary(summary, self.run_dir, self.say, max_steps=self.cfg.train.max_steps)
         return summary
 
 
