@@ -225,3 +225,10 @@ def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path,
     own.write_text("warmup_steps: 30\n")  # the user's file and the user's flag conflict: an error
     with pytest.raises(ConfigError, match=r"at most max_steps \(20\)"):
         parse_args(["--config", str(own), "--max_steps", "20"])
+
+
+def test_a_preset_in_the_wrong_case_gets_a_suggestion():
+    with pytest.raises(ConfigError, match=r"\(did you mean 'nano'\?\), got 'Nano'"):
+        parse_args(["--model", "Nano"])
+    with pytest.raises(ConfigError, match=r"\(did you mean 'gpt2-124m'\?\)"):
+        parse_args(["--model", "gpt2-124"])

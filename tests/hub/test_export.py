@@ -146,6 +146,9 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     out = export(run, tmp_path / "llama")
     names = {p.name for p in out.iterdir()}
     assert {"tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "metrics.jsonl"} <= names
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == modes["tokenizer.json"], modes  # not 0600
+    assert "local_files_only" not in json.loads((out / "tokenizer_config.json").read_text())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok, m = AutoTokenizer.from_pretrained(str(out)), AutoModelForCausalLM.from_pretrained(str(out))
