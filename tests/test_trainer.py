@@ -435,3 +435,18 @@ def test_a_run_longer_than_its_data_says_how_often_it_rereads_it(tmp_path, capsy
     Trainer(_cfg(tmp_path / "b", "--max_steps", "100000")).setup()
     line = [ln for ln in capsys.readouterr().out.splitlines() if "reads the prepared data" in ln]
     assert len(line) == 1 and line[0].startswith("warning: max_steps 100,000 reads the prepared data"), line
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the notice is DeepSpeed's CPU fallback")
+def test_deepspeeds_cpu_notice_is_not_printed_by_a_run():
+    """accelerate imports DeepSpeed in every run (unwrap_model); on a CPU its import logs "Setting accelerator
+    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass."""
+    code = ("import logging, sys\nfrom yxanul.training.runtime import import_deepspeed_quietly\n"
+            "import_deepspeed_quietly()\nlogging.getLogger('DeepSpeed').warning('another warning')\n"
+            "print('deepspeed' in sys.modules)\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True, timeout=300)
+    assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what a run printed before
+    assert "Setting accelerator" not in quiet.stdout + quiet.stderr and "another warning" in quiet.stdout
+    assert quiet.stdout.strip().endswith("True"), quiet.stderr[-2000:]
