@@ -12,7 +12,8 @@ class EvalTaskArgs:
     """Benchmark tasks during training."""
 
     eval_tasks: list[str] | None = field(default=None, metadata={
-        "help": "Tasks scored at every evaluation, logged as eval/<task>_acc: 'cloze' (the bundled Shakespeare "
+        "help": "Tasks scored at every evaluation, logged as <task>_acc in metrics.jsonl and eval/<task>_acc in the "
+                "trackers: 'cloze' (the bundled Shakespeare "
                 "cloze task) or a HellaSwag-format .jsonl file (ctx, endings, label)."})
     eval_tasks_limit: int | None = field(default=200, metadata={
         "help": "At most this many examples per task at each evaluation (null: all)."})
