@@ -199,7 +199,7 @@ def test_warmup_tokens_with_a_curriculum_use_the_runs_constant_tokens_per_step(t
     assert parse_args(["--config", str(f)]).optim.warmup_steps == 3  # 2500 / (8 x 128) = 2.44 -> 3
     assert "warmup 2,500 tokens = 3 steps (1,024 tokens per optimizer step" in capsys.readouterr().out
     plot_lr(["--config", str(f), "--out", str(tmp_path / "lr.png")])
-    assert "warmup end: step        3" in capsys.readouterr().out
+    assert "warmup end: step        4" in capsys.readouterr().out  # trainer numbering: first step at max_lr
 
 
 def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path, capsys):

@@ -55,7 +55,8 @@ def test_errors(tmp_path):
     with pytest.raises(UserError, match=r"unknown flag '--max_stepz' \(did you mean '--max_steps'\?\)"):
         main(["--max_stepz", "1"])  # the one CLI builder: one line, "did you mean"
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("auto_batch_size: true\ncurriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
+    cfg.write_text("auto_batch_size: true\n"
+                   "curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
     with pytest.raises(UserError, match="tokens per optimizer step"):
         main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])
 

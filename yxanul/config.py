@@ -171,7 +171,8 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
     return cfg
 
 
-ADAPTED_WARMUP_SHARE = 10  # a default warmup longer than the run becomes 1/10 of it: both defaults' share (30/300, 100/1000)
+# a default warmup longer than the run becomes 1/10 of it: both defaults' share (30 of 300, 100 of 1000 steps)
+ADAPTED_WARMUP_SHARE = 10
 
 
 def _adapt_defaults(merged: dict[str, Any], user_keys: set[str], fields) -> list[str]:

@@ -173,6 +173,7 @@ def test_a_rerun_with_other_settings_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(UserError, match=r"trial-000 ran with other settings \(max_steps: 7 -> 150\): run the sweep "
                                         r"with the same flags as before"):
         plan(spec, str(tmp_path), [], 1, 0, say=lambda *_: None)
-    assert cli_main(["sweep", TINY, "--offline", "--count", "1", "--output_root", str(tmp_path), "--max_lr", "1e-3"]) == 2
+    argv = ["sweep", TINY, "--offline", "--count", "1", "--output_root", str(tmp_path), "--max_lr", "1e-3"]
+    assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_lr: " in err[0] and "-> 0.001" in err[0], err

@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cpu":
         cap, budget = cpu_bound(b, T, ours.world_size, multiple)
     probe = TrainingProbe(model, seq_length=T, plan=plan, device=device)
-    print(f"probing {cfg.model.model} ({model.config.backend}, {precision_label(plan)}, vocab {vocab:,}, seq_length {T}, "
-          f"checkpointing {cfg.model.gradient_checkpointing}) up to {cap} on {device}")
+    print(f"probing {cfg.model.model} ({model.config.backend}, {precision_label(plan)}, vocab {vocab:,}, "
+          f"seq_length {T}, checkpointing {cfg.model.gradient_checkpointing}) up to {cap} on {device}")
     print(f"{'micro':>6}  {'result':<6}  {'seconds':>8}  {'peak GiB':>8}")
 
     def row(size, ok, sec):

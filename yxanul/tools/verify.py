@@ -206,8 +206,8 @@ def summary_line(rows: list[dict], recipe: str, report: dict) -> str:
     if report.get("fp8"):
         return f"all requirements met: FP8 ({recipe}) works here"
     status = {r["check"]: r for r in rows}
-    missing = [what for check, what in (("gpu", "a CUDA GPU with compute capability >= 8.9"),
-                                        ("transformer_engine", "Transformer Engine")) if status[check]["status"] != "PASS"]
+    needs = (("gpu", "a CUDA GPU with compute capability >= 8.9"), ("transformer_engine", "Transformer Engine"))
+    missing = [what for check, what in needs if status[check]["status"] != "PASS"]
     if not missing:
         missing = [f"fp8 recipe {recipe}: {status[f'fp8 recipe {recipe}']['detail']}"]
     return (f"FP8 unavailable here (missing: {'; '.join(missing)}): --use_fp8 falls back to "
