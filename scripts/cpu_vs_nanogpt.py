@@ -200,7 +200,7 @@ def train_loop(a) -> list[float]:
     if out.returncode != 0:
         print(out.stdout[-2000:], out.stderr[-2000:], file=sys.stderr)
         raise SystemExit(f"yxanul train failed (exit {out.returncode}): {' '.join(cmd)}")
-    got = [(int(s), float(v)) for s, v in re.findall(r"^step\s+(\d+) .*tok/sec: ([\d.]+)", out.stdout, re.M)]
+    got = [(int(s), float(v)) for s, v in re.findall(r"^step\s+(\d+)\D.*tok/sec: ([\d.]+)", out.stdout, re.M)]
     return [v for s, v in got if s > 5] or [v for _, v in got]
 
 

@@ -297,6 +297,47 @@ def test_find_batch_cli_on_cpu(capsys):
     assert "total" in out.splitlines()[-1]
 
 
+def test_find_batch_without_arguments_probes_the_default_run_bounded_on_cpu(capsys):
+    """`yxanul find-batch` alone: the run `yxanul train` resolves (nano, the bundled 8k tokenizer, seq 128),
+    and on a CPU the search stops at the run's own micro x accumulation (8), saying so in one line."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU bound")
+    assert bf.main([]) == 0
+    out = capsys.readouterr().out
+    assert "CPU: no out-of-memory signal here, so the search stops at 8 (the run's micro_batch_size x " \
+           "gradient_accumulation_steps per process" in out
+    assert "probing nano (torch, fp32, vocab 8,192, seq_length 128, checkpointing False) up to 8 on cpu" in out
+    assert [line.split()[:2] for line in out.splitlines() if line.strip()[:1].isdigit()] == \
+        [["1", "ok"], ["2", "ok"], ["4", "ok"], ["8", "ok"]]
+
+
+def test_cpu_memory_budget_stops_the_search_before_the_memory_runs_out():
+    """A fresh process, real allocations (size x 40 MB, written) and its real peak RSS: with a budget of
+    300 MB above the start the search stops before a probe would pass it (size 8 = 320 MB never runs)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from yxanul.batching.finder import MemoryBudget, OverBudget
+from yxanul.batching.search import find_micro_batch
+budget = MemoryBudget()
+budget.limit = budget.base + 300 * 2**20
+ran = []
+def probe(size):
+    block = b"\\x01" * (size * 40 * 2**20)
+    ran.append(size)
+    del block
+res = find_micro_batch(budget.wrap(probe), max_size=64, safety_margin=1.0, free=None,
+                       is_oom=lambda e: isinstance(e, OverBudget))
+print(res.largest_ok, max(ran))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    largest, most = map(int, r.stdout.split())
+    assert 4 <= largest < 8 and most < 8, r.stdout
+
+
 def test_curriculum_searches_each_stage(monkeypatch, tmp_path):
     """auto_batch_size + curriculum: every stage's micro-batch is searched (and cached) at its own
     seq_length. The real CPU probe runs, wrapped to raise OOM above an attention-like budget

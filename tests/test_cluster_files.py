@@ -88,7 +88,7 @@ def test_k8s_structure():
     assert int(env["NNODES"]) == spec["completions"]
     assert int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < pod["terminationGracePeriodSeconds"]
     cmd = " ".join(c["args"])
-    assert "JOB_COMPLETION_INDEX" in cmd and "--rdzv_backend c10d" in cmd and "--resume latest" in cmd
+    assert "JOB_COMPLETION_INDEX" in cmd and "--rdzv_backend c10d" in cmd and "--resume auto" in cmd
     assert f"{job['metadata']['name']}-0.{svc['metadata']['name']}" in cmd
     accel = cmd.split("--config_file ")[1].split()[0]
     assert os.path.isfile(os.path.join(ROOT, accel))
@@ -161,7 +161,7 @@ def test_slurm_preemption_forwards_signal_and_requeues(tmp_path):
     for part in ("--config_file accelerate_configs/multi_node_fp8.yaml", "--num_machines 2",
                  "--num_processes 16", "--machine_rank 0", "--main_process_ip 127.0.0.1",
                  "--config examples/configs/test_fp8.yaml", "--output_dir runs/t-4242",
-                 "--resume latest", "--max_steps 5"):
+                 "--resume auto", "--max_steps 5"):
         assert part in launch, launch
 
 

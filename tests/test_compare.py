@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from yxanul.tools.compare import compare, main, read_run, smooth
+from yxanul.tools.compare import Curves, compare, main, read_run, smooth
 from yxanul.errors import UserError
 
 from test_trainer import FAST, yxanul
@@ -58,3 +58,25 @@ def test_bad_input_is_one_line(tmp_path):
         read_run(tmp_path)
     with pytest.raises(UserError, match="at least two"):
         main([str(tmp_path)])
+
+
+def test_few_points_are_drawn_raw_and_the_sweep_plots_the_lm_loss(tmp_path):
+    """5 logged points: no 10-point mean dragging the start forward (the train line sat above val), the raw
+    values are drawn; `lm_loss` rows (a penalty run) give the LM loss, so equal LM losses are 0 % apart."""
+    from yxanul.tools.compare import plot, smoothing_window
+
+    for name, pen in (("a", 0.0), ("b", 0.05)):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": s, "loss": v + pen, "lm_loss": v, "penalty": pen, "precision": "FP32"}
+                for s, v in zip(range(1, 6), [9.0, 7.0, 6.0, 5.5, 5.2])] + [{"step": 5, "val_loss": 5.4}]
+        d.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    runs = [read_run(tmp_path / n, loss_key="lm_loss") for n in "ab"]
+    assert smoothing_window(runs, 10) == 1 and smoothing_window([runs[0]] * 2, 10) == 1
+    drawn = plot(runs, tmp_path / "c.png")
+    assert [v for _, v, _ in drawn[runs[0].label]] == [9.0, 7.0, 6.0, 5.5, 5.2]  # as logged, below val at step 5
+    assert [r for _, _, r in drawn[runs[1].label]] == [0.0] * 5
+    totals = [read_run(tmp_path / n) for n in "ab"]  # the total loss (with the penalty) differs
+    assert plot(totals, tmp_path / "t.png")[totals[1].label][0][2] == pytest.approx(100 * 0.05 / 9.0)
+    long = Curves("l", "l", {s: 1.0 for s in range(1, 201)}, {})
+    assert smoothing_window([long], 10) == 10

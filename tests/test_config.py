@@ -216,4 +216,36 @@ def test_warmup_tokens_with_a_curriculum_use_the_runs_constant_tokens_per_step(t
     assert parse_args(["--config", str(f)]).optim.warmup_steps == 3  # 2500 / (8 x 128) = 2.44 -> 3
     assert "warmup 2,500 tokens = 3 steps (1,024 tokens per optimizer step" in capsys.readouterr().out
     plot_lr(["--config", str(f), "--out", str(tmp_path / "lr.png")])
-    assert "warmup end: step        3" in capsys.readouterr().out
+    assert "warmup end: step        4" in capsys.readouterr().out  # trainer numbering: first step at max_lr
+
+
+def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path, capsys):
+    """`yxanul train --max_steps 20`: the embedded default's warmup (30) shrinks to a tenth of the run and
+    says so; the same conflict between two values the user set (flags or their own file) stays an error."""
+    from yxanul.cli import DEFAULT_CONFIG
+
+    cfg = parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "20"])
+    assert (cfg.optim.warmup_steps, cfg.train.max_steps) == (2, 20)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["warmup_steps: the default 30 is longer than max_steps 20: warming up for 2 step(s) instead "
+                   "(a tenth of the run; set --warmup_steps to choose)"]
+    assert parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "1"]).optim.warmup_steps == 1
+    assert parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "40"]).optim.warmup_steps == 30  # no conflict
+    assert parse_args(["--config", DEFAULT_CONFIG]).notes == []  # the default run is unchanged
+    own = tmp_path / "own.yaml"
+    own.write_text("max_steps: 50\n")  # warmup from the dataclass default (100): adapts too
+    assert parse_args(["--config", str(own)]).optim.warmup_steps == 5
+    for argv in (["--config", DEFAULT_CONFIG, "--max_steps", "20", "--warmup_steps", "30"],
+                 ["--config", str(own), "--warmup_steps", "60"]):
+        with pytest.raises(ConfigError, match=r"config key 'warmup_steps': expected at most max_steps"):
+            parse_args(argv)
+    own.write_text("warmup_steps: 30\n")  # the user's file and the user's flag conflict: an error
+    with pytest.raises(ConfigError, match=r"at most max_steps \(20\)"):
+        parse_args(["--config", str(own), "--max_steps", "20"])
+
+
+def test_a_preset_in_the_wrong_case_gets_a_suggestion():
+    with pytest.raises(ConfigError, match=r"\(did you mean 'nano'\?\), got 'Nano'"):
+        parse_args(["--model", "Nano"])
+    with pytest.raises(ConfigError, match=r"\(did you mean 'gpt2-124m'\?\)"):
+        parse_args(["--model", "gpt2-124"])

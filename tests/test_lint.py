@@ -177,6 +177,11 @@ def test_seed_broken_config_and_cli(tmp_path, capsys):
     assert json.load(open(fixed)) == {**GOOD_DS}
     warn_only = _write(tmp_path, "w.json", {**GOOD_DS, "fp8": {}})
     assert lint.main([warn_only]) == 0  # warnings alone exit 0
+    capsys.readouterr()
+    assert lint.main([warn_only, "--strict"]) == 2  # a CI gate: the ignored fp8 block fails it
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "1 file(s): 0 error(s), 1 warning(s) (--strict: warnings fail)"
+    assert lint.main([fixed, "--strict"]) == 0 and lint.main([bad, "--strict"]) == 1  # errors keep exit 1
     assert lint.main([str(tmp_path / "missing.json")]) == 1
     with pytest.raises(UserError, match="FILE"):  # one line, exit code 2 through the CLI
         lint.main([])

@@ -26,9 +26,9 @@ def test_flags_values_and_png(tmp_path, capsys):
     values = _values(capsys.readouterr().out)
     assert list(values) == ["start", "warmup end", "25%", "50%", "75%", "last"]
     kw = dict(max_lr=3e-3, min_lr_ratio=0.1, warmup_steps=200, decay_steps=1760)
-    for name, (step, lr) in values.items():
-        assert lr == pytest.approx(lr_at(step, **kw), rel=1e-6), name
-    assert values["warmup end"] == (200, 0.003) and values["50%"][0] == 880 and values["last"][0] == 1759
+    for name, (step, lr) in values.items():  # the trainer's step s runs at lr_at(s - 1)
+        assert lr == pytest.approx(lr_at(step - 1, **kw), rel=1e-6), name
+    assert values["warmup end"] == (201, 0.003) and values["50%"][0] == 880 and values["last"][0] == 1760
     assert _png(out)
 
 
@@ -42,9 +42,9 @@ def test_config_file_flags_override_and_curriculum(tmp_path, capsys):
     text = capsys.readouterr().out
     kw = dict(max_lr=3e-3, min_lr_ratio=0.2, warmup_steps=20, decay_steps=80)
     values = _values(text)
-    assert values["last"][0] == 299 and values["last"][1] == pytest.approx(6e-4)  # flag won over the file
+    assert values["last"][0] == 300 and values["last"][1] == pytest.approx(6e-4)  # flag won over the file
     for name, (step, lr) in values.items():
-        assert lr == pytest.approx(lr_at(step, **kw), rel=1e-6), name
+        assert lr == pytest.approx(lr_at(step - 1, **kw), rel=1e-6), name
     assert "stage 1: from step 49 seq_length 128 (200,704 tokens)" in text  # ceil(200000 / 4096) = 49
     assert _png(out)
 
@@ -55,7 +55,8 @@ def test_errors(tmp_path):
     with pytest.raises(UserError, match=r"unknown flag '--max_stepz' \(did you mean '--max_steps'\?\)"):
         main(["--max_stepz", "1"])  # the one CLI builder: one line, "did you mean"
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
+    cfg.write_text("auto_batch_size: true\n"
+                   "curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
     with pytest.raises(UserError, match="tokens per optimizer step"):
         main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])
 
@@ -67,11 +68,35 @@ def test_warmup_in_tokens(tmp_path, capsys):
     assert main(["--config", str(cfg), "--out", str(tmp_path / "lr.png")]) == 0
     text = capsys.readouterr().out
     assert "warmup 100,000 tokens = 25 steps (4,096 tokens per optimizer step, rounded up)" in text  # 24.4 -> 25
-    assert _values(text)["warmup end"] == (25, 1e-3)
+    assert _values(text)["warmup end"] == (26, 1e-3)  # the first step at max_lr
     assert main(["--config", str(cfg), "--warmup_steps", "10", "--out", str(tmp_path / "lr.png")]) == 0
-    assert _values(capsys.readouterr().out)["warmup end"] == (10, 1e-3)  # the flag replaces the file's tokens
+    assert _values(capsys.readouterr().out)["warmup end"] == (11, 1e-3)  # the flag replaces the file's tokens
     with pytest.raises(ConfigError, match=r"config key 'warmup_steps'.*warmup_tokens 100,000 = 25 steps"):
         main(["--warmup_steps", "10", "--warmup_tokens", "100000", "--tokens_per_step", "4096",
               "--out", str(tmp_path / "lr.png")])
+    (tmp_path / "auto.yaml").write_text("auto_batch_size: true\n")  # tokens per step known only at run time
     with pytest.raises(ConfigError, match="config key 'warmup_tokens'.*tokens per optimizer step"):
-        main(["--warmup_tokens", "100000", "--out", str(tmp_path / "lr.png")])
+        main(["--config", str(tmp_path / "auto.yaml"), "--warmup_tokens", "100000", "--out", str(tmp_path / "lr.png")])
+
+
+def test_no_arguments_plot_what_yxanul_train_runs_and_say_where(tmp_path, capsys, monkeypatch):
+    """`yxanul plot-lr` alone: the embedded default (300 steps, warmup 30, max_lr 2e-3) numbered like the
+    trainer's step lines (last step 300), into runs/ (printed), never silently into the current directory;
+    with --max_steps 20 the warmup adapts as in `yxanul train`."""
+    from yxanul.cli import DEFAULT_CONFIG
+    from yxanul.config import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 0
+    text = capsys.readouterr().out
+    values = _values(text)
+    kw = dict(max_lr=2e-3, min_lr_ratio=0.1, warmup_steps=30, decay_steps=300)  # yxanul/assets/default.yaml
+    assert values["last"] == (300, pytest.approx(lr_at(299, **kw), rel=1e-6)) and values["warmup end"] == (31, 2e-3)
+    assert text.rstrip().endswith(f"wrote {tmp_path / 'runs' / 'lr_schedule.png'}") and not list(tmp_path.glob("*.png"))
+    assert _png(tmp_path / "runs" / "lr_schedule.png")
+    assert main(["--max_steps", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "warming up for 2 step(s) instead" in text and _values(text)["warmup end"] == (3, 2e-3)
+    o = parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "20"]).optim  # what the trainer runs
+    assert _values(text)["last"][1] == pytest.approx(lr_at(19, max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio,
+                                                               warmup_steps=o.warmup_steps, decay_steps=20))

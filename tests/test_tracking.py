@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from yxanul.tracking import (format_step_line, mfu, peak_flops, tracker_init_kwargs, tracker_names,
-                             wandb_run_id)
+from yxanul.tracking import (format_duration, format_step_line, mfu, peak_flops, progress,
+                             tracker_init_kwargs, tracker_names, wandb_run_id)
 from yxanul.tracking import TrackingArgs
 
 
@@ -38,6 +38,10 @@ def test_step_line_shape_and_penalty_columns():
     line = format_step_line(250, 0, 3.456789, 6e-4, 0.8234, 156.78, 3345.67, "BF16")
     assert line == ("step  250 | epoch 0 | loss: 3.456789 | lr: 6.00e-04 | norm: 0.8234 | dt: 156.78ms | "
                     "tok/sec: 3345.67 | BF16")
+    line = format_step_line(250, 0, 3.456789, 6e-4, 0.8234, 156.78, 3345.67, "BF16", max_steps=300)
+    assert line == ("step  250/300 83% eta 8s | epoch 0 | loss: 3.456789 | lr: 6.00e-04 | norm: 0.8234 | "
+                    "dt: 156.78ms | tok/sec: 3345.67 | BF16")  # 50 steps left x 0.157 s
+    assert progress(7, 50_000, 0.25) == "step    7/50000 0% eta 3h28m" and format_duration(245) == "4m05s"
     line = format_step_line(1, 0, 3.5, 6e-4, 0.5, 1.0, 2.0, "FP32", lm_loss=3.25, penalty=0.25)
     assert "| loss: 3.500000 | lm_loss: 3.250000 | penalty: 0.250000 | lr:" in line
 

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,8 +41,9 @@ def test_end_to_end_loss_falls_and_artifacts(tmp_path):
     assert sorted(losses) == list(range(1, 41))
     first, last = sum(losses[s] for s in (1, 2, 3)) / 3, sum(losses[s] for s in (38, 39, 40)) / 3
     assert last < first - 1.0, (first, last)           # a real drop, not noise
-    line = next(line for line in r.stdout.splitlines() if line.startswith("step   40 |"))
+    line = next(line for line in r.stdout.splitlines() if line.startswith("step   40/40 100% eta 0s |"))
     assert line.endswith("| FP32") and "| loss: " in line and "| tok/sec: " in line
+    assert any(ln.startswith("step   20/40 50% eta ") for ln in r.stdout.splitlines())
     rows = read_metrics(out / "metrics.jsonl")
     assert {"step", "loss", "lr", "grad_norm", "dt_ms", "tokens_per_sec", "precision", "tokens_seen"} <= rows[0].keys()
     evals = [r for r in rows if "val_loss" in r]
@@ -198,6 +200,23 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-1500:])
 
 
+def test_resume_latest_needs_a_checkpoint_and_auto_starts_fresh_once(tmp_path):
+    """`--resume latest` into a directory without a checkpoint (a typo) is one line naming it, exit 2,
+    before anything is built; `--resume auto` starts fresh there and resumes on the next start."""
+    short = [*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0"]
+    for resume, where in [("latest", str(tmp_path / "typo")), (str(tmp_path / "typo" / "step_3"), "typo/step_3")]:
+        r = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(tmp_path / "typo"), "--resume", resume,
+                   check=False)
+        assert r.returncode == 2 and where in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "typo").exists()
+    out = tmp_path / "auto"
+    first = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), "--resume", "auto")
+    assert f"resume auto: no checkpoint under {out}: starting a new run" in first.stdout
+    again = yxanul("train", *short, "--max_steps", "3", "--output_dir", str(out), "--resume", "auto")
+    assert f"resumed from {out / 'checkpoints' / 'step_2'} at step 2" in again.stdout
+    assert sorted(train_losses(out)) == [1, 2, 3]
+
+
 def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
     out = tmp_path / "v"
     yxanul("train", *FAST, "--max_steps", "12", "--eval_freq", "6", "--checkpoint_freq", "4", "--keep_last", "5",
@@ -214,6 +233,35 @@ def _cfg(tmp_path, *extra):
 
     return parse_args([*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0", "--save_final", "false",
                        "--output_dir", str(tmp_path / "run"), *extra])  # warmup must fit in the short runs
+
+
+def test_summary_line_says_stopped_and_what_this_session_did():
+    """The last line of a run: a stop before the last step is 'stopped at step N of M', a session with no
+    logged step says so (it printed 'loss None -> None'), a finished one keeps 'done: '."""
+    from yxanul.training import TrainState
+    from yxanul.training.reporting import run_summary, summary_line
+
+    st = TrainState()
+    st.step, st.tokens_seen = 40, 5120
+    stopped = summary_line(run_summary(st, None, None, "FP32", 3.0, "r"), max_steps=150)
+    assert stopped == ("stopped at step 40 of 150 (checkpoint saved; the same command with --resume continues): 40 "
+                       "steps, 5,120 tokens in 3.0s; no step trained in this session; no validation loss yet")
+    st.step, st.val_loss = 150, 4.5
+    done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r"), max_steps=150)
+    assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")
+
+
+def test_progress_line_fills_a_long_gap_between_logged_steps(tmp_path, capsys, monkeypatch):
+    """Steps between two logs print `step N/MAX P% eta T` once QUIET_S passed without a line (0 here:
+    every unlogged step), from the step timer alone; metrics.jsonl keeps only the logged steps."""
+    import yxanul.training.trainer as tr
+
+    monkeypatch.setattr(tr, "QUIET_S", 0.0)
+    tr.train(_cfg(tmp_path, "--max_steps", "4", "--log_freq", "4"))
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" eta ")[0] for ln in lines if re.match(r"step +[23]/", ln)] == ["step    2/4 50%",
+                                                                                     "step    3/4 75%"]
+    assert sorted(train_losses(tmp_path / "run")) == [1, 4]
 
 
 def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
@@ -400,3 +448,18 @@ def test_a_run_longer_than_its_data_says_how_often_it_rereads_it(tmp_path, capsy
     Trainer(_cfg(tmp_path / "b", "--max_steps", "100000")).setup()
     line = [ln for ln in capsys.readouterr().out.splitlines() if "reads the prepared data" in ln]
     assert len(line) == 1 and line[0].startswith("warning: max_steps 100,000 reads the prepared data"), line
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the notice is DeepSpeed's CPU fallback")
+def test_deepspeeds_cpu_notice_is_not_printed_by_a_run():
+    """accelerate imports DeepSpeed in every run (unwrap_model); on a CPU its import logs "Setting accelerator
+    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass."""
+    code = ("import logging, sys\nfrom yxanul.training.runtime import import_deepspeed_quietly\n"
+            "import_deepspeed_quietly()\nlogging.getLogger('DeepSpeed').warning('another warning')\n"
+            "print('deepspeed' in sys.modules)\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True, timeout=300)
+    assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what a run printed before
+    assert "Setting accelerator" not in quiet.stdout + quiet.stderr and "another warning" in quiet.stdout
+    assert quiet.stdout.strip().endswith("True"), quiet.stderr[-2000:]

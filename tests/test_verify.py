@@ -22,7 +22,10 @@ def test_verify_on_cpu_exits_0(capsys, monkeypatch):
     assert "no CUDA device" in out and "[INFO] fp8 recipe delayed" in out
     assert "[WARN] env NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE" in out and "env NVTE_SOMETHING" in out
     assert "precision report for --model yxanul-0.6b" in out and "FP8 requested but off: no CUDA device" in out
-    assert out.rstrip().endswith("all requirements met")
+    last = out.rstrip().splitlines()[-1]
+    assert "all requirements met" not in out and last.startswith("FP8 unavailable here (missing: a CUDA GPU with "
+                                                                 "compute capability >= 8.9")
+    assert ("Transformer Engine" in last) != _te.TE_AVAILABLE and "--require_fp8` exits 1 here" in last
 
 
 @cpu_only
@@ -52,7 +55,7 @@ def test_verify_cli_exit_codes():
     r = subprocess.run([sys.executable, "-m", "yxanul", "verify"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-m", "yxanul", "verify", "--require_fp8"], capture_output=True, text=True)
-    assert r.returncode == 1 and "failed" in r.stdout
+    assert r.returncode == 1 and "failed: gpu, " in r.stdout.splitlines()[-1]
 
 
 def _fake_te_plan(model, require_fp8=False):

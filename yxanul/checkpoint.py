@@ -53,7 +53,9 @@ class CheckpointArgs:
     run_name: str | None = field(default=None, metadata={"help": "Name of the run (default: <model>-<date>-<time>)."})
     resume: str | None = field(
         default=None,
-        metadata={"help": "Resume from 'latest' (the newest checkpoint under output_dir) or a checkpoint path."})
+        metadata={"help": "Resume from 'latest' (the newest checkpoint under output_dir; an error if it has none), "
+                          "'auto' (resume if output_dir holds a checkpoint, else start fresh: for requeued jobs and "
+                          "restarted pods) or a checkpoint path."})
     list_checkpoints: bool = field(default=False, metadata={"help": "Print the checkpoints of output_dir and exit."})
     checkpoint_freq: int = field(default=250, metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
     keep_last: int = field(default=3, metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
@@ -97,8 +99,8 @@ def prepare_run_dir(cfg, dist=None) -> Path:
     ``dist`` (accelerate's PartialState): with several processes the default name is rank 0's, sent to
     every rank (each rank's own clock could straddle a second and split the run into two folders)."""
     ck = cfg.checkpoint
-    if ck.resume == "latest" and ck.output_dir is None and ck.run_name is None:
-        raise UserError("resume 'latest': set --output_dir or --run_name too (the default run directory is "
+    if ck.resume in RUN_DIR_RESUMES and ck.output_dir is None and ck.run_name is None:
+        raise UserError(f"resume '{ck.resume}': set --output_dir or --run_name too (the default run directory is "
                         "new at every launch)")
     # settle the names once, explicitly: config.yaml and the trackers record the run directory used
     names = _names(cfg)
@@ -111,11 +113,29 @@ def prepare_run_dir(cfg, dist=None) -> Path:
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
+    _check_resume_target(ck.resume, run_dir)
     ckpts = [] if ck.resume else list_checkpoints(run_dir)
     if ckpts:
         raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
                         "--resume latest to continue that run, or choose another --output_dir/--run_name")
     return run_dir
+
+
+RUN_DIR_RESUMES = ("latest", "auto")  # resume values naming the run directory's own newest checkpoint
+
+
+def _check_resume_target(resume: str | None, run_dir: Path) -> None:
+    """Before anything is built: ``latest`` with no checkpoint under the run directory, or a path that
+    does not exist, is a mistyped directory, not a new run (``auto`` is the value that allows one)."""
+    if resume == "latest" and not _has_checkpoints(run_dir):
+        raise UserError(f"resume 'latest': no checkpoint under '{run_dir}' (a mistyped --output_dir/--run_name? "
+                        "`--resume auto` resumes if there is one and starts fresh otherwise)")
+    if resume not in (None, *RUN_DIR_RESUMES) and not Path(resume).exists():
+        raise UserError(f"resume '{resume}': no such checkpoint or run directory")
+
+
+def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
+    return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
 
 
 def _step_of(name: str) -> int | None:
@@ -211,11 +231,12 @@ def latest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None
 
 
 def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
-    """'latest' -> the checkpoint of run_dir to resume from (None if the run has none); a run
-    directory -> the same for it; a checkpoint folder -> itself if it verifies (`verified_checkpoint`).
-    The writer lock of the run is held: nothing prunes it while it loads."""
-    p = Path(run_dir if resume == "latest" else resume)
-    if resume != "latest" and not is_checkpoint_dir(p) and not (
+    """'latest'/'auto' -> the checkpoint of run_dir to resume from (None if the run has none: for 'latest'
+    `prepare_run_dir` has refused that already); a run directory -> the same for it; a checkpoint folder
+    -> itself if it verifies (`verified_checkpoint`; a checkpoint named explicitly is never swapped for
+    another). The writer lock of the run is held: nothing prunes it while it loads."""
+    p = Path(run_dir if resume in RUN_DIR_RESUMES else resume)
+    if resume not in RUN_DIR_RESUMES and not is_checkpoint_dir(p) and not (
             (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p)):
         raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
     with verified_checkpoint(p, "resume", say, prefer=("latest",), verb="resuming from") as ckpt:

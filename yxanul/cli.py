@@ -36,10 +36,7 @@ def train_main(argv: list[str] | None = None) -> int:
     """`yxanul train [--config FILE] [--flag value ...]` and `accelerate launch train.py ...`."""
     from .config import parse_args
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--config" not in argv and not any(a.startswith("--config=") for a in argv) \
-            and not {"-h", "--help"} & set(argv):
-        argv = ["--config", DEFAULT_CONFIG, *argv]
+    argv = with_default_config(list(sys.argv[1:] if argv is None else argv))
     _stop_before_training()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over before its loop
     try:
         cfg = parse_args(argv)
@@ -54,6 +51,14 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
+
+
+def with_default_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
+    `yxanul train` resolves, which find-batch and plot-lr resolve too."""
+    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
+        return argv
+    return ["--config", DEFAULT_CONFIG, *argv]
 
 
 class StoppedBeforeTraining(BaseException):
@@ -109,6 +114,8 @@ def _run(func, argv) -> int:
         with quiet_tensorboard_writer_thread():  # its OSError is raised again in this thread: one line below
             return int(func(argv) or 0)
     except UserError as e:
+        if not _reports_for_the_job():
+            return e.exit_code  # the same line is printed by rank 0: one line per job, not per rank
         return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
@@ -124,6 +131,17 @@ def _run(func, argv) -> int:
         return _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)
+
+
+def _reports_for_the_job() -> bool:
+    """Whether this process prints a user error. Under `accelerate launch`/torchrun every rank parses the
+    same flags and files, so an error raised before the process group exists (config, launch checks) is
+    the same on every rank: only rank 0 prints it, the others exit quietly with the same code. After
+    that, an error may be one rank's own: every rank prints its line."""
+    if os.environ.get("RANK", "0") == "0":
+        return True
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
 def _disk_full_line(e: OSError) -> str:

@@ -58,6 +58,7 @@ class Config:
     hub: Any = None    # HubArgs (yxanul/hub/args.py)
     tasks: Any = None  # EvalTaskArgs (yxanul/evaluation/args.py)
     source: str | None = None  # the YAML file it came from, if any
+    notes: list = dataclasses.field(default_factory=list)  # defaults adapted to the user's values, one line each
 
     def to_flat_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -140,9 +141,12 @@ def load_yaml(path: str) -> dict[str, Any]:
 
 
 def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any] | None = None,
-            source: str | None = None) -> Config:
-    """Merge defaults < YAML < CLI, validate every value, build each section's dataclass."""
+            source: str | None = None, user_keys: set[str] | None = None) -> Config:
+    """Merge defaults < YAML < CLI, validate every value, build each section's dataclass.
+    ``user_keys``: the keys the user chose (default: every key given here); a default that conflicts
+    with them adapts (`_adapt_defaults`) instead of being refused."""
     fields = _fields()
+    user_keys = set(yaml_values or {}) | set(cli_values or {}) if user_keys is None else user_keys
     merged: dict[str, Any] = {}
     for origin, values in (("yaml", yaml_values or {}), ("cli", cli_values or {})):
         for key, value in values.items():
@@ -153,6 +157,7 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
             for one, other in (("warmup_steps", "warmup_tokens"), ("warmup_tokens", "warmup_steps")):
                 if one in values and other not in values and other in (yaml_values or {}):
                     merged.pop(other, None)
+    notes = _adapt_defaults(merged, user_keys, fields)
     per_section: dict[str, dict[str, Any]] = {name: {} for name, _ in _sections()}
     for key, value in merged.items():
         per_section[fields[key][0]][key] = value
@@ -161,9 +166,28 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
         if name == "optim":
             _warmup_in_steps(per_section[name], built["batch"], built["model"].seq_length)
         built[name] = cls(**per_section[name])
-    cfg = Config(**built, source=source)
+    cfg = Config(**built, source=source, notes=notes)
     _cross_checks(cfg)
     return cfg
+
+
+# a default warmup longer than the run becomes 1/10 of it: both defaults' share (30 of 300, 100 of 1000 steps)
+ADAPTED_WARMUP_SHARE = 10
+
+
+def _adapt_defaults(merged: dict[str, Any], user_keys: set[str], fields) -> list[str]:
+    """A default warmup longer than the user's ``max_steps`` shrinks to a tenth of the run, with one line
+    saying so. Values the user set are never changed: their conflict stays an error (`_cross_checks`)."""
+    if {"warmup_steps", "warmup_tokens", "lr_decay_steps"} & user_keys or merged.get("lr_decay_steps") is not None:
+        return []
+    if merged.get("warmup_tokens") is not None:
+        return []
+    warmup, max_steps = (merged.get(k, fields[k][1].default) for k in ("warmup_steps", "max_steps"))
+    if warmup <= max_steps:
+        return []
+    merged["warmup_steps"] = -(-max_steps // ADAPTED_WARMUP_SHARE)  # rounded up: at least 1
+    return [f"warmup_steps: the default {warmup} is longer than max_steps {max_steps}: warming up for "
+            f"{merged['warmup_steps']} step(s) instead (a tenth of the run; set --warmup_steps to choose)"]
 
 
 def tokens_per_step_of(batch, seq_length: int, world_size: int | None = None) -> int | None:
@@ -223,9 +247,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     ns = parse_known(build_parser(prog), bare_booleans(list(argv or []), bools), fields)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
-    cfg = resolve(yaml_values, ns, source=path)
-    if cfg.optim.warmup_tokens is not None and os.environ.get("RANK", "0") == "0":  # once per run, at startup
-        print(warmup_line(cfg), flush=True)
+    from .cli import DEFAULT_CONFIG
+
+    embedded = path is not None and os.path.abspath(path) == os.path.abspath(DEFAULT_CONFIG)
+    cfg = resolve(yaml_values, ns, source=path, user_keys=set(ns) | (set() if embedded else set(yaml_values)))
+    if os.environ.get("RANK", "0") == "0":  # once per run, at startup
+        for line in cfg.notes + ([warmup_line(cfg)] if cfg.optim.warmup_tokens is not None else []):
+            print(line, flush=True)
     return cfg
 
 

@@ -142,6 +142,15 @@ def coerce(key: str, tp, value, from_cli: bool):
         raise ConfigError(key, describe(tp), value) from None
 
 
+def did_you_mean(value, choices) -> str:
+    """' (did you mean 'nano'?)' for a value that differs from a choice by case or a typo, else ''."""
+    if not isinstance(value, str):
+        return ""
+    names = [str(c) for c in choices]
+    close = [c for c in names if c.lower() == value.lower()] or difflib.get_close_matches(value, names, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def unknown_key(key: str, known, where: str = "see --help") -> ConfigError:
     """A misspelt config key: one line with the closest known one."""
     close = difflib.get_close_matches(key, list(known), n=1)

@@ -63,14 +63,33 @@ def mfu(flops_per_token: float, tokens_per_sec: float, peak: tuple[str, float] |
 
 def format_step_line(step: int, epoch: int, loss: float, lr: float, norm: float, dt_ms: float,
                      tok_per_sec: float, precision: str, lm_loss: float | None = None,
-                     penalty: float | None = None) -> str:
+                     penalty: float | None = None, max_steps: int | None = None) -> str:
     """The console line users grep; its shape is fixed (``lm_loss``/``penalty`` follow ``loss`` only
-    when the model has a penalty)."""
+    when the model has a penalty). With ``max_steps`` the first field is the progress,
+    ``step  250/300 83% eta 39s``, the ETA from ``dt_ms`` (the mean step time since the last line)."""
     parts = f"loss: {loss:.6f} | "
     if lm_loss is not None:
         parts += f"lm_loss: {lm_loss:.6f} | penalty: {penalty if penalty is not None else float('nan'):.6f} | "
-    return (f"step {step:4d} | epoch {epoch} | {parts}lr: {lr:.2e} | norm: {norm:.4f} | "
+    return (f"{progress(step, max_steps, dt_ms / 1e3)} | epoch {epoch} | {parts}lr: {lr:.2e} | norm: {norm:.4f} | "
             f"dt: {dt_ms:.2f}ms | tok/sec: {tok_per_sec:.2f} | {precision}")
+
+
+def progress(step: int, max_steps: int | None, sec_per_step: float | None) -> str:
+    """``step  250/300 83% eta 39s`` (``step  250`` without ``max_steps``)."""
+    if not max_steps:
+        return f"step {step:4d}"
+    eta = "" if sec_per_step is None else f" eta {format_duration((max_steps - step) * sec_per_step)}"
+    return f"step {step:4d}/{max_steps} {step / max_steps:.0%}{eta}"
+
+
+def format_duration(seconds: float) -> str:
+    """39s, 4m05s, 2h07m."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class MetricsLog:

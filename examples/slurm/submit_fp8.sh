@@ -10,7 +10,7 @@
 # forwards it to every training process because PET_SIGNALS_TO_HANDLE lists SIGUSR1 (without that,
 # SIGUSR1 kills the agent and orphans the workers: checked on CPU, see docs/distributed.md).
 # yxanul's trainer finishes the step, saves a checkpoint and exits 0; then this script requeues the
-# job, and the requeued job resumes with --resume latest.
+# job, and the requeued job resumes with --resume auto (the first start finds no checkpoint and starts fresh).
 #SBATCH --job-name=yxanul-fp8
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
@@ -29,7 +29,7 @@ shift || true
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 NNODES=${SLURM_NNODES:-1}
 MASTER_PORT=${MASTER_PORT:-29500}
-# Same directory after a requeue (same job id), so --resume latest finds the checkpoint.
+# Same directory after a requeue (same job id), so --resume auto finds the checkpoint.
 OUTPUT_DIR=${OUTPUT_DIR:-runs/${SLURM_JOB_NAME:-yxanul}-${SLURM_JOB_ID}}
 if [[ -z "${ACCEL_CONFIG:-}" ]]; then
   if (( NNODES > 1 )); then ACCEL_CONFIG=accelerate_configs/multi_node_fp8.yaml
@@ -70,7 +70,7 @@ srun --ntasks-per-node=1 --nodes="$NNODES" bash -c '
   exec accelerate launch --config_file "$0" \
     --num_machines "$1" --num_processes "$(( $1 * $2 ))" --machine_rank "$SLURM_NODEID" \
     --main_process_ip "$3" --main_process_port "$4" \
-    train.py --config "$5" --output_dir "$6" --resume latest "${@:7}"
+    train.py --config "$5" --output_dir "$6" --resume auto "${@:7}"
 ' "$ACCEL_CONFIG" "$NNODES" "$GPUS_PER_NODE" "$HEAD_NODE_IP" "$MASTER_PORT" "$CONFIG" "$OUTPUT_DIR" "$@" &
 SRUN_PID=$!
 

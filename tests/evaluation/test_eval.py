@@ -86,6 +86,23 @@ def test_eval_cli_on_a_run_and_on_a_users_hellaswag_file(tok_run, tmp_path, caps
     assert len(err) == 3 and f"{bad}:2:" in err[0] and "mmlu" in err[1] and "prepared" in err[2], err
 
 
+def test_eval_of_an_export_says_what_it_skips_and_refuses_nothing_to_do(tok_run, tmp_path, capsys, monkeypatch):
+    """An export has no data folder: with tasks, one line says the validation loss is skipped; with neither
+    --data_dir nor --tasks, one line and exit 2 before the model loads. Tasks print progress lines."""
+    import yxanul.evaluation.tasks as tasks
+
+    run, _ = tok_run
+    exp = export(run, tmp_path / "llama", dtype="fp32")
+    assert cli(["eval", str(exp)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to evaluate" in err[0] and "--data_dir D" in err[0] and "--tasks" in err[0]
+    monkeypatch.setattr(tasks, "PROGRESS_EVERY_S", 0.0)  # a progress line before every item but the first
+    assert cli(["eval", str(exp), "--tasks", "cloze", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"validation loss skipped: '{exp}' is an export or has no data folder of its own" in out
+    assert "cloze: 1/3 items 33% eta " in out and "cloze: 2/3 items 67% eta " in out and "cloze: acc " in out
+
+
 def test_bundled_cloze_task_is_the_builders_output():
     items = load_task("cloze")
     assert len(items) == 300 and all(len(it["endings"]) == 4 for it in items)

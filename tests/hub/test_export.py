@@ -146,6 +146,9 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     out = export(run, tmp_path / "llama")
     names = {p.name for p in out.iterdir()}
     assert {"tokenizer.json", "tokenizer_config.json", "README.md", "loss_curve.png", "metrics.jsonl"} <= names
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == modes["tokenizer.json"], modes  # not 0600
+    assert "local_files_only" not in json.loads((out / "tokenizer_config.json").read_text())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok, m = AutoTokenizer.from_pretrained(str(out)), AutoModelForCausalLM.from_pretrained(str(out))
@@ -156,3 +159,15 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     summary = json.loads((run / "summary.json").read_text())
     assert f"validation loss of this checkpoint: {summary['val_loss']:.4f}" in card
     assert "tokens seen: 192 in 3" in card
+
+def test_card_loss_curve_is_the_lm_loss_once_per_step(tmp_path):
+    """The card's PNG: cross entropy (the LM loss of a penalty run, not loss + penalty), a resumed step drawn
+    once (its last row), validation by step."""
+    from yxanul.hub.card import loss_series, plot_loss
+
+    rows = [{"step": s, "loss": 9.05 - s / 2, "lm_loss": 9.0 - s / 2} for s in range(1, 6)]
+    rows += [{"step": 3, "loss": 7.6, "lm_loss": 7.55}, {"step": 5, "val_loss": 6.8}, {"step": 3, "val_loss": 7.4}]
+    train, val = loss_series(rows)
+    assert train == [(1, 8.5), (2, 8.0), (3, 7.55), (4, 7.0), (5, 6.5)] and val == [(3, 7.4), (5, 6.8)]
+    assert loss_series([{"step": 1, "loss": 2.0}])[0] == [(1, 2.0)]  # no penalty: the loss is the LM loss
+    assert plot_loss(rows, tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"

@@ -122,3 +122,31 @@ def test_cpu_yaml_is_two_torchrun_ranks_that_need_accelerate_use_cpu(monkeypatch
         if not torch.cuda.is_available():
             assert PartialState._prepare_backend(object.__new__(PartialState), cpu)[1] == expected
         monkeypatch.undo()
+
+
+def test_a_user_error_under_accelerate_launch_is_one_line_per_job(tmp_path):
+    """2 CPU ranks through the real `accelerate launch` + torchrun: both ranks refuse the same flags, only
+    rank 0 prints the line; rank 1 exits quietly with the same code."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    e = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                        str(root / "accelerate_configs" / "cpu.yaml"), str(root / "train.py"), "--max_steps", "20",
+                        "--warmup_steps", "30", "--output_dir", str(tmp_path / "r")],
+                       capture_output=True, text=True, env=e, timeout=300, cwd=tmp_path)
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error: ")]
+    assert r.returncode != 0 and len(lines) == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "config key 'warmup_steps': expected at most max_steps (20)" in lines[0]
+
+
+def test_only_rank_0_prints_a_user_error_raised_before_the_process_group(monkeypatch, capsys):
+    """What the launch test above shows end to end, without the race of torchrun killing rank 1 first."""
+    from yxanul.cli import run
+    from yxanul.config import parse_args
+
+    for rank, printed in (("1", []), ("0", ["error: config key 'max_steps': expected an integer >= 1, got 0"])):
+        monkeypatch.setenv("RANK", rank)
+        assert run(parse_args, ["--max_steps", "0"]) == 2
+        assert capsys.readouterr().err.splitlines() == printed

@@ -50,3 +50,16 @@ def test_maximize_and_a_trial_without_metrics_yet(tmp_path):
     assert best["trial"] == "t1" and best["final"] == pytest.approx(2.718 ** 4.0)
     assert "final eval/val_ppl" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "eval_val_ppl_vs_penalty_weight.png").is_file()
+
+
+def test_a_task_metric_is_read_from_the_evaluation_rows_key_without_eval(tmp_path):
+    """metrics.jsonl carries `cloze_acc` next to `val_loss` (the trackers get `eval/cloze_acc`), as documented:
+    a sweep metric `eval/cloze_acc` is read from it."""
+    a = run(tmp_path, "a", [(1, 9.0)], [(2, 5.0)])
+    b = run(tmp_path, "b", [(1, 9.0)], [(2, 5.5)])
+    for d, acc in ((a, 0.25), (b, 0.5)):
+        with open(f"{d}/metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": 2, "val_loss": 5.0, "val_ppl": 148.0, "cloze_acc": acc}) + "\n")
+    state(tmp_path, [("t0", 0.0, a), ("t1", 0.1, b)], metric="eval/cloze_acc", goal="maximize")
+    best = summarize(tmp_path, say=lambda *x: None)
+    assert best["trial"] == "t1" and best["final"] == 0.5

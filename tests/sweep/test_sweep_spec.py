@@ -111,7 +111,7 @@ def test_trial_overrides_win_and_swept_or_reserved_flags_are_refused(tmp_path):
     spec = load_spec(TINY)
     t = make_trial(spec, "trial-000", plan_trials(spec, 1)[0], tmp_path / "t", ["--max_steps", "7"])
     assert t.max_steps == 7 and t.params["max_steps"] == 150 and t.config["max_steps"] == 7
-    assert t.argv[-6:] == ["--output_dir", str(tmp_path / "t"), "--run_name", "trial-000", "--resume", "latest"]
+    assert t.argv[-6:] == ["--output_dir", str(tmp_path / "t"), "--run_name", "trial-000", "--resume", "auto"]
     base = os.path.join(ROOT, "examples", "configs", "tinyshakespeare_cpu.yaml")
     t = make_trial(spec, "x", plan_trials(spec, 1)[0], tmp_path, ["--config", base, "--seed", "3"])
     assert t.argv[:2] == ["--config", base] and t.argv.index("--seed") > t.argv.index("--penalty_weight=0.0")
@@ -155,3 +155,25 @@ def test_sweep_id_offline_and_missing_file_are_user_errors(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert cli_main(["sweep", TINY, "--summary", "--output_root", str(tmp_path)]) == 2
     assert "no sweep under" in capsys.readouterr().err
+
+
+def test_a_rerun_with_other_settings_is_refused_in_one_line(tmp_path, capsys):
+    """A trial that ran (its run directory holds the config.yaml the trainer wrote) is never continued under
+    other settings: e.g. a 7-step trial rerun with the file's 150 steps would resume under a new schedule."""
+    from yxanul.config import parse_args
+    from yxanul.sweep.local import plan
+
+    spec = load_spec(TINY)
+    root, trials = plan(spec, str(tmp_path), ["--max_steps", "7"], 1, 0, say=lambda *_: None)
+    t = trials[0]
+    cfg = parse_args(["--config", os.path.join(ROOT, "yxanul", "assets", "default.yaml"), *t.argv])
+    t.run_dir.mkdir(parents=True)
+    cfg.save(t.run_dir / "config.yaml")  # what the trainer writes at its start
+    assert plan(spec, str(tmp_path), ["--max_steps", "7"], 1, 0, say=lambda *_: None)[1][0].changed_settings() == []
+    with pytest.raises(UserError, match=r"trial-000 ran with other settings \(max_steps: 7 -> 150\): run the sweep "
+                                        r"with the same flags as before"):
+        plan(spec, str(tmp_path), [], 1, 0, say=lambda *_: None)
+    argv = ["sweep", TINY, "--offline", "--count", "1", "--output_root", str(tmp_path), "--max_lr", "1e-3"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_lr: " in err[0] and "-> 0.001" in err[0], err

@@ -12,9 +12,10 @@ class EvalTaskArgs:
     """Benchmark tasks during training."""
 
     eval_tasks: list[str] | None = field(default=None, metadata={
-        "help": "Tasks scored at every evaluation, logged as eval/<task>_acc: 'cloze' (the bundled Shakespeare "
-                "cloze task), a HellaSwag-format .jsonl file (ctx, endings, label), or an lm-eval task name "
-                "(hellaswag, arc_easy, piqa, ...: lm-eval's simple_evaluate on the model in memory)."})
+        "help": "Tasks scored at every evaluation, logged as <task>_acc in metrics.jsonl and eval/<task>_acc in the "
+                "trackers: 'cloze' (the bundled Shakespeare cloze task), a HellaSwag-format .jsonl file (ctx, "
+                "endings, label), or an lm-eval task name (hellaswag, arc_easy, piqa, ...: lm-eval's "
+                "simple_evaluate on the model in memory)."})
     eval_task_dir: str | None = field(default=None, metadata={
         "help": "Folder of lm-eval task YAMLs for --eval_tasks names (lm-eval's include_path)."})
     eval_tasks_limit: int | None = field(default=200, metadata={

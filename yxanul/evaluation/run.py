@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, UserError
 
 
 @torch.no_grad()
@@ -104,14 +104,9 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     tm = task_manager(harness, a.task_dir) if harness else None
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if a.device == "auto" else a.device))
+    data_dir = _validation_data(a, tasks or harness, say)  # nothing to do is one line before the model loads
     model, tok = load_model(a.model, device)
     results: dict = {"model": a.model}
-    data_dir = Path(a.data_dir) if a.data_dir else data_dir_of(a.model)
-    if data_dir is not None and not (data_dir / "meta.json").is_file():
-        if a.data_dir:
-            raise DataError(f"data_dir '{data_dir}': not a prepared data folder (run `yxanul prepare` first)")
-        say(f"validation loss skipped: the run's data folder {data_dir} is not prepared here (--data_dir D)")
-        data_dir = None
     if data_dir is not None:
         T = a.seq_length or int(model.config.max_position_embeddings)
         results.update(val_loss(model, data_dir, T, a.batch_size, a.eval_steps, device))
@@ -120,7 +115,7 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     if (tasks or harness) and tok is None:
         raise DataError(f"MODEL '{a.model}': no tokenizer found for the tasks (export it with its tokenizer)")
     for name, items in tasks.items():
-        r = score_task(model, tok, items, device)
+        r = score_task(model, tok, items, device, say=say, name=name)
         results[name] = r
         say(f"{name}: acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} ({r['n']} items)")
     if harness:
@@ -137,6 +132,25 @@ def _run_harness(a: EvalCommand, model, tok, names: list[str], tm, say) -> dict:
     for name in names:  # a group's subtasks (mmlu's 57) only in the JSON output
         say(f"{name}: {headline(out[name])} (lm-eval)")
     return out
+
+
+def _validation_data(a: EvalCommand, tasks: dict, say) -> Path | None:
+    """The prepared folder for the validation loss (None: skipped, said in one line); a UserError when
+    there is neither that nor a task."""
+    data_dir = Path(a.data_dir) if a.data_dir else data_dir_of(a.model)
+    if data_dir is not None and not (data_dir / "meta.json").is_file():
+        if a.data_dir:
+            raise DataError(f"data_dir '{data_dir}': not a prepared data folder (run `yxanul prepare` first)")
+        why = f"the run's data folder {data_dir} is not prepared here"
+        data_dir = None
+    elif data_dir is None:
+        why = f"'{a.model}' is an export or has no data folder of its own"
+    if data_dir is None and not tasks:
+        raise UserError(f"yxanul eval: nothing to evaluate: {why}; pass --data_dir D (a prepared folder) for the "
+                        "validation loss and/or --tasks cloze FILE.jsonl")
+    if data_dir is None:
+        say(f"validation loss skipped: {why} (--data_dir D for it)")
+    return data_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,9 +29,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def loss_series(rows: list[dict[str, Any]]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(train, val) as (step, loss) pairs by step, the last row of a step winning; train is the LM loss."""
+    train = {r["step"]: r.get("lm_loss", r["loss"]) for r in rows if "loss" in r and "step" in r}
+    val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r and "step" in r}
+    return sorted(train.items()), sorted(val.items())
+
+
 def plot_loss(rows: list[dict[str, Any]], out: Path) -> Path | None:
-    """Training and validation loss against tokens seen (matplotlib, Agg); None without training rows."""
-    train = [(r["step"], r["loss"]) for r in rows if "loss" in r and "step" in r]
+    """Training and validation loss against the optimizer step (matplotlib, Agg); None without training rows.
+    The training curve is the LM loss (``lm_loss`` where a penalty was added): cross entropy, like val;
+    a step logged twice (a resume) is drawn once, its last row."""
+    train, val = loss_series(rows)
     if not train:
         return None
     import matplotlib
@@ -39,9 +48,8 @@ def plot_loss(rows: list[dict[str, Any]], out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*train), label="train loss", lw=1)
+    ax.plot(*zip(*train), ".-" if len(train) <= 60 else "-", label="train loss", lw=1)
     if val:
         ax.plot(*zip(*val), "o-", label="val loss", ms=3)
     ax.set_xlabel("optimizer step")

@@ -18,8 +18,10 @@ RoPE needs no permutation: yxanul (like te.RotaryPositionEmbedding) rotates non-
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -196,10 +198,20 @@ def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overw
         model.to(DTYPES[dtype]).save_pretrained(str(out), max_shard_size=max_shard_size)
     save_generation_config(model.config, out)
     if tok is not None:
+        tok.init_kwargs.pop("local_files_only", None)  # how it was loaded here, not a setting for its users
         tok.save_pretrained(str(out))
+    _same_mode_as_config(out)
     if ckpt is not None:
         write_run_files(out, ckpt, model.config, license, repo_id, fmt)
     return out
+
+
+def _same_mode_as_config(out: Path) -> None:
+    """The weight files get config.json's permissions (huggingface_hub writes them through a private
+    temporary file, mode 0600, while the other files follow the umask, e.g. 0644)."""
+    mode = stat.S_IMODE((out / "config.json").stat().st_mode)
+    for f in out.glob("model*.safetensors*"):
+        os.chmod(f, mode)
 
 
 def read_weights_any(path: str | Path) -> dict[str, torch.Tensor]:

@@ -117,7 +117,7 @@ def _read_use_fp8(path: str) -> bool:
 
 @dataclass
 class LintArgs:
-    """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error."""
+    """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error (2 with --strict and warnings)."""
 
     files: list[str] = field(metadata={"positional": True, "metavar": "FILE", "help": "DeepSpeed JSON / accelerate YAML files"})
     fix: bool = field(default=False, metadata={"help": "Write corrected copies (never in place)."})
@@ -127,6 +127,8 @@ class LintArgs:
                                      "YAML: warn when its use_fp8 disagrees with the accelerate config's mixed_precision."})
     world_size: int | None = field(default=None, metadata={"aliases": ["--world-size"], "help": "Check "
                                    "train_batch_size = micro x accumulation x world size."})
+    strict: bool = field(default=False, metadata={"help": "For CI gates: exit 2 when there are warnings (and no "
+                                                          "errors, which exit 1 anyway)."})
 
 
 def _fix_one(path: str, args: LintArgs, use_fp8) -> None:
@@ -140,7 +142,7 @@ def _fix_one(path: str, args: LintArgs, use_fp8) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N]`."""
+    """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N] [--strict]`."""
     args = parse_command(LintArgs, argv, prog="yxanul lint-config")
     use_fp8 = _read_use_fp8(args.train_config) if args.train_config else None
     n_err = n_warn = 0
@@ -154,8 +156,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: ok")
         if args.fix and not (len(problems) == 1 and problems[0].key == "<file>"):
             _fix_one(path, args, use_fp8)
-    print(f"{len(args.files)} file(s): {n_err} error(s), {n_warn} warning(s)")
-    return 1 if n_err else 0
+    print(f"{len(args.files)} file(s): {n_err} error(s), {n_warn} warning(s)"
+          + (" (--strict: warnings fail)" if args.strict and n_warn and not n_err else ""))
+    return 1 if n_err else (EXIT_STRICT_WARNINGS if args.strict and n_warn else 0)
+
+
+EXIT_STRICT_WARNINGS = 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConfigError, UserError
+from ..flags import did_you_mean
 from .presets import BACKENDS, PRESETS
 
 PENALTY_TYPES = ("none", "z_loss", "max_z_loss")
@@ -64,7 +65,7 @@ class ModelArgs:
                                         "start fresh (use --resume to continue a run)."})
     def __post_init__(self):
         if self.model not in PRESETS:
-            raise ConfigError("model", "one of " + ", ".join(PRESETS), self.model)
+            raise ConfigError("model", "one of " + ", ".join(PRESETS) + did_you_mean(self.model, PRESETS), self.model)
         if self.backend not in BACKENDS:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
         if isinstance(self.seq_length, bool) or not isinstance(self.seq_length, int) or self.seq_length < 2:

@@ -4,7 +4,7 @@ Layout: ``OUTPUT_ROOT/sweeps/<sweep-name>/`` holds ``sweep.json`` (the planned t
 status) and one run directory per trial (``trial-000/``, ...), each a normal yxanul run directory
 (config.yaml, metrics.jsonl, checkpoints/, wandb/ offline files for ``wandb sync``, train.log).
 Started again with the same command, a sweep skips finished trials and resumes an interrupted one
-from its last checkpoint (every trial runs with ``--resume latest``).
+from its last checkpoint (every trial runs with ``--resume auto``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def plan(spec: SweepSpec, output_root: str, overrides: list[str], count: int | N
     extra = ["--use_wandb=true"] if _wandb_installed() else []
     trials = [make_trial(spec, f"trial-{i:03d}", p, root / f"trial-{i:03d}", overrides, extra)
               for i, p in enumerate(params)]
+    for t in trials:  # a started trial continues only under the settings it ran with
+        if changed := t.changed_settings():
+            raise UserError(f"{t.run_dir} ran with other settings ({'; '.join(changed)}): run the sweep with the same "
+                            "flags as before, or choose another --output_root")
     if not extra:
         say("wandb is not installed: trials log to metrics.jsonl and TensorBoard only "
             "(pip install 'yxanul[wandb]' for W&B offline files)")

@@ -111,8 +111,8 @@ def summarize(root: Path, say=print) -> dict[str, Any] | None:
         plot_param(ranked, p, state["metric"], root / f"{stem}_vs_{p}.png")
     curves = [_curves(r, swept) for r in rows]
     curves = [c for c in curves if c is not None]
-    if curves:  # smooth over ~1/10 of the logged points (none for short trials)
-        plot(curves, root / "loss_curves.png", smooth_points=max(1, min(10, min(len(c.train) for c in curves) // 10)))
+    if curves:  # the LM loss: the penalty term differs between trials by design (validation is LM-only too)
+        plot(curves, root / "loss_curves.png", ylabel="LM loss (without the penalty)")
     say(f"best: {best['trial']} {best['params']} final {state['metric']} {best['final']:.4f} "
         f"({best['run_dir']}); wrote {root / 'summary.md'}, {root / 'best.json'} and PNGs in {root}")
     return best
@@ -121,6 +121,6 @@ def summarize(root: Path, say=print) -> dict[str, Any] | None:
 def _curves(row: dict[str, Any], swept: list[str]) -> Curves | None:
     label = row["trial"] + "".join(f" {k}={_fmt(row['params'][k])}" for k in swept)
     try:
-        return read_run(row["run_dir"], label)
+        return read_run(row["run_dir"], label, loss_key="lm_loss")
     except UserError:  # no training row yet
         return None

@@ -3,7 +3,7 @@
 A subprocess (not `train()` in-process) so that the trial's config reaches every rank when the
 sweep's ``command`` starts with ``accelerate launch`` (the parameters are command-line flags, which
 every rank parses), and so that a trial's crash, memory or CUDA state never leaks into the next one.
-Every trial runs with ``--resume latest``: a trial that was interrupted continues from its last
+Every trial runs with ``--resume auto``: a trial that was interrupted continues from its last
 checkpoint, a new one starts from scratch.
 """
 
@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +35,19 @@ class Trial:
     argv: list[str]  # `yxanul train` flags (without the launcher)
     max_steps: int
     config: dict[str, Any]  # the same keys, as the trial runs them (after the user's override flags)
+    settings: dict[str, Any] = field(default_factory=dict)  # every config key as the trial runs it
+
+    def changed_settings(self) -> list[str]:
+        """``key: before -> now`` for each setting that differs from the run directory's config.yaml (what
+        the trial ran with before); empty for a trial that never started."""
+        import yaml
+
+        saved = self.run_dir / "config.yaml"
+        if not saved.is_file():
+            return []
+        before = yaml.safe_load(saved.read_text()) or {}
+        return [f"{k}: {before.get(k)!r} -> {v!r}" for k, v in self.settings.items()
+                if k not in RESERVED and k in before and before[k] != v]
 
     def status(self) -> str:
         """'done' (summary.json with all steps), 'partial' (checkpoints, not done) or 'new'."""
@@ -79,9 +92,9 @@ def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: 
     fixed = [t for t in _without_config(spec.fixed)]
     argv = (["--config", base] if base else []) + fixed + trial_flags(params) + list(extra) + rest
     cfg = parse_args(_with_default_config(argv))  # validates; ConfigError names the key
-    argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "latest"]
+    argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "auto"]
     flat = cfg.to_flat_dict()
-    return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params})
+    return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params}, flat)
 
 
 def _without_config(tokens: list[str]) -> list[str]:

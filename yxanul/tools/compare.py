@@ -28,7 +28,9 @@ class Curves:
     val: dict[int, float]
 
 
-def read_run(path: str | Path, label: str | None = None) -> Curves:
+def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss") -> Curves:
+    """A run's training and validation losses by step (a resumed step: its last row). ``loss_key``
+    "lm_loss": the language-model loss without a penalty term where the rows have it."""
     d = Path(path)
     f = d / "metrics.jsonl" if d.is_dir() else d
     if not f.is_file():
@@ -42,7 +44,7 @@ def read_run(path: str | Path, label: str | None = None) -> Curves:
         except json.JSONDecodeError:
             raise UserError(f"compare: {f}:{i}: not a JSON line") from None
         if "loss" in row and "step" in row:
-            train[int(row["step"])] = float(row["loss"])
+            train[int(row["step"])] = float(row.get(loss_key, row["loss"]))
             precisions[row.get("precision", "?")] += 1
         if "val_loss" in row and "step" in row:
             val[int(row["step"])] = float(row["val_loss"])
@@ -54,7 +56,9 @@ def read_run(path: str | Path, label: str | None = None) -> Curves:
 
 
 def smooth(values: list[float], window: int) -> list[float]:
-    """Trailing moving average over ``window`` points (shorter at the start)."""
+    """Trailing moving average over ``window`` points (shorter at the start); window 1: the values."""
+    if window <= 1:
+        return list(values)
     out, acc = [], 0.0
     for i, v in enumerate(values):
         acc += v
@@ -83,42 +87,57 @@ def compare(base: Curves, other: Curves, window: float = 0.2) -> dict:
     return out
 
 
-def plot(runs: list[Curves], out: Path, smooth_points: int = 10) -> None:
+def smoothing_window(runs: list[Curves], requested: int) -> int:
+    """The moving average's points: at most a tenth of the shortest run's logged points (1: no smoothing,
+    so a few points are plotted as they are; a long window over few points drags early losses forward)."""
+    return max(1, min(requested, min(len(r.train) for r in runs) // 10))
+
+
+def plot(runs: list[Curves], out: Path, smooth_points: int = 10, ylabel: str = "loss") -> dict[str, list]:
+    """The figure (the curves; below, each run's % against the first) written to ``out``; returns the
+    plotted series: ``{label: [(step, train value as drawn, % vs the first run or None)]}``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     base = runs[0]
+    w, drawn = smoothing_window(runs, smooth_points), {}
     bsteps = sorted(base.train)
-    bsmooth = dict(zip(bsteps, smooth([base.train[s] for s in bsteps], smooth_points)))
+    bsmooth = dict(zip(bsteps, smooth([base.train[s] for s in bsteps], w)))
     for i, r in enumerate(runs):
         steps = sorted(r.train)
         color = f"C{i}"
         ys = [r.train[s] for s in steps]
-        ax.plot(steps, ys, color=color, alpha=0.25, linewidth=0.8)
-        sm = smooth(ys, smooth_points)
-        ax.plot(steps, sm, color=color, linewidth=1.8, label=f"{r.label} (train, {smooth_points}-point mean)")
+        few = len(steps) <= 60
+        ax.plot(steps, ys, ".-" if few else "-", color=color, alpha=1.0 if w == 1 else 0.3,
+                linewidth=1.4 if w == 1 else 0.8, label=f"{r.label} (train)" if w == 1 else None)
+        sm = smooth(ys, w)
+        if w > 1:
+            ax.plot(steps, sm, color=color, linewidth=1.8, label=f"{r.label} (train, {w}-point mean)")
         if r.val:
             vs = sorted(r.val)
             ax.plot(vs, [r.val[s] for s in vs], "o--", color=color, markersize=4, label=f"{r.label} (val)")
+        rel = {s: 100 * (v - bsmooth[s]) / bsmooth[s] for s, v in zip(steps, sm) if s in bsmooth}
         if i:
-            common = [s for s in steps if s in bsmooth]
-            rel = [100 * (v - bsmooth[s]) / bsmooth[s] for s, v in zip(steps, sm) if s in bsmooth]
-            ax2.plot(common, rel, color=color, label=r.label)
-    ax.set_ylabel("loss")
-    ax.set_title("loss curves")
+            ax2.plot(list(rel), list(rel.values()), ".-" if few else "-", color=color, label=r.label)
+        drawn[r.label] = [(s, v, rel.get(s) if i else None) for s, v in zip(steps, sm)]
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{ylabel}: train and validation")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax2.axhline(0, color="C0", linewidth=1)
-    ax2.set_ylabel(f"% vs {base.name}")
+    ax2.set_ylabel(f"train, % vs {base.name}")
+    ax2.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
     ax2.set_xlabel("step")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return drawn
 
 
 @dataclass
@@ -132,7 +151,8 @@ class CompareArgs:
     out: str = field(default="compare.png", metadata={"help": "PNG to write."})
     window: float = field(default=0.2, metadata={"help": "Fraction of the common steps, at the end, whose mean "
                                                  "training loss is compared."})
-    smooth: int = field(default=10, metadata={"help": "Points of the moving average in the plot."})
+    smooth: int = field(default=10, metadata={"help": "Points of the moving average in the plot (at most a tenth of "
+                                                      "the logged points: fewer are plotted unsmoothed)."})
     tolerance: float | None = field(default=None, metadata={"help": "Exit 1 when |relative difference| of the final "
                                                             "training loss (or of the last val loss) exceeds this, "
                                                             "e.g. 0.02."})

@@ -1,17 +1,21 @@
 """`yxanul plot-lr`: the LR schedule as a PNG, with the warmup end and curriculum stage boundaries
-marked, and its value printed at key steps (0, warmup end, 25/50/75 % and the last step).
+marked, and its value printed at key steps (1, warmup end, 25/50/75 % and the last step).
 
+    yxanul plot-lr                                   # the schedule `yxanul train` runs (embedded default)
     yxanul plot-lr --max_lr 3e-3 --min_lr_ratio 0.1 --warmup_steps 2000 --max_steps 20000 --out lr.png
     yxanul plot-lr --config run.yaml [--max_steps 50000] --out lr.png
 
-Values come from :func:`yxanul.training.schedule.lr_at` (what the trainer uses). ``--config`` reads a flat YAML
-file; only the keys used here are read (max_lr, min_lr_ratio, warmup_steps, max_steps,
-warmup_tokens, lr_decay_steps, curriculum and what gives the tokens per step), other keys are ignored; flags win.
+The config is resolved as `yxanul train` resolves it (the embedded default without ``--config``; a
+default warmup longer than ``max_steps`` adapts the same way); keys of the file that are not config
+keys are ignored; flags win. Values come from :func:`yxanul.training.schedule.lr_at` (what the
+trainer uses); steps are numbered as the trainer logs them: ``step s`` is the s-th update, which uses
+``lr_at(s - 1)``, so the last is ``max_steps``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..optim import OptimArgs
@@ -35,49 +39,49 @@ class PlotLRArgs:
     tokens_per_step: int | None = field(default=None, metadata={
         "help": "Tokens per optimizer step (default: from the config's target_tokens_per_step, or "
                 "target_effective_batch_size/micro_batch_size x accumulation x seq_length)."})
-    out: str = field(default="lr_schedule.png", metadata={"help": "PNG to write."})
+    out: str | None = field(default=None, metadata={
+        "help": "PNG to write (default: lr_schedule.png in the config's output_dir, else in runs/); the path is "
+                "printed."})
 
 
-_YAML_INTS = ("target_tokens_per_step", "target_effective_batch_size", "micro_batch_size",
-              "gradient_accumulation_steps", "seq_length")
+_SCHEDULE_KEYS = ("max_lr", "min_lr_ratio", "warmup_steps", "warmup_tokens", "max_steps", "lr_decay_steps")
 
 
 def _values(a: PlotLRArgs) -> dict:
-    """The YAML file's keys used here (typed like the flags), then the flags that were given."""
-    from ..config import load_yaml
-    from ..flags import coerce, fields_of
+    """The config `yxanul train` would resolve from the same file (the embedded default without one) and
+    these flags, as the values `schedule` reads; prints the lines the trainer prints for it (an adapted
+    warmup). ``--tokens_per_step`` stands for the run's target_tokens_per_step."""
+    from ..cli import DEFAULT_CONFIG
+    from ..config import _fields, load_yaml, resolve, tokens_per_step_of
 
-    typed = {k: tp for k, (_, tp) in fields_of(PlotLRArgs).items()} | {k: int | None for k in _YAML_INTS}
-    raw = load_yaml(a.config) if a.config else {}
-    values = {k: coerce(k, typed[k], v, from_cli=False) for k, v in raw.items() if k in typed and k != "config"}
-    values["curriculum"] = raw.get("curriculum")
-    flags = {k: v for k, v in vars(a).items() if v is not None and k not in ("config", "out")}
-    for one, other in (("warmup_steps", "warmup_tokens"), ("warmup_tokens", "warmup_steps")):
-        if one in flags and other not in flags:
-            values.pop(other, None)  # a flag replaces the file's warmup in the other unit
-    return values | flags
+    path = a.config or DEFAULT_CONFIG
+    known = _fields()
+    raw = {k: v for k, v in load_yaml(path).items() if k in known}  # other keys: ignored, as documented
+    flags = {k: getattr(a, k) for k in _SCHEDULE_KEYS if getattr(a, k) is not None}
+    if a.tokens_per_step is not None:
+        raw.pop("target_effective_batch_size", None)
+        flags["target_tokens_per_step"] = a.tokens_per_step
+    if "warmup_steps" in flags and "warmup_tokens" not in flags:
+        raw.pop("warmup_tokens", None)  # a flag replaces the file's warmup in the other unit (as in train)
+    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)))
+    for line in cfg.notes:
+        print(line)
+    values = {k: getattr(cfg.optim if k != "max_steps" else cfg.train, k) for k in _SCHEDULE_KEYS}
+    values["curriculum"] = cfg.batch.curriculum
+    values["tokens_per_step"] = tokens_per_step_of(cfg.batch, cfg.model.seq_length, world_size=1)
+    values["out"] = a.out or str(Path(cfg.checkpoint.output_dir or "runs") / "lr_schedule.png")
+    return values
 
 
 def _tokens_per_step(v: dict) -> int | None:
-    if v.get("tokens_per_step"):
-        return int(v["tokens_per_step"])
-    if v.get("target_tokens_per_step"):
-        return int(v["target_tokens_per_step"])
-    T = v.get("seq_length")
-    if not T:
-        return None
-    if v.get("target_effective_batch_size"):
-        return int(v["target_effective_batch_size"]) * int(T)
-    if v.get("micro_batch_size"):
-        return int(v["micro_batch_size"]) * int(v.get("gradient_accumulation_steps") or 1) * int(T)
-    return None
+    return int(v["tokens_per_step"]) if v.get("tokens_per_step") else None
 
 
 def key_steps(max_steps: int, warmup_steps: int) -> dict[str, int]:
-    """Named optimizer steps (0-based; the last update of a run of ``max_steps`` uses step max_steps-1)."""
-    last = max_steps - 1
-    return {"start": 0, "warmup end": min(warmup_steps, last), "25%": max_steps // 4, "50%": max_steps // 2,
-            "75%": 3 * max_steps // 4, "last": last}
+    """Named optimizer steps as the trainer logs them (``step s`` = the s-th update, at ``lr_at(s - 1)``):
+    the first, the warmup end (the first step at max_lr), 25/50/75 % and the last, ``max_steps``."""
+    return {"start": 1, "warmup end": min(warmup_steps + 1, max_steps), "25%": max(1, max_steps // 4),
+            "50%": max(1, max_steps // 2), "75%": max(1, 3 * max_steps // 4), "last": max_steps}
 
 
 @dataclass
@@ -96,10 +100,6 @@ class Schedule:
 def schedule(values: dict) -> Schedule:
     """Validate the values and compute the LR at each step with the trainer's :func:`lr_at`."""
     tps = _tokens_per_step(values)
-    if values.get("warmup_tokens") is not None:
-        from ..config import apply_warmup_tokens
-
-        apply_warmup_tokens(values, tps)
     keys = ("max_lr", "min_lr_ratio", "warmup_steps", "warmup_tokens", "lr_decay_steps")
     o = OptimArgs(**{k: values[k] for k in keys if k in values})
     max_steps = values.get("max_steps", 1000)
@@ -107,7 +107,7 @@ def schedule(values: dict) -> Schedule:
         raise ConfigError("max_steps", "an integer >= 1", max_steps)
     decay = o.lr_decay_steps or max_steps
     kw = dict(max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps, decay_steps=decay)
-    lrs = [lr_at(s, **kw) for s in range(max_steps)]
+    lrs = [lr_at(s - 1, **kw) for s in range(1, max_steps + 1)]  # lrs[s - 1]: the LR of the trainer's step s
     stages = []
     if values.get("curriculum"):
         from ..training.schedule import Curriculum
@@ -129,8 +129,8 @@ def plot(sc: Schedule, out: str) -> None:
 
     o, end = sc.optim, key_steps(sc.max_steps, sc.optim.warmup_steps)["warmup end"]
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
-    ax.plot(range(sc.max_steps), sc.lrs, lw=1.6, label="learning rate")
-    ax.axvline(end, color="tab:orange", ls="--", lw=1, label=f"warmup end (step {end})")
+    ax.plot(range(1, sc.max_steps + 1), sc.lrs, lw=1.6, label="learning rate")
+    ax.axvline(end, color="tab:orange", ls="--", lw=1, label=f"warmup end: max_lr from step {end}")
     for i, (start, T) in enumerate(sc.stages):
         if start > 0:
             ax.axvline(start, color="tab:green", ls=":", lw=1.2, label="curriculum stage start" if i == 1 else None)
@@ -157,17 +157,19 @@ def report(sc: Schedule, out: str) -> None:
         print(f"warmup {sc.warmup_tokens:,} tokens = {sc.optim.warmup_steps:,} steps ({sc.tps:,} tokens per "
               "optimizer step, rounded up)")
     for name, s in key_steps(sc.max_steps, sc.optim.warmup_steps).items():
-        print(f"{name:>10}: step {s:>8}  lr {sc.lrs[s]:.6e}")
+        print(f"{name:>10}: step {s:>8}  lr {sc.lrs[s - 1]:.6e}")
     for i, (start, T) in enumerate(sc.stages):
         print(f"   stage {i}: from step {start} seq_length {T}" + (f" ({start * sc.tps:,} tokens)" if sc.tps else ""))
-    print(f"wrote {out}")
+    print(f"wrote {Path(out).absolute()}")
 
 
 def main(argv: list[str] | None = None) -> int:
     from ..flags import parse_command
 
     a = parse_command(PlotLRArgs, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
-    sc = schedule(_values(a))
-    plot(sc, a.out)
-    report(sc, a.out)
+    values = _values(a)
+    sc = schedule(values)
+    Path(values["out"]).absolute().parent.mkdir(parents=True, exist_ok=True)
+    plot(sc, values["out"])
+    report(sc, values["out"])
     return 0

@@ -2,7 +2,10 @@
 
 Each line is PASS, FAIL, WARN or INFO. The exit code is 1 when a requirement fails: always for a
 broken install (accelerate not importable, an FP8 GEMM that errs or is wrong), and for FP8 being
-unavailable only with --require_fp8. On a CPU machine it reports FP8 unavailable and exits 0.
+unavailable only with --require_fp8 (as in `yxanul train`: --use_fp8 falls back, --require_fp8
+refuses), so a gate for an FP8 run is `yxanul verify --require_fp8`. The last line says which:
+what failed, "all requirements met: FP8 (recipe) works here", or "FP8 unavailable here (missing:
+...)" on a machine where nothing is broken but FP8 cannot run (a CPU: exit 0).
 """
 
 from __future__ import annotations
@@ -191,5 +194,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{r['status']:<4}] {r['check']:<26} {r['detail']}")
         print(f"precision report for --model {a.model} --use_fp8 --fp8_recipe {a.fp8_recipe}:")
         print(format_report(report))
-        print(f"{len(failed)} failed" if failed else "all requirements met")
+        print(summary_line(rows, a.fp8_recipe, report))
     return 1 if failed else 0
+
+
+def summary_line(rows: list[dict], recipe: str, report: dict) -> str:
+    """The last line: what failed, else whether FP8 itself is usable here (never "met" when it is not)."""
+    failed = [r["check"] for r in rows if r["status"] == "FAIL"]
+    if failed:
+        return f"{len(failed)} failed: {', '.join(failed)}"
+    if report.get("fp8"):
+        return f"all requirements met: FP8 ({recipe}) works here"
+    status = {r["check"]: r for r in rows}
+    needs = (("gpu", "a CUDA GPU with compute capability >= 8.9"), ("transformer_engine", "Transformer Engine"))
+    missing = [what for check, what in needs if status[check]["status"] != "PASS"]
+    if not missing:
+        missing = [f"fp8 recipe {recipe}: {status[f'fp8 recipe {recipe}']['detail']}"]
+    return (f"FP8 unavailable here (missing: {'; '.join(missing)}): --use_fp8 falls back to "
+            f"{report.get('base_dtype', 'BF16').upper()}, --require_fp8 refuses to train; nothing is broken (exit 0; "
+            "`yxanul verify --require_fp8` exits 1 here)")

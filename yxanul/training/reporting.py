@@ -119,8 +119,17 @@ def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float
             "wall_time_s": wall_time_s, "run_dir": str(run_dir)}
 
 
-def write_summary(summary: dict[str, Any], run_dir: Path, say) -> None:
-    """``summary.json`` and the run's last console line (main process)."""
+def write_summary(summary: dict[str, Any], run_dir: Path, say, max_steps: int | None = None) -> None:
+    """``summary.json`` and the run's last console line (main process): ``done: ...`` when the run reached
+    ``max_steps``, ``stopped at step N of M ...`` otherwise (a stop signal), with what this session did."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"done: {summary['steps']} steps, {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.1f}s; "
-        f"loss {summary['first_loss']} -> {summary['last_loss']}; val_loss {summary['val_loss']}")
+    say(summary_line(summary, max_steps))
+
+
+def summary_line(summary: dict[str, Any], max_steps: int | None = None) -> str:
+    steps, first, last, val = summary["steps"], summary["first_loss"], summary["last_loss"], summary["val_loss"]
+    head = "done: " if max_steps is None or steps >= max_steps else \
+        f"stopped at step {steps} of {max_steps} (checkpoint saved; the same command with --resume continues): "
+    loss = "no step trained in this session" if first is None else f"loss {first:.6f} -> {last:.6f}"
+    return (f"{head}{steps} steps, {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.1f}s; {loss}; "
+            + ("no validation loss yet" if val is None else f"val_loss {val:.6f}"))

@@ -3,6 +3,7 @@ trainer fills in), ``--torch_compile``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -20,6 +21,10 @@ class StepTimer:
 
     def exclude(self, seconds: float) -> None:
         self.t0 += seconds
+
+    def peek(self) -> float | None:
+        """Seconds per step since the last lap, without restarting the clock (None: no step yet)."""
+        return (time.perf_counter() - self.t0) / self.steps if self.steps else None
 
     def lap(self) -> float:
         """Seconds per step since the last lap; restarts the clock."""
@@ -48,6 +53,31 @@ def configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
     plugin.deepspeed_config.update(ds)
 
 
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+class _DropCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(DEEPSPEED_CPU_NOTICE)
+
+
+def import_deepspeed_quietly() -> None:
+    """Import DeepSpeed (when installed) without its "Setting accelerator to CPU ..." warning, which its
+    import logs on every machine without a GPU: accelerate imports it anyway (``unwrap_model``, every
+    run). Only that one message is dropped, and only during the import; its logger is "DeepSpeed"."""
+    import importlib.util
+    import sys
+
+    if "deepspeed" in sys.modules or importlib.util.find_spec("deepspeed") is None:
+        return
+    drop, ds_logger = _DropCpuNotice(), logging.getLogger("DeepSpeed")
+    ds_logger.addFilter(drop)
+    try:
+        import deepspeed  # noqa: F401
+    finally:
+        ds_logger.removeFilter(drop)
+
+
 def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
     """The run's Accelerator: the precision plan's kwargs, gradient accumulation, the trackers the
     config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in."""
@@ -56,6 +86,7 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
 
     from ..tracking import tracker_names
 
+    import_deepspeed_quietly()
     acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
                       log_with=tracker_names(cfg.tracking) or None,
                       project_config=ProjectConfiguration(project_dir=str(run_dir),

@@ -25,7 +25,7 @@ from ..errors import TrainingDiverged
 from ..guards import CollapseGuard, check_val_loss
 from ..preemption import StopRequest
 from ..run_lock import lock_on_main
-from ..tracking import MetricsLog, format_step_line, mfu, peak_flops
+from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
 from . import provenance
 from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
@@ -35,6 +35,9 @@ from .schedule import lr_at
 from .state import TrainState
 from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .step import StepOutput, train_step
+
+
+QUIET_S = 15.0  # between two logged steps, a progress line (step, %, ETA) once this long passed without one
 
 
 class Trainer:
@@ -54,6 +57,7 @@ class Trainer:
         self.lock = None
         self._trackers_started = False
         self.t_start = time.monotonic()  # durations: a wall clock may jump (NTP, a VM resumed)
+        self.said_at = time.perf_counter()  # the last console line of the loop (progress lines fill long gaps)
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> "Trainer":
@@ -143,8 +147,8 @@ class Trainer:
         checkpoint; returns its path (None: nothing to resume)."""
         cfg = self.cfg
         ckpt = resolve_resume(cfg.checkpoint.resume, self.run_dir, say=self.say) if cfg.checkpoint.resume else None
-        if cfg.checkpoint.resume and ckpt is None:
-            self.say(f"resume: no checkpoint under {self.run_dir}, starting from scratch")
+        if cfg.checkpoint.resume and ckpt is None:  # only 'auto' gets here: 'latest' was refused in setup
+            self.say(f"resume {cfg.checkpoint.resume}: no checkpoint under {self.run_dir}: starting a new run")
         if ckpt is None:
             return None
         saved = TrainState.from_dict(read_state(ckpt), source=str(Path(ckpt) / "trainer_state.json"))
@@ -222,7 +226,9 @@ class Trainer:
             row.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(self.unwrapped_model).items()})
         self.report.refresh(self.unwrapped_model)
         self.say(format_step_line(st.step, self.loader.epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
-                                  self.plan.label, lm_loss=lm_loss, penalty=penalty), flush=True)
+                                  self.plan.label, lm_loss=lm_loss, penalty=penalty,
+                                  max_steps=self.cfg.train.max_steps), flush=True)
+        self.said_at = time.perf_counter()
         self.metrics.write(row)
         acc.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=st.step)
         if not (math.isfinite(loss) and (out.grad_norm is None or math.isfinite(norm))):
@@ -330,6 +336,7 @@ class Trainer:
         self.model.train()
         self.callbacks.on_train_begin(self)
         self.timer = StepTimer()
+        self.said_at = time.perf_counter()
         with StopRequest() as stop:
             while st.step < cfg.train.max_steps:
                 if self.stage_changed():
@@ -338,6 +345,9 @@ class Trainer:
                 is_last = st.step == cfg.train.max_steps
                 if self._due(cfg.tracking.log_freq, is_last) or st.step == 1:  # step 1: the initial loss (~ln V)
                     self.log(out)
+                elif time.perf_counter() - self.said_at > QUIET_S:  # no sync: the step timer only
+                    self.say(progress(st.step, cfg.train.max_steps, self.timer.peek()), flush=True)
+                    self.said_at = time.perf_counter()
                 if self._due(cfg.tracking.eval_freq, is_last):
                     self.evaluate()
                 stopping = stop.poll(self.accelerator)
@@ -357,7 +367,7 @@ class Trainer:
         summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
                               time.monotonic() - self.t_start, self.run_dir)
         if self.accelerator.is_main_process:
-            write_summary(summary, self.run_dir, self.say)
+            write_summary(summary, self.run_dir, self.say, max_steps=self.cfg.train.max_steps)
         if self.lock is not None:
             self.lock.release()  # the run's last write is done
         return summary
