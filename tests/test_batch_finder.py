@@ -6,8 +6,19 @@ import pytest
 import torch
 
 import yxanul.batching.finder as bf
-from yxanul.batching import (BatchArgs, NoFitError, TrainingProbe, cache_fields, find_micro_batch, fp8_micro_multiple,
-                             get_or_find, micro_multiple, plan_batch, plan_curriculum, resolve_batch)
+from yxanul.batching import (
+    BatchArgs,
+    NoFitError,
+    TrainingProbe,
+    cache_fields,
+    find_micro_batch,
+    fp8_micro_multiple,
+    get_or_find,
+    micro_multiple,
+    plan_batch,
+    plan_curriculum,
+    resolve_batch,
+)
 from yxanul.errors import ConfigError
 
 

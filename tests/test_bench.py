@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from yxanul.tools.bench import BenchArgs, cases, main, markdown, run
 from yxanul.errors import ConfigError
+from yxanul.tools.bench import BenchArgs, cases, main, markdown, run
 
 SMALL = dict(presets="nano", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
 

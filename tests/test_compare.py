@@ -3,11 +3,10 @@
 import json
 
 import pytest
-
-from yxanul.tools.compare import Curves, compare, main, read_run, smooth
-from yxanul.errors import UserError
-
 from test_trainer import FAST, yxanul
+
+from yxanul.errors import UserError
+from yxanul.tools.compare import Curves, compare, main, read_run, smooth
 
 
 @pytest.fixture(scope="module")

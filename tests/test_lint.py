@@ -13,8 +13,9 @@ import yaml
 
 from yxanul import lint
 from yxanul.errors import UserError
+from yxanul.lint import accelerate as R_acc
 from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
-from yxanul.lint import accelerate as R_acc, deepspeed as R_ds
+from yxanul.lint import deepspeed as R_ds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DS_FILES = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
@@ -216,8 +217,8 @@ def test_sanitize_deepspeed_config():
 def _launch_env(config_file):
     """The environment `accelerate launch --config_file X train.py` gives the training processes,
     computed by accelerate's own launcher code (nothing is started; FP8 availability is faked)."""
-    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     import accelerate.utils.launch as L
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
     args = launch_command_parser().parse_args(["--config_file", config_file, "train.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
@@ -289,8 +290,10 @@ def test_tables_match_deepspeed():
     from deepspeed.runtime import config as dsc
     from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    from deepspeed.runtime.zero.offload_config import (DeepSpeedZeroOffloadOptimizerConfig,
-                                                       DeepSpeedZeroOffloadParamConfig)
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
 
     def names(model):
         return {n for n in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}

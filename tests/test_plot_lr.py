@@ -5,8 +5,8 @@ import re
 import pytest
 
 from yxanul.errors import ConfigError, UserError
-from yxanul.training.schedule import lr_at
 from yxanul.tools.plot_lr import main
+from yxanul.training.schedule import lr_at
 
 
 def _values(out):

@@ -5,9 +5,17 @@ import os
 
 import pytest
 
-from yxanul.tracking import (format_duration, format_step_line, mfu, peak_flops, progress,
-                             tracker_init_kwargs, tracker_names, wandb_run_id)
-from yxanul.tracking import TrackingArgs
+from yxanul.tracking import (
+    TrackingArgs,
+    format_duration,
+    format_step_line,
+    mfu,
+    peak_flops,
+    progress,
+    tracker_init_kwargs,
+    tracker_names,
+    wandb_run_id,
+)
 
 
 @pytest.mark.parametrize("name,key", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),

@@ -30,16 +30,25 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from .errors import ConfigError, UserError, is_no_space
 from .checkpoint_io import _fsync_dir, _own_storage_for_views, _write_atomic, load_for_resume  # noqa: F401
-from .checkpoint_pointers import _pointer, _pointer_name, recompute_best, checkpoints_dir  # noqa: F401 (re-exported)
+from .checkpoint_pointers import _pointer, _pointer_name, checkpoints_dir, recompute_best  # noqa: F401 (re-exported)
+from .errors import ConfigError, UserError, is_no_space
+from .manifest import (
+    MANIFEST,
+    STATE_FILE,
+    STEP_NAME,
+    checkpoint_bytes,
+    has_manifest,
+    read_state_checked,
+    verify_checkpoint,
+    write_manifest,
+)
 from .run_lock import pinned, try_claim
-from .manifest import (MANIFEST, STATE_FILE, STEP_NAME, checkpoint_bytes, has_manifest,
-                       read_state_checked, verify_checkpoint, write_manifest)
 
 
 @dataclass

@@ -28,7 +28,7 @@ class StopRequest:
         self._pending: tuple[torch.Tensor, Any] | None = None  # (host flag, CUDA event or None)
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         """Install the handlers (main thread only; elsewhere, e.g. a test runner thread, none)."""
         for sig in self.SIGNALS:
             try:

@@ -53,7 +53,7 @@ class DirLock:
             os.close(self.fd)  # closing the last descriptor releases the flock
             self.fd = None
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         return self
 
     def __exit__(self, *exc) -> None:

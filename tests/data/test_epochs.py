@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_pipeline import files_of, meta_of, write_docs
+from test_prepare import split_docs
 
 from yxanul.data.args import DataArgs
 from yxanul.data.loader import repeats_warning
 from yxanul.data.prepare import prepare
 from yxanul.errors import ConfigError
-
-from test_pipeline import files_of, meta_of, write_docs
-from test_prepare import split_docs
 
 Q = {"progress": False, "say": lambda *a, **k: None}
 

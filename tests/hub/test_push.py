@@ -12,7 +12,8 @@ import pytest
 from hub.helpers import random_model, save_run
 from yxanul.cli import main as cli
 from yxanul.hub.args import HubArgs
-from yxanul.hub.push import HubPushCallback, main as push_main
+from yxanul.hub.push import HubPushCallback
+from yxanul.hub.push import main as push_main
 
 SECRET = "hf_SeCrEtToKeN1234567890abcdef"
 

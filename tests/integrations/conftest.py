@@ -5,7 +5,6 @@ import json
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def small_data(tmp_path_factory):
     """(data_dir, vocab_size): the first 150 documents of the bundled corpus, bundled tokenizer."""

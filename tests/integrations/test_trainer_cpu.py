@@ -2,10 +2,6 @@
 q/k/v storage layout, gradient-accumulation normalisation, the FP8 fallback line and report, parity
 with `yxanul train`."""
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch

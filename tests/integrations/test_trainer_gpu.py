@@ -87,11 +87,11 @@ def check_readback(rep: dict) -> None:
 
 
 def test_trainer_runs_the_configured_fp8_recipe_and_resumes_its_scales(small_data, tmp_path):
+    from yxanul import _te
     from yxanul.data.hf_dataset import ShardWindowDataset
     from yxanul.integrations import YxanulTrainer
     from yxanul.models import ModelArgs, build_model
     from yxanul.precision import PrecisionArgs
-    from yxanul import _te
     from yxanul.precision.state import FILE
 
     data_dir, vocab = small_data

@@ -18,9 +18,9 @@ from yxanul.errors import ConfigError, UserError
 from yxanul.integrations import YxanulTrainer, precision_args_from_env
 from yxanul.models import ModelArgs, build_model
 from yxanul.optim import OptimArgs, build_optimizer
-from yxanul.training.schedule import lr_at
 from yxanul.precision import PrecisionArgs
 from yxanul.precision.state import FILE
+from yxanul.training.schedule import lr_at
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = "nano"  # the 5M CPU preset: the one place to change it

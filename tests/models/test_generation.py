@@ -6,7 +6,6 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from yxanul.errors import ConfigError
 from yxanul.models import YxanulForCausalLM
 from yxanul.models.modeling_yxanul import torch_twin
 

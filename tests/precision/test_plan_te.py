@@ -14,8 +14,16 @@ import torch
 
 from yxanul import _te
 from yxanul.models import YxanulForCausalLM, config_from_preset
-from yxanul.precision import (CapabilityFacts, PrecisionArgs, build_recipe, format_report, precision_report,
-                              resolve_precision, te_recipe_kwargs, unwrap_accelerate_fp8)
+from yxanul.precision import (
+    CapabilityFacts,
+    PrecisionArgs,
+    build_recipe,
+    format_report,
+    precision_report,
+    resolve_precision,
+    te_recipe_kwargs,
+    unwrap_accelerate_fp8,
+)
 
 pytestmark = pytest.mark.te
 

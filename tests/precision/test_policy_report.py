@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from yxanul.models import PRESETS, YxanulForCausalLM, config_from_preset
-from yxanul.precision import (CapabilityFacts, PrecisionArgs, format_report, layer_policy, module_decisions,
-                              precision_report, resolve_precision)
+from yxanul.precision import (
+    CapabilityFacts,
+    PrecisionArgs,
+    format_report,
+    layer_policy,
+    module_decisions,
+    precision_report,
+    resolve_precision,
+)
 
 CPU = CapabilityFacts(te_available=False, te_import_error="ModuleNotFoundError: No module named 'transformer_engine'",
                       cuda_available=False)

@@ -133,8 +133,7 @@ def test_fp8_stats_read_cached_fp8_weights_of_stateless_recipes():
 @pytest.mark.te
 def test_fp8_stats_read_te_storage_classes():
     import transformer_engine_torch as tex
-    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import (
-        Float8BlockwiseQTensorStorage)
+    from transformer_engine.pytorch.tensor.storage.float8_blockwise_tensor_storage import Float8BlockwiseQTensorStorage
     from transformer_engine.pytorch.tensor.storage.float8_tensor_storage import Float8TensorStorage
     from transformer_engine.pytorch.tensor.storage.mxfp8_tensor_storage import MXFP8TensorStorage
 

@@ -6,13 +6,11 @@ import math
 
 import pytest
 import torch
-
+from _reliability import FAST, ok, one_line, yx_here
 from safetensors.torch import load_file, save_file
 
 from yxanul.errors import UserError
 from yxanul.manifest import MANIFEST, write_manifest
-
-from _reliability import FAST, ok, one_line, yx_here
 
 
 def _zero_two_tensors(path):

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _reliability import FAST, env, kill_group, ok, one_line, popen, wait_for, yx_here
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "penalty_weight_tinyshakespeare.yaml"

@@ -6,10 +6,9 @@ import os
 
 import pytest
 import torch
+from _reliability import FAST, losses, ok, one_line, yx_here
 
 from yxanul.manifest import MANIFEST, write_manifest
-
-from _reliability import FAST, losses, ok, one_line, yx_here
 
 
 def _flip(p):

@@ -8,7 +8,6 @@ import time
 
 import pytest
 from _reliability import FAST, ok, one_line, yx_here
-
 from hub.test_push import RecordingHfApi
 
 PUSH = ["--push_to_hub", "--hub_model_id", "me/run", "--hub_wait_s", "1"]

@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .search import SearchResult, apply_margin
 

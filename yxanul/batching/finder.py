@@ -230,7 +230,7 @@ def _tokenizer_size(name: str | None) -> int:
     return len(load_tokenizer(name)[1])
 
 
-def cpu_bound(b: BatchArgs, seq_length: int, world_size: int, multiple: int) -> tuple[int, "MemoryBudget"]:
+def cpu_bound(b: BatchArgs, seq_length: int, world_size: int, multiple: int) -> tuple[int, MemoryBudget]:
     """On a CPU nothing raises out-of-memory (the machine swaps, then the kernel kills): the search stops
     at the run's own sequences per optimizer step and process (a larger micro-batch is never used),
     and before a probe that would need more than half the memory available now."""

@@ -21,7 +21,7 @@ class BatchPlan:
     note: str | None = None       # one line when the micro-batch had to be lowered a lot to be exact
 
     @classmethod
-    def make(cls, micro_batch: int, grad_accum: int, world_size: int, seq_length: int, **kw) -> "BatchPlan":
+    def make(cls, micro_batch: int, grad_accum: int, world_size: int, seq_length: int, **kw) -> BatchPlan:
         eff = micro_batch * grad_accum * world_size
         return cls(micro_batch, grad_accum, world_size, seq_length, eff, eff * seq_length, **kw)
 

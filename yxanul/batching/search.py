@@ -8,8 +8,8 @@ most about ``2·log2(max)`` (tested: <= 2*ceil(log2(max/multiple)) + 1 for every
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..errors import UserError
 
@@ -55,7 +55,7 @@ class SearchResult:
                 "probes": [list(p) for p in self.probes]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "SearchResult":
+    def from_dict(cls, d: dict) -> SearchResult:
         return cls(int(d["micro_batch"]), int(d["largest_ok"]),
                    None if d.get("smallest_fail") is None else int(d["smallest_fail"]),
                    [(int(b), bool(ok), float(s)) for b, ok, s in d.get("probes", [])])

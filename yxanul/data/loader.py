@@ -222,7 +222,7 @@ def _die_with_parent() -> None:
         os._exit(0)
 
 
-_LIVE: "weakref.WeakSet" = weakref.WeakSet()  # iterators of this process whose workers may be alive
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # iterators of this process whose workers may be alive
 STOP_TIMEOUT_S = 3.0
 
 

@@ -37,9 +37,8 @@ def data_dir_of(model_path: str) -> Path | None:
     """The prepared data folder of the run behind MODEL (None for an export)."""
     import yaml
 
-    from ..hub.loading import is_export
-
     from ..checkpoint import list_checkpoints
+    from ..hub.loading import is_export
 
     # the run's (else its newest checkpoint's) or the checkpoint's config.yaml: the data settings only
     # (the weights were verified by load_model)

@@ -29,8 +29,14 @@ from typing import Literal
 import torch
 
 from ..errors import UserError
-from .loading import is_export, load_checkpoint_model, read_checkpoint_weights, resolve_checkpoint, \
-    tokenizer_of_checkpoint, verified_source
+from .loading import (
+    is_export,
+    load_checkpoint_model,
+    read_checkpoint_weights,
+    resolve_checkpoint,
+    tokenizer_of_checkpoint,
+    verified_source,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")

@@ -3,7 +3,7 @@ and the "auto" values accelerate fills."""
 
 from __future__ import annotations
 
-from .common import ERROR, WARNING, Problem, collector, _delete, _get, _prune, _walk, truthy
+from .common import ERROR, WARNING, Problem, _delete, _get, _prune, _walk, collector, truthy
 
 # ---------------------------------------------------------------- DeepSpeed
 DS_REMOVED_TOP = {

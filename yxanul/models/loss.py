@@ -30,7 +30,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
 IGNORE_INDEX = -100
 
 

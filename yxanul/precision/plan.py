@@ -119,7 +119,7 @@ def decide(args: PrecisionArgs, config, facts: CapabilityFacts) -> tuple[bool, s
 
 
 def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None = None,
-                      say=print) -> "PrecisionPlan":
+                      say=print) -> PrecisionPlan:
     """Decide FP8 / BF16 / FP32 before the Accelerator exists. An impossible FP8 prints ONE line
     (or raises a one-line UserError with ``require_fp8``)."""
     facts = facts or probe_facts()

@@ -13,8 +13,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from ..tools.compare import Curves, plot, read_run
 from ..errors import UserError
+from ..tools.compare import Curves, plot, read_run
 from ..tracking import read_metrics
 
 

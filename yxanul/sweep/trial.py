@@ -10,14 +10,14 @@ checkpoint, a new one starts from scratch.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import UserError
 from .spec import SweepSpec, trial_flags

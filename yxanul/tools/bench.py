@@ -22,7 +22,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
 from typing import Literal
 
 from ..errors import ConfigError

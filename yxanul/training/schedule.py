@@ -28,8 +28,8 @@ function of the step (or of the tokens seen), so a resumed run lands in the righ
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..errors import ConfigError
 
@@ -96,7 +96,7 @@ class Curriculum:
         self.stages, self.tokens_per_step = stages, tokens_per_step
 
     @classmethod
-    def from_config(cls, stages: list[dict], tokens_per_step: int, max_seq_length: int | None = None) -> "Curriculum":
+    def from_config(cls, stages: list[dict], tokens_per_step: int, max_seq_length: int | None = None) -> Curriculum:
         """Validate ``[{seq_length, until_tokens | until_steps}, ...]`` for ``tokens_per_step`` tokens per
         optimizer step (every stage's seq_length must divide it so the step holds whole sequences)."""
         if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int) or tokens_per_step < 1:

@@ -52,7 +52,7 @@ class TrainState:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = STATE_FILE) -> "TrainState":
+    def from_dict(cls, d: dict[str, Any], source: str = STATE_FILE) -> TrainState:
         if not isinstance(d, dict):
             raise UserError(f"{source}: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -70,7 +70,7 @@ class TrainState:
         return cls(**values)
 
     @classmethod
-    def read(cls, ckpt_dir) -> "TrainState":
+    def read(cls, ckpt_dir) -> TrainState:
         path = Path(ckpt_dir) / STATE_FILE
         try:
             return cls.from_dict(json.loads(path.read_text()), source=str(path))

@@ -24,8 +24,8 @@ before the first micro-batch of the first step, outside every autocast context
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

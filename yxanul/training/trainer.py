@@ -31,11 +31,10 @@ from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
+from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
 from .state import TrainState
-from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .step import StepOutput, train_step
-
 
 QUIET_S = 15.0  # between two logged steps, a progress line (step, %, ETA) once this long passed without one
 
@@ -60,7 +59,7 @@ class Trainer:
         self.said_at = time.perf_counter()  # the last console line of the loop (progress lines fill long gaps)
 
     # -- setup ---------------------------------------------------------------------------------
-    def setup(self) -> "Trainer":
+    def setup(self) -> Trainer:
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
         from accelerate.utils import set_seed
 
