@@ -1,3 +1,5 @@
+"""Optimizer construction and the learning-rate schedule."""
+
 import math
 
 import torch

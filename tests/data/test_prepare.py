@@ -229,7 +229,7 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     # main process finished must not skip it)
     waits.clear()
     for main in (True, False):
-        assert ensure_prepared(DataArgs(data_dir=str(out)), is_main_process=main, wait=lambda: waits.append(main)) == out
+        assert ensure_prepared(DataArgs(data_dir=str(out)), is_main_process=main, wait=lambda m=main: waits.append(m)) == out
     assert waits == [True, False]
     with pytest.raises(DataError, match=r"data_dir '.*typo': no prepared shards \(no meta.json\); run `yxanul prepare"):
         ensure_prepared(DataArgs(data_dir=str(tmp_path / "typo")), is_main_process=True, wait=lambda: waits.append(5))

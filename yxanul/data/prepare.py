@@ -359,7 +359,9 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     """
     from .verify import verified  # every process that trains from the shards checks them first
 
-    quiet = (lambda *a, **k: None)
+    def quiet(*a, **k):
+        return None
+
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
             if read_meta(Path(args.data_dir)):
