@@ -422,7 +422,8 @@ def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_confi
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [[], ["--mixed_precision", "bf16", "--master_weights", "fp32"]], ids=["plain", "masters"])
+@pytest.mark.parametrize("extra", [[], ["--mixed_precision", "bf16", "--master_weights", "fp32"]],
+                         ids=["plain", "masters"])
 def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path, extra):
     """The optimizer is built with the params already on the GPU, so AdamW's fused kernel is used
     (built on CPU params it silently falls back to the slower foreach path)."""

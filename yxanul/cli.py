@@ -11,9 +11,11 @@ import sys
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
-    "bench-data": ("yxanul.data.bench_data", "main", "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
+    "bench-data": ("yxanul.data.bench_data", "main",
+                   "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
-    "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory and whether each verifies"),
+    "checkpoints": ("yxanul.checkpoint_table", "main",
+                    "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),

@@ -227,7 +227,8 @@ def test_prepare_cli_flags_and_config(tmp_path, capsys):
     src = write_docs(tmp_path / "docs.jsonl", 200, 10, "doc")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: nano\nmax_lr: 1.0\ndataset: {src}\nval_fraction: 0.1\nmix_by: documents\n")
-    assert prep.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"), "--max_documents", "50"]) == 0
+    assert prep.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"), "--max_documents",
+                      "50"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train"]["documents"] + summary["val"]["documents"] == 50
     args = prep.parse_prepare_args(["--config", str(cfg), "--val_fraction", "0.2"])

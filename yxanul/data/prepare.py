@@ -152,7 +152,8 @@ def _encoder(args: DataArgs, tok, dtype):
     from .tiktoken_path import tiktoken_spec
     from .tokenize import Encoder
 
-    spec = None if args.prepare_backend == "tokenizers" else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken")
+    spec = None if args.prepare_backend == "tokenizers" else tiktoken_spec(tok,
+                                                                           required=args.prepare_backend == "tiktoken")
     return Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.__name__, spec)
 
 

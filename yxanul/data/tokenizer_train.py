@@ -49,7 +49,8 @@ class TokenizerTrainArgs:
         if not self.out:
             raise ConfigError("out", "an output folder (--out DIR)", self.out)
         if not 256 + len(self.special_tokens) < self.vocab_size <= 1 << 22:
-            raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]", self.vocab_size)
+            raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]",
+                              self.vocab_size)
         if not self.special_tokens or not all(self.special_tokens):
             raise ConfigError("special_tokens", "one or more non-empty strings (the first is EOS)", self.special_tokens)
         if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:

@@ -119,7 +119,8 @@ def _read_use_fp8(path: str) -> bool:
 class LintArgs:
     """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error (2 with --strict and warnings)."""
 
-    files: list[str] = field(metadata={"positional": True, "metavar": "FILE", "help": "DeepSpeed JSON / accelerate YAML files"})
+    files: list[str] = field(metadata={"positional": True, "metavar": "FILE",
+                                       "help": "DeepSpeed JSON / accelerate YAML files"})
     fix: bool = field(default=False, metadata={"help": "Write corrected copies (never in place)."})
     out: str | None = field(default=None, metadata={"help": "Directory for --fix output (default: next to each "
                                                     "file as NAME.fixed.EXT)."})

@@ -106,7 +106,8 @@ def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
     return norm
 
 
-def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch, attention_mask=None):  # pragma: no cover
+def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch,
+                         attention_mask=None):  # pragma: no cover
     """Activation checkpointing of a TE block with TE's own `checkpoint` (non-reentrant), not
     `torch.utils.checkpoint`: the recompute runs in backward, outside the step's `te.autocast`, and
     torch's version would recompute in BF16 what the forward did in FP8 (different saved tensors).

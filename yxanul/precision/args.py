@@ -31,7 +31,8 @@ class PrecisionArgs:
     fp8_format: Literal["hybrid", "e4m3", "e5m2"] = field(
         default="hybrid", metadata={"help": "hybrid = E4M3 forward, E5M2 gradients; e4m3 everywhere; e5m2 is "
                                             "rejected by every TE recipe ('Pure E5M2 training is not supported')."})
-    fp8_margin: int = field(default=0, metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
+    fp8_margin: int = field(default=0,
+                            metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
     fp8_interval: int = field(default=1, metadata={"help": "Recorded for old configs only: TE >= 1.8 has no 'interval' "
                                                            "field (scales update after every step); != 1 is warned about."})
     fp8_amax_history_len: int = field(default=1024, metadata={"help": "DelayedScaling amax history length."})
@@ -50,7 +51,8 @@ class PrecisionArgs:
                                           "the optimizer steps fp32 master copies, gradients accumulated in fp32; "
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
-    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
+    fp8_stats: bool = field(default=True,
+                            metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
 
     def __post_init__(self):
         for key in ("fp8_margin", "fp8_min_gemm_dim"):
@@ -62,12 +64,14 @@ class PrecisionArgs:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(key, "an integer >= 1", v)
         if self.fp8_keep_bf16 is not None and (
-                not isinstance(self.fp8_keep_bf16, list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
+                not isinstance(self.fp8_keep_bf16,
+                               list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
             raise ConfigError("fp8_keep_bf16", "a list of non-empty module-name patterns", self.fp8_keep_bf16)
         if self.master_weights not in ("none", "fp32"):
             raise ConfigError("master_weights", "none or fp32", self.master_weights)
         if self.master_weights == "fp32" and self.mixed_precision == "fp32":
-            raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)", "fp32")
+            raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)",
+                              "fp32")
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE

@@ -184,7 +184,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     finally:
         model = opt = None  # free before the next case
         _release(device)
-    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device), notes="; ".join(notes) or None)
+    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device),
+               notes="; ".join(notes) or None)
     return row
 
 
