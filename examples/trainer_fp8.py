@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = trainer.evaluate()
     trainer.save_model()  # from_pretrained(output_dir) loads it, on either backend
     if trainer.is_world_process_zero():
-        print(f"done: {trainer.state.global_step} steps in {trainer.plan.label}; train_loss {result.training_loss:.4f}, "
+        print(f"done: {trainer.state.global_step} steps in {trainer.plan.label}; "
+              f"train_loss {result.training_loss:.4f}, "
               f"eval_loss {metrics['eval_loss']:.4f}; report in {a.output_dir}/precision_report.json")
     return 0
 

@@ -36,12 +36,14 @@ class OptimArgs:
                           "Keep it fixed when a run is trained in several pieces."},
     )
     weight_decay: float = field(default=0.1,
-                                metadata={"help": "AdamW weight decay for >=2-D weights (matrices, embeddings); 1-D params (norm weights) never decay."})
+                                metadata={"help": "AdamW weight decay for >=2-D weights (matrices, embeddings); "
+                                                  "1-D params (norm weights) never decay."})
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
     max_grad_norm: float = field(default=1.0,
-                                 metadata={"help": "Clip the global gradient norm to this value (0 disables clipping)."})
+                                 metadata={"help": "Clip the global gradient norm to this value "
+                                                   "(0 disables clipping)."})
 
     def __post_init__(self):
         if not 0 < self.max_lr < math.inf:  # also rejects nan

@@ -21,8 +21,8 @@ def take(loader, n):
 
 
 def same(a, b):
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x,
-                                    y in zip(a, b, strict=False))
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+                                    for x, y in zip(a, b, strict=False))
 
 
 def test_windows_are_shifted_slices_of_the_shards(bundled):
@@ -31,8 +31,8 @@ def test_windows_are_shifted_slices_of_the_shards(bundled):
     x, y = take(WindowLoader(bundled, "train", 64, 4, seed=1), 1)[0]
     assert x.shape == y.shape == (4, 64) and x.dtype == y.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
     for row_x, row_y in zip(x.numpy(), y.numpy(), strict=True):
-        start = int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(flat, 64)[::64] == row_x,
-                                          1))[0]) * 64
+        start = int(np.flatnonzero(np.all(
+            np.lib.stride_tricks.sliding_window_view(flat, 64)[::64] == row_x, 1))[0]) * 64
         assert np.array_equal(flat[start + 1:start + 65], row_y)  # a window on the stride-seq_length grid
 
 

@@ -80,8 +80,8 @@ def test_packing_round_trip_disjoint_val_and_idempotence(tmp_path, docs_file):
     assert "reusing" in said[0] and (out / "meta.json").stat().st_mtime_ns == mtime
     # the same sources through the default cache folder: named by the fingerprint, reused too
     a = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
-    assert a.parent == Path(os.environ["YXANUL_CACHE"]) / "data" and prepare(DataArgs(dataset=str(path),
-                                                                                      val_fraction=0.1), **Q) == a
+    assert (a.parent == Path(os.environ["YXANUL_CACHE"]) / "data"
+            and prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q) == a)
     assert prepare(DataArgs(dataset=str(path), val_fraction=0.2), **Q) != a  # settings are in the fingerprint
     with pytest.raises(DataError, match="prepared from other sources"):
         prepare(DataArgs(dataset=str(path), val_fraction=0.2, data_dir=str(out)), **Q)
@@ -325,8 +325,8 @@ def test_reuse_does_not_reread_the_corpus_and_mtime_ns_counts(tmp_path, docs_fil
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     assert path.stat().st_size == st.st_size
     again = prepare(DataArgs(dataset=str(path)), **Q)
-    assert again != out and any(d.startswith("Document Z:") for d in split_docs(again, "train") + split_docs(again,
-                                                                                                             "val"))
+    assert again != out and any(d.startswith("Document Z:")
+                                for d in split_docs(again, "train") + split_docs(again, "val"))
 
 
 def test_deterministic_split_and_max_documents(tmp_path, docs_file):

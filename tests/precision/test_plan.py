@@ -40,8 +40,8 @@ def test_each_fallback_reason(f, reason):
 
 def test_fp8_on_when_possible_and_reasons_for_recipe_backend_and_dims():
     assert decide(PrecisionArgs(use_fp8=True), te_cfg(), H100) == (True, None)
-    assert decide(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 9), device_name="L4")) == (True,
-                                                                                                                 None)
+    assert decide(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 9), device_name="L4")) \
+        == (True, None)
     ok, why = decide(PrecisionArgs(use_fp8=True, fp8_recipe="mxfp8"), te_cfg(), H100)
     assert not ok and "mxfp8" in why and "10.0" in why
     ok, why = decide(PrecisionArgs(use_fp8=True), config_from_preset("medium", 50257, 1024), H100)

@@ -152,8 +152,8 @@ def _encoder(args: DataArgs, tok, dtype):
     from .tiktoken_path import tiktoken_spec
     from .tokenize import Encoder
 
-    spec = None if args.prepare_backend == "tokenizers" else tiktoken_spec(tok,
-                                                                           required=args.prepare_backend == "tiktoken")
+    spec = (None if args.prepare_backend == "tokenizers"
+            else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken"))
     return Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.__name__, spec)
 
 
@@ -280,7 +280,8 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         say(f"data: reusing prepared shards in {out}")
         return out
     if not create:
-        raise DataError(f"data_dir '{out}': not prepared (this node's main process failed to prepare it; see its error)")
+        raise DataError(f"data_dir '{out}': not prepared "
+                        "(this node's main process failed to prepare it; see its error)")
     _check_target(out)
     for src in sources:  # every file's text is checked before anything is written
         check_source(src)

@@ -31,7 +31,8 @@ class TokenizerTrainArgs:
 
     action: Literal["train"] = field(metadata={"help": "What to do: train.", "positional": True})
     dataset: str | None = field(default=None, metadata={"help": "Text source: file, glob, directory or Hub name (as "
-                                                                "`yxanul prepare --dataset`). Default: the bundled corpus."})
+                                                                "`yxanul prepare --dataset`). "
+                                                                "Default: the bundled corpus."})
     out: str | None = field(default=None, metadata={"help": "Output folder (a transformers tokenizer)."})
     vocab_size: int = field(default=32768, metadata={"help": "Vocabulary size, special tokens included."})
     special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"],

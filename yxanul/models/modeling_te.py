@@ -11,8 +11,8 @@ are TE's own, and equal the torch twin's (read in TE 2.20's sources):
   `layer_norm_weight`, `query_weight`, `key_weight`, `value_weight` (`layernorm_linear.py`:
   f"{name.rstrip('_')}_weight"). With `fuse_qkv_params` (config key, default off) it holds one
   `weight` = cat[q, k, v] (`qkv_weight_interleaved=False`: TE splits it as [(np/ng + 2), ng, hn]);
-  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`; `core_attention`
-  (DotProductAttention) has no parameters, only `_extra_state`.
+  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`;
+  `core_attention` (DotProductAttention) has no parameters, only `_extra_state`.
 - `module/layernorm_mlp.py`: `layer_norm_weight`, `fc1_weight` (2*ffn x hidden for SwiGLU, gate
   first), `fc2_weight`.
 

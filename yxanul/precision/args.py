@@ -21,7 +21,8 @@ class PrecisionArgs:
     mixed_precision: Literal["auto", "fp32", "bf16"] = field(
         default="auto", metadata={"help": "Non-FP8 precision: auto = bf16 on a CUDA GPU that supports it, else fp32."})
     use_fp8: bool = field(default=False, metadata={"help": "Train the large GEMMs in FP8 with Transformer Engine "
-                                                           "(falls back to BF16 with one line saying why when impossible)."})
+                                                           "(falls back to BF16 with one line saying why when "
+                                                           "impossible)."})
     require_fp8: bool = field(default=False, metadata={"help": "Make an impossible FP8 an error instead of a "
                                                                "fallback (implies use_fp8)."})
     fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(
@@ -34,10 +35,12 @@ class PrecisionArgs:
     fp8_margin: int = field(default=0,
                             metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
     fp8_interval: int = field(default=1, metadata={"help": "Recorded for old configs only: TE >= 1.8 has no 'interval' "
-                                                           "field (scales update after every step); != 1 is warned about."})
+                                                           "field (scales update after every step); "
+                                                           "!= 1 is warned about."})
     fp8_amax_history_len: int = field(default=1024, metadata={"help": "DelayedScaling amax history length."})
     fp8_amax_compute_algo: Literal["max", "most_recent"] = field(
-        default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history or the most recent amax."})
+        default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history "
+                                         "or the most recent amax."})
     fp8_eval: bool = field(default=False, metadata={"help": "Run evaluation forwards in FP8 too (default: BF16 eval)."})
     fp8_min_gemm_dim: int = field(
         default=DEFAULT_MIN_GEMM_DIM,
@@ -52,7 +55,8 @@ class PrecisionArgs:
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
     fp8_stats: bool = field(default=True,
-                            metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
+                            metadata={"help": "Log FP8 scaling statistics every log_freq steps "
+                                              "(delayed: scale/amax; all recipes: cached weight scales)."})
 
     def __post_init__(self):
         for key in ("fp8_margin", "fp8_min_gemm_dim"):

@@ -27,7 +27,8 @@ ENV_ADVICE = {
     "CUDA_DEVICE_MAX_CONNECTIONS": ("WARN", "=1 is only needed for TE tensor/sequence-parallel comm-GEMM overlap; "
                                     "with DDP/ZeRO-1 it serializes kernel queues and can hurt overlap: unset it"),
     "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE": ("WARN", "lets TE unpickle checkpoint extra state (can run code); yxanul "
-                                             "checkpoints never need it: unset it unless loading a trusted foreign one"),
+                                             "checkpoints never need it: unset it unless loading a trusted "
+                                             "foreign one"),
     "NVTE_BACKWARD_OVERRIDE": ("WARN", "read when TE is imported; DelayedScaling asserts it is unset (recipe "
                                        "construction fails), other recipes change their backward precision"),
     "NVTE_APPLY_QK_LAYER_SCALING": ("WARN",
