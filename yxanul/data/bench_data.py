@@ -8,7 +8,7 @@ Measured in one run, on one set of documents (the bundled corpus repeated ``--re
 - the pipeline: `prepare()` end to end (read, tokenize, mix, pack, hash, write shards and meta) with
   1, 2, ... tokenizing processes (``--num_procs``), into a temporary folder.
 
-It prints a Markdown table and the two ratios the issue asks for: pipeline / raw tokenizer (on all
+It prints a Markdown table and two ratios: pipeline / raw tokenizer (on all
 cores) and the pipeline's speed-up from 1 to 2 processes.
 """
 

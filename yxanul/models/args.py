@@ -107,7 +107,7 @@ def load_weights(model, path: str) -> None:
 
     from ..checkpoint import verified_weights_dir
 
-    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest (issue 17)
+    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files:
         raise UserError(f"init_from '{path}': no model*.safetensors in that folder")

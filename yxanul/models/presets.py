@@ -6,7 +6,7 @@ BACKENDS = ("auto", "te", "torch")
 # name -> shape. Parameter counts (printed at start, tabulated in docs/models.md) come from
 # count_parameters(). `tiny` ... `xlarge` are the seed-004 table's names, layers and widths; its sizes
 # (85M, 178M, 374M, 401M, 763M, 1.46B) are matched within 1.5 % at GPT-2's vocabulary padded to 50,304.
-# `nano` is the 5M CPU demo model of the embedded default (it was called `tiny` before the seed table).
+# `nano` is the 5M CPU demo model of the embedded default.
 # All FFN widths are multiples of 64 (FP8 GEMMs need multiples of 16; tensor cores like 64/128).
 # `3b` and `7b` are Llama-3 layer shapes with GQA (8 KV heads, head_dim 128): `3b` is Llama-3.2-3B's
 # (3,212,749,824 parameters at its tied 128,256 vocabulary), `7b` Llama-3-8B's (8,030,261,248 untied at

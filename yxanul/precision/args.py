@@ -8,7 +8,7 @@ from typing import Literal
 from ..errors import ConfigError
 
 # Default of the small-GEMM policy. A layer runs FP8 only when every dimension of its GEMM(s) is
-# >= this. Measured on an H100 (docs/benchmarks.md, 2026-11-25, FP8 delayed vs BF16 step time):
+# >= this. Measured on an H100 (docs/benchmarks.md, FP8 delayed vs BF16 step time):
 # 768 wide 0.72-0.80x, 1024 wide (medium) 0.76-0.87x, 1536 wide (yxanul-0.6b, large) 1.16-1.19x,
 # 1920 wide 1.24x. So medium and smaller stay BF16; 0 forces FP8 where a faster host wins.
 DEFAULT_MIN_GEMM_DIM = 1536
