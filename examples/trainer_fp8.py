@@ -47,7 +47,8 @@ class ExampleArgs:
     deepspeed: str | None = field(default=None, metadata={"help": "DeepSpeed JSON, e.g. ds_configs/zero1.json."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
     seed: int = field(default=0, metadata={"help": "Seed of the model init and of the window order."})
-    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed", metadata={"help": "TE recipe."})
+    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed",
+                                                                        metadata={"help": "TE recipe."})
     fp8_margin: int | None = field(default=None, metadata={"help": "DelayedScaling/MXFP8 margin (default: the "
                                                                    "launch config's fp8_config, else 0)."})
     fp8_amax_history_len: int | None = field(default=None, metadata={"help": "DelayedScaling amax history length "
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics = trainer.evaluate()
     trainer.save_model()  # from_pretrained(output_dir) loads it, on either backend
     if trainer.is_world_process_zero():
-        print(f"done: {trainer.state.global_step} steps in {trainer.plan.label}; train_loss {result.training_loss:.4f}, "
+        print(f"done: {trainer.state.global_step} steps in {trainer.plan.label}; "
+              f"train_loss {result.training_loss:.4f}, "
               f"eval_loss {metrics['eval_loss']:.4f}; report in {a.output_dir}/precision_report.json")
     return 0
 

@@ -86,7 +86,8 @@ def play_to_scenes(md: str) -> list[tuple[str, str]]:
         speaker = re.fullmatch(r"\*\*(.+?)\*\*\s*(.*)", lines[0].strip())
         joined = " ".join(ln.strip() for ln in lines)
         if speaker:
-            out.append(f"{_inline(speaker.group(1)).strip()}:" + (f" {_inline(speaker.group(2))}" if speaker.group(2) else ""))
+            out.append(f"{_inline(speaker.group(1)).strip()}:"
+                       + (f" {_inline(speaker.group(2))}" if speaker.group(2) else ""))
             out.extend(_inline(ln.strip()) for ln in lines[1:])
         elif re.fullmatch(r"[_*].*[_*]", joined) and joined.count("_") + joined.count("*") <= 4:
             out.append(f"[{_inline(joined).strip(' []')}]")  # a stage direction, possibly over lines
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{sum(len(x['text']) for x in docs) / 1e6:.2f}M chars -> {corpus} ({corpus.stat().st_size / 1e6:.2f} MB, "
           f"sha256 {sha(corpus)})")
     n = train_tokenizer([d["text"] for d in docs], out / "tokenizer")
-    print(f"tokenizer: {n} tokens -> {out / 'tokenizer'} (tokenizer.json sha256 {sha(out / 'tokenizer' / 'tokenizer.json')})")
+    print(f"tokenizer: {n} tokens -> {out / 'tokenizer'} "
+          f"(tokenizer.json sha256 {sha(out / 'tokenizer' / 'tokenizer.json')})")
     return 0
 
 

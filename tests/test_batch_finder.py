@@ -163,8 +163,10 @@ def test_plan_batch_tokens_and_examples():
 def test_batch_args_validation():
     with pytest.raises(ConfigError, match="target_tokens_per_step"):
         BatchArgs(target_effective_batch_size=8, target_tokens_per_step=1024)
-    for kw, key in (({"micro_batch_size": 0}, "micro_batch_size"), ({"batch_safety_margin": 1.5}, "batch_safety_margin"),
-                    ({"micro_batch_multiple": 0}, "micro_batch_multiple"), ({"target_tokens_per_step": 0}, "target_tok"),
+    for kw, key in (({"micro_batch_size": 0}, "micro_batch_size"),
+                    ({"batch_safety_margin": 1.5}, "batch_safety_margin"),
+                    ({"micro_batch_multiple": 0}, "micro_batch_multiple"),
+                    ({"target_tokens_per_step": 0}, "target_tok"),
                     ({"max_micro_batch_size": 4, "micro_batch_multiple": 8}, "max_micro_batch_size"),
                     ({"curriculum": []}, "curriculum")):
         with pytest.raises(ConfigError, match=key):
@@ -277,7 +279,8 @@ def test_resolve_batch(monkeypatch, tmp_path):
         if align > 1:
             with pytest.raises(ConfigError, match=f"multiple of {align}"):
                 resolve_batch(BatchArgs(micro_batch_size=align // 2), plan=plan, seq_length=101, world_size=1)
-        assert resolve_batch(BatchArgs(micro_batch_size=align), plan=plan, seq_length=101, world_size=1).micro_batch == align
+        assert resolve_batch(BatchArgs(micro_batch_size=align), plan=plan, seq_length=101,
+                             world_size=1).micro_batch == align
     # auto_batch_size on CPU: no OOM signal, so micro_batch_size is used without probing
     lines = []
     bp = resolve_batch(BatchArgs(micro_batch_size=2, auto_batch_size=True, target_effective_batch_size=8),

@@ -1,7 +1,7 @@
-"""Device results -> docs/bench/ -> docs/benchmarks.md's table, on fixture JSONs that a real CPU `yxanul bench`
+r"""Device results -> docs/bench/ -> docs/benchmarks.md's table, on fixture JSONs that a real CPU `yxanul bench`
 run wrote (tests/fixtures/bench/<variant>/bench.json: nano, seq 32, bf16 + fp8-delayed, which a CPU skips):
 
-    yxanul bench --presets nano --seq_lengths 32 --tokens_per_micro 64 --steps 3 --warmup 1 --vocab_size 512 \\
+    yxanul bench --presets nano --seq_lengths 32 --tokens_per_micro 64 --steps 3 --warmup 1 --vocab_size 512 \
         --precisions bf16,fp8-delayed [--master_weights fp32 | --loss_impl chunked] --out tests/fixtures/bench/<v>
 """
 

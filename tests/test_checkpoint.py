@@ -101,7 +101,8 @@ def test_checkpoints_cli(tmp_path, acc_model):
     save_checkpoint(acc, tmp_path, _state(7, 2.0), keep_last=2)
     r = subprocess.run([sys.executable, "-m", "yxanul", "checkpoints", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and "step_7" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "yxanul", "checkpoints", str(tmp_path / "x")], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "yxanul", "checkpoints", str(tmp_path / "x")], capture_output=True,
+                       text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: run directory")
 
 

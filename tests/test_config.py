@@ -106,7 +106,8 @@ def test_parsing_and_help_do_not_import_torch():
             "from yxanul.config import parse_args, build_parser\n"
             "build_parser().format_help()\n"
             "cfg = parse_args(['--config', 'yxanul/assets/default.yaml', '--model', 'medium', '--use_fp8'])\n"
-            "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'datasets', 'numpy') if m in sys.modules)\n"
+            "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'datasets', 'numpy') "
+            "if m in sys.modules)\n"
             "print(cfg.model.model, heavy)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "medium []", r.stdout + r.stderr

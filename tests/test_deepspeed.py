@@ -150,7 +150,8 @@ def test_zero1_fp8_runs_the_configured_recipe(tmp_path, recipe, flags, expect):
         pytest.skip(f"FP8 recipe {recipe} unavailable here: {why}")
     out = tmp_path / recipe
     ds("--model", "medium", "--backend", "te", "--seq_length", "256", "--max_steps", "4", "--checkpoint_freq", "0",
-       "--use_fp8", "--require_fp8", "--fp8_min_gemm_dim", "0", "--fp8_recipe", recipe, *flags, "--output_dir", str(out))
+       "--use_fp8", "--require_fp8", "--fp8_min_gemm_dim", "0", "--fp8_recipe", recipe, *flags, "--output_dir",
+       str(out))
     rep = json.loads((out / "precision_report.json").read_text())
     rb = rep["te_readback"]
     assert rep["fp8"] and rb["fp8_confirmed"] and rb["module_recipes"] == [rb["recipe"]]

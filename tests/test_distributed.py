@@ -58,7 +58,8 @@ def losses(run_dir):
 SKEW = """import os, time
 if os.environ.get("RANK") == "1":  # rank 1's clock runs 5 s ahead of rank 0's
     _strftime = time.strftime
-    time.strftime = lambda fmt, t=None: _strftime(fmt, time.localtime((time.time() if t is None else time.mktime(t)) + 5))
+    time.strftime = lambda fmt, t=None: _strftime(
+        fmt, time.localtime((time.time() if t is None else time.mktime(t)) + 5))
 """
 
 

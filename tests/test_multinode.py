@@ -125,7 +125,7 @@ def test_sigterm_to_one_node_checkpoints_and_stops_both(tmp_path):
         wait_for_step(run, (n0, n1))
         time.sleep(1)
         os.killpg(n1.pid, signal.SIGTERM)
-        out1 = n1.communicate(timeout=180)[0]
+        n1.communicate(timeout=180)
         # node 0's worker saves and exits 0; its launcher then waits in torchrun's exit barrier (300 s,
         # fixed in torch's agent) for node 1's launcher, which the signal ended: stop waiting for it here
         deadline = time.time() + 180

@@ -1,3 +1,5 @@
+"""Optimizer construction and the learning-rate schedule."""
+
 import math
 
 import torch
@@ -36,5 +38,6 @@ def test_decay_that_ends_before_warmup_is_a_config_error():
 
     assert OptimArgs(warmup_steps=100, lr_decay_steps=101).lr_decay_steps == 101
     for bad in (100, 50):
-        with pytest.raises(ConfigError, match=r"config key 'lr_decay_steps': expected an integer > warmup_steps \(100\)"):
+        with pytest.raises(ConfigError,
+                           match=r"config key 'lr_decay_steps': expected an integer > warmup_steps \(100\)"):
             OptimArgs(warmup_steps=100, lr_decay_steps=bad)

@@ -141,7 +141,8 @@ def _events(*args) -> str:
 
 def test_every_update_applies_exactly_accum_micro_batches_when_accumulation_changes(tmp_path):
     cfg = tmp_path / "c.yaml"  # 96 tokens per step: 4 x 24, then 3 x 32
-    cfg.write_text("curriculum:\n  - {seq_length: 24, until_steps: 1}\n  - {seq_length: 32}\ntarget_tokens_per_step: 96\n")
+    cfg.write_text("curriculum:\n  - {seq_length: 24, until_steps: 1}\n  - {seq_length: 32}\n"
+                   "target_tokens_per_step: 96\n")
     common = [*FAST, "--micro_batch_size", "1", "--eval_freq", "0", "--checkpoint_freq", "0"]
     assert _events("--config", str(cfg), *common, "--max_steps", "4", "--save_final", "false",
                    "--output_dir", str(tmp_path / "cur")) == "FFFFS" + "FFFS" * 3
@@ -422,7 +423,8 @@ def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_confi
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("extra", [[], ["--mixed_precision", "bf16", "--master_weights", "fp32"]], ids=["plain", "masters"])
+@pytest.mark.parametrize("extra", [[], ["--mixed_precision", "bf16", "--master_weights", "fp32"]],
+                         ids=["plain", "masters"])
 def test_the_trainer_steps_the_fused_cuda_adamw(tmp_path, extra):
     """The optimizer is built with the params already on the GPU, so AdamW's fused kernel is used
     (built on CPU params it silently falls back to the slower foreach path)."""

@@ -66,8 +66,10 @@ class CheckpointArgs:
                           "'auto' (resume if output_dir holds a checkpoint, else start fresh: for requeued jobs and "
                           "restarted pods) or a checkpoint path."})
     list_checkpoints: bool = field(default=False, metadata={"help": "Print the checkpoints of output_dir and exit."})
-    checkpoint_freq: int = field(default=250, metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
-    keep_last: int = field(default=3, metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
+    checkpoint_freq: int = field(default=250,
+                                 metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
+    keep_last: int = field(default=3,
+                           metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
     save_final: bool = field(default=True, metadata={"help": "Save a checkpoint when training ends."})
     resume_allow_changes: list[str] | None = field(
         default=None,

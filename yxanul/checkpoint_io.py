@@ -106,10 +106,10 @@ def _load_models_with_views(models: list, input_dir: str) -> None:
     accelerate loads with ``safetensors.torch.load_model``, which refuses any parameter that is a view
     into a larger storage ("None is covering the entire storage"). TE's ``LayerNormLinear`` with
     ``parameters_split`` registers ``query_weight``/``key_weight``/``value_weight`` as views of ONE
-    fused buffer, so every TE checkpoint failed to resume that way (seen on an H100, 2026-11-25).
+    fused buffer, so no TE checkpoint could be loaded that way (checked on an H100).
     ``load_state_dict`` copies into the views in place. Missing keys are forgiven only where the
     model's own state dict aliases them to a loaded tensor (a tied head that the save dropped) or
-    they are TE ``_extra_state`` (the model's load hooks); anything else raises, as strict loading did.
+    they are TE ``_extra_state`` (the model's load hooks); anything else raises, as strict loading does.
     """
     from safetensors.torch import load_file
 

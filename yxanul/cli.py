@@ -11,9 +11,11 @@ import sys
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
-    "bench-data": ("yxanul.data.bench_data", "main", "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
+    "bench-data": ("yxanul.data.bench_data", "main",
+                   "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
-    "checkpoints": ("yxanul.checkpoint_table", "main", "list the checkpoints of a run directory and whether each verifies"),
+    "checkpoints": ("yxanul.checkpoint_table", "main",
+                    "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),
@@ -95,11 +97,11 @@ EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long w
 def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
     a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk, a read-only
-    or forbidden path -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other
-    exception -> its traceback (a bug: report it), then one line, 1. ``process_exit``: the process
-    exits with the returned code (the `yxanul` entry points, train.py): then, on every error, a
-    watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread, a child) would keep it
-    alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
+    or forbidden path -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141;
+    Ctrl-C -> 130; any other exception -> its traceback (a bug: report it), then one line, 1.
+    ``process_exit``: the process exits with the returned code (the `yxanul` entry points, train.py):
+    then, on every error, a watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread,
+    a child) would keep it alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
     code = _run(func, argv)
     if code != 0 and process_exit:
         _exit_watchdog(code)

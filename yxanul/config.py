@@ -237,7 +237,8 @@ def _cross_checks(cfg: Config) -> None:
                               f"{warmup} steps and the learning rate would never reach max_lr (lower warmup_tokens, "
                               "or set lr_decay_steps for a longer schedule)", tokens)
         raise ConfigError("warmup_steps", f"at most max_steps ({max_steps}): the learning rate would never reach "
-                          f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)", warmup)
+                          f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)",
+                          warmup)
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Config:

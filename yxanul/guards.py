@@ -41,9 +41,9 @@ class CollapseGuard:
             raise TrainingDiverged(f"step {step}: gradient norm {value}: stopping (lower max_lr, or check the data)")
         self.zero_steps = self.zero_steps + 1 if value == 0.0 else 0
         if self.zero_steps >= self.patience:
-            raise TrainingDiverged(f"step {step}: gradient norm 0 at {self.zero_steps} logged steps in a row: the model "
-                                   "has collapsed (it can no longer learn); stopping without saving it (resume from an "
-                                   "earlier checkpoint with a lower max_lr)")
+            raise TrainingDiverged(f"step {step}: gradient norm 0 at {self.zero_steps} logged steps in a row: "
+                                   "the model has collapsed (it can no longer learn); stopping without saving it "
+                                   "(resume from an earlier checkpoint with a lower max_lr)")
 
     def before_save(self, step: int, norm) -> None:
         if norm is None:

@@ -12,7 +12,7 @@ existed (no ``manifest.json``) gets the checks that need no manifest: its state 
 holds ``step`` and ``data``, ``model.safetensors`` has a readable safetensors header, the optimizer
 file is not empty.
 
-Cost, measured 2026-11-25 on this project's 2-core CPU box under load average ~13 (8 agents): a
+Cost, measured on this project's 2-core CPU box under load average ~13 (8 agents): a
 629 MB checkpoint (200 MB weights + 400 MB optimizer) took 2.3 s to hash at save (0.27 GB/s, two
 threads) and 2.6 s to verify; one thread's raw in-memory sha256 ran at 0.17 GB/s under that load.
 So a 124M model with AdamW (~1.5 GB) costs ~5.5 s per save and per resume on that box; an idle

@@ -20,7 +20,8 @@ class OptimArgs:
     """Optimizer and learning-rate schedule."""
 
     max_lr: float = field(default=6e-4, metadata={"help": "Peak learning rate, reached at the end of warmup."})
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "Final learning rate as a fraction of max_lr (cosine floor)."})
+    min_lr_ratio: float = field(default=0.1,
+                                metadata={"help": "Final learning rate as a fraction of max_lr (cosine floor)."})
     warmup_steps: int = field(default=100, metadata={"help": "Optimizer steps of linear warmup from 0 to max_lr."})
     warmup_tokens: int | None = field(default=None, metadata={
         "help": "The warmup in tokens instead of warmup_steps (set one of them): converted once to optimizer steps, "
@@ -34,11 +35,15 @@ class OptimArgs:
         metadata={"help": "Optimizer step at which the cosine reaches its floor (default: max_steps). "
                           "Keep it fixed when a run is trained in several pieces."},
     )
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay for >=2-D weights (matrices, embeddings); 1-D params (norm weights) never decay."})
+    weight_decay: float = field(default=0.1,
+                                metadata={"help": "AdamW weight decay for >=2-D weights (matrices, embeddings); "
+                                                  "1-D params (norm weights) never decay."})
     beta1: float = field(default=0.9, metadata={"help": "AdamW beta1."})
     beta2: float = field(default=0.95, metadata={"help": "AdamW beta2."})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value (0 disables clipping)."})
+    max_grad_norm: float = field(default=1.0,
+                                 metadata={"help": "Clip the global gradient norm to this value "
+                                                   "(0 disables clipping)."})
 
     def __post_init__(self):
         if not 0 < self.max_lr < math.inf:  # also rejects nan
@@ -87,7 +92,7 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
     kwargs = {}
     if "fused" in inspect.signature(torch.optim.AdamW).parameters:
         kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
-    from .precision.master_weights import build as master_weight_adamw  # master_weights: fp32 (issue 22)
+    from .precision.master_weights import build as master_weight_adamw  # master_weights: fp32
 
     masters = master_weight_adamw(model, groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps,
                                   **kwargs)

@@ -18,13 +18,18 @@ class TrackingArgs:
     """Logging, evaluation and experiment tracking."""
 
     log_freq: int = field(default=10, metadata={"help": "Print/log training metrics every N optimizer steps."})
-    eval_freq: int = field(default=250, metadata={"help": "Evaluate on the validation split (and print a sample) every N steps (0: only at the end)."})
+    eval_freq: int = field(default=250,
+                           metadata={"help": "Evaluate on the validation split (and print a sample) every N steps "
+                                             "(0: only at the end)."})
     eval_steps: int = field(default=20, metadata={"help": "Validation batches per evaluation."})
     use_tensorboard: bool = field(default=True, metadata={"help": "Write TensorBoard event files under output_dir."})
-    use_wandb: bool = field(default=False, metadata={"help": "Log to Weights & Biases (offline mode when no API key is configured)."})
+    use_wandb: bool = field(default=False,
+                            metadata={"help": "Log to Weights & Biases (offline mode when no API key is configured)."})
     wandb_project: str = field(default="yxanul", metadata={"help": "W&B project."})
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
-    sample_tokens: int = field(default=48, metadata={"help": "Tokens generated for the sample printed at each evaluation (0: none)."})
+    sample_tokens: int = field(default=48,
+                               metadata={"help": "Tokens generated for the sample printed at each evaluation "
+                                                 "(0: none)."})
     sample_prompt: str = field(default="\n", metadata={"help": "Prompt of the generated sample."})
 
     def __post_init__(self):

@@ -21,7 +21,8 @@ def take(loader, n):
 
 
 def same(a, b):
-    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b, strict=False))
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+                                    for x, y in zip(a, b, strict=False))
 
 
 def test_windows_are_shifted_slices_of_the_shards(bundled):
@@ -30,7 +31,8 @@ def test_windows_are_shifted_slices_of_the_shards(bundled):
     x, y = take(WindowLoader(bundled, "train", 64, 4, seed=1), 1)[0]
     assert x.shape == y.shape == (4, 64) and x.dtype == y.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
     for row_x, row_y in zip(x.numpy(), y.numpy(), strict=True):
-        start = int(np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(flat, 64)[::64] == row_x, 1))[0]) * 64
+        start = int(np.flatnonzero(np.all(
+            np.lib.stride_tricks.sliding_window_view(flat, 64)[::64] == row_x, 1))[0]) * 64
         assert np.array_equal(flat[start + 1:start + 65], row_y)  # a window on the stride-seq_length grid
 
 
@@ -172,7 +174,8 @@ def test_small_shards_warn_by_their_loss_and_fail_naming_shard_size_tokens(tmp_p
     out = prepare(DataArgs(data_dir=str(tmp_path / "d"), shard_size_tokens=1024), **Q)  # the bundled corpus
     assert 0.06 < WindowLoader(out, "train", 64, 4, seed=0).windows.lost_fraction < 0.07  # 15 of 16 windows
     assert 0.2 < WindowLoader(out, "train", 256, 4, seed=0).windows.lost_fraction < 0.3  # 3 windows of 1024 tokens
-    with pytest.raises(DataError, match="at most 1,024 tokens each, too few for one window of 1025: .*shard_size_tokens"):
+    with pytest.raises(DataError,
+                       match="at most 1,024 tokens each, too few for one window of 1025: .*shard_size_tokens"):
         WindowLoader(out, "train", 1024, 1, seed=0)
 
 

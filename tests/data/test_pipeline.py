@@ -178,7 +178,8 @@ def _fake_hub_repo(root: Path, name: str, n: int) -> Path:
     (repo / "sample" / "10BT").mkdir(parents=True)
     for part in range(2):
         rows = range(part * n // 2, (part + 1) * n // 2)
-        pq.write_table(pa.table({"text": [f"edu {i}: " + " ".join(WORDS[(i * 7 + j) % 20] for j in range(30)) for i in rows],
+        pq.write_table(pa.table({"text": [f"edu {i}: " + " ".join(WORDS[(i * 7 + j) % 20] for j in range(30))
+                                          for i in rows],
                                  "score": [1.0] * len(rows)}), repo / "sample" / "10BT" / f"00{part}.parquet")
     (repo / "README.md").write_text("---\nconfigs:\n- config_name: sample-10BT\n  data_files:\n  - split: train\n"
                                     "    path: sample/10BT/*.parquet\n---\n")
@@ -201,7 +202,8 @@ def test_hub_path_streams_through_load_dataset_with_shuffle_buffer(tmp_path, mon
     tok = load_tokenizer(None)[1]
     first = tok.decode(np.asarray(open_shard(plain / "train_00000.bin"))[:8].tolist())
     assert first.startswith("edu 0:")  # the mirror's rows, in order, text column only
-    totals = [json.loads((d / "meta.json").read_text())["mixture"]["HuggingFaceFW/fineweb-edu"]["tokens"] for d in (plain, a)]
+    totals = [json.loads((d / "meta.json").read_text())["mixture"]["HuggingFaceFW/fineweb-edu"]["tokens"]
+              for d in (plain, a)]
     assert totals[0] == totals[1]  # a shuffle reorders, it never drops or repeats
 
 
@@ -227,7 +229,8 @@ def test_prepare_cli_flags_and_config(tmp_path, capsys):
     src = write_docs(tmp_path / "docs.jsonl", 200, 10, "doc")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: nano\nmax_lr: 1.0\ndataset: {src}\nval_fraction: 0.1\nmix_by: documents\n")
-    assert prep.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"), "--max_documents", "50"]) == 0
+    assert prep.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"),
+                      "--max_documents", "50"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train"]["documents"] + summary["val"]["documents"] == 50
     args = prep.parse_prepare_args(["--config", str(cfg), "--val_fraction", "0.2"])

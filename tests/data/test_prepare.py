@@ -80,7 +80,8 @@ def test_packing_round_trip_disjoint_val_and_idempotence(tmp_path, docs_file):
     assert "reusing" in said[0] and (out / "meta.json").stat().st_mtime_ns == mtime
     # the same sources through the default cache folder: named by the fingerprint, reused too
     a = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
-    assert a.parent == Path(os.environ["YXANUL_CACHE"]) / "data" and prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q) == a
+    assert (a.parent == Path(os.environ["YXANUL_CACHE"]) / "data"
+            and prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q) == a)
     assert prepare(DataArgs(dataset=str(path), val_fraction=0.2), **Q) != a  # settings are in the fingerprint
     with pytest.raises(DataError, match="prepared from other sources"):
         prepare(DataArgs(dataset=str(path), val_fraction=0.2, data_dir=str(out)), **Q)
@@ -116,7 +117,8 @@ def test_parquet_glob_csv_and_text_column(tmp_path):
     assert json.loads((out / "meta.json").read_text())["splits"]["train"]["documents"] > 60
     (tmp_path / "t.csv").write_text("id,text\n1,hello there\n2,general kenobi\n3,\"quoted, text\"\n")
     out = prepare(DataArgs(dataset=str(tmp_path / "t.csv"), val_fraction=0.3), **Q)
-    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == ["general kenobi", "hello there", "quoted, text"]
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == ["general kenobi", "hello there",
+                                                                         "quoted, text"]
 
 
 def test_worker_processes_give_the_same_shards(tmp_path, docs_file, monkeypatch):
@@ -229,7 +231,8 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     # main process finished must not skip it)
     waits.clear()
     for main in (True, False):
-        assert ensure_prepared(DataArgs(data_dir=str(out)), is_main_process=main, wait=lambda: waits.append(main)) == out
+        assert ensure_prepared(DataArgs(data_dir=str(out)), is_main_process=main,
+                               wait=lambda m=main: waits.append(m)) == out
     assert waits == [True, False]
     with pytest.raises(DataError, match=r"data_dir '.*typo': no prepared shards \(no meta.json\); run `yxanul prepare"):
         ensure_prepared(DataArgs(data_dir=str(tmp_path / "typo")), is_main_process=True, wait=lambda: waits.append(5))
@@ -246,7 +249,8 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
 def test_data_args_validation():
     for kw, key in [({"val_fraction": 0.0}, "val_fraction"), ({"num_workers": -1}, "num_workers"),
                     ({"dataset": "x", "datasets": [{"path": "y"}]}, "datasets"), ({"datasets": []}, "datasets"),
-                    ({"datasets": [{"path": "a", "weight": 0}]}, "datasets"), ({"datasets": [{"path": "a", "w": 1}]}, "datasets"),
+                    ({"datasets": [{"path": "a", "weight": 0}]}, "datasets"),
+                    ({"datasets": [{"path": "a", "w": 1}]}, "datasets"),
                     ({"prepare_num_proc": 0}, "prepare_num_proc"), ({"shard_size_tokens": 10}, "shard_size_tokens")]:
         with pytest.raises(ConfigError, match=f"config key '{key}'"):
             DataArgs(**kw)
@@ -321,7 +325,8 @@ def test_reuse_does_not_reread_the_corpus_and_mtime_ns_counts(tmp_path, docs_fil
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     assert path.stat().st_size == st.st_size
     again = prepare(DataArgs(dataset=str(path)), **Q)
-    assert again != out and any(d.startswith("Document Z:") for d in split_docs(again, "train") + split_docs(again, "val"))
+    assert again != out and any(d.startswith("Document Z:")
+                                for d in split_docs(again, "train") + split_docs(again, "val"))
 
 
 def test_deterministic_split_and_max_documents(tmp_path, docs_file):
@@ -352,7 +357,8 @@ def test_mixture_weights_and_different_columns_from_data_args(tmp_path):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.parquet"
     a.write_text("\n".join(json.dumps({"text": f"alpha {i}", "url": f"u{i}", "score": i / 3}) for i in range(2000)))
     pq.write_table(pa.table({"content": [f"beta {i}" for i in range(2000)], "lang": ["en"] * 2000}), b)
-    args = DataArgs(datasets=[{"path": str(a), "weight": 0.8}, {"path": str(b), "weight": 0.2, "text_column": "content"}],
+    args = DataArgs(datasets=[{"path": str(a), "weight": 0.8},
+                              {"path": str(b), "weight": 0.2, "text_column": "content"}],
                     val_fraction=0.01)
     out = prepare(args, **Q)
     docs = split_docs(out, "train") + split_docs(out, "val")

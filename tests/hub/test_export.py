@@ -139,7 +139,8 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     config.yaml; plain transformers generates from the folder; the card has the run's numbers."""
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
-    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--warmup_steps", "1", "--checkpoint_freq", "3", "--eval_freq", "3",
+    assert cli(["train", "--model", PRESET, "--max_steps", "3", "--warmup_steps", "1", "--checkpoint_freq", "3",
+                "--eval_freq", "3",
                 "--eval_steps", "1", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
                 "--seq_length", "32", "--micro_batch_size", "2", "--max_documents", "60", "--val_fraction", "0.1",
                 "--output_dir", str(run)]) == 0

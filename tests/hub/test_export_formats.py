@@ -61,7 +61,8 @@ def test_each_format_has_its_own_card_whose_snippet_runs(tmp_path, tok_run):
         assert r.returncode == 0, (fmt, r.stderr[-2000:])
         assert r.stdout.startswith("ROMEO:"), r.stdout
         assert "attention mask" not in r.stderr.lower(), r.stderr[-2000:]
-        cfg, gen = json.loads((out / "config.json").read_text()), json.loads((out / "generation_config.json").read_text())
+        cfg = json.loads((out / "config.json").read_text())
+        gen = json.loads((out / "generation_config.json").read_text())
         tok = AutoTokenizer.from_pretrained(str(out))
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             assert cfg.get(key) == gen.get(key) == getattr(tok, key), (fmt, key)

@@ -123,7 +123,8 @@ def test_precision_args_from_the_accelerate_launch_environment():
     env = {"ACCELERATE_MIXED_PRECISION": "fp8", "ACCELERATE_FP8_MARGIN": "1", "ACCELERATE_FP8_AMAX_HISTORY_LEN": "16",
            "ACCELERATE_FP8_FORMAT": "E4M3", "ACCELERATE_FP8_AMAX_COMPUTE_ALGO": "max"}
     p = precision_args_from_env(env, fp8_min_gemm_dim=0)
-    assert (p.use_fp8, p.fp8_margin, p.fp8_amax_history_len, p.fp8_format, p.fp8_min_gemm_dim) == (True, 1, 16, "e4m3", 0)
+    assert (p.use_fp8, p.fp8_margin, p.fp8_amax_history_len, p.fp8_format, p.fp8_min_gemm_dim) \
+        == (True, 1, 16, "e4m3", 0)
     assert not precision_args_from_env({"ACCELERATE_MIXED_PRECISION": "bf16"}).use_fp8
     with pytest.raises(ConfigError, match="ACCELERATE_FP8_MARGIN"):
         precision_args_from_env({"ACCELERATE_FP8_MARGIN": "one"})

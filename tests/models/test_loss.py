@@ -162,7 +162,8 @@ def test_chunked_under_bf16_autocast_tracks_the_default(tiny_config):
 
 def test_penalty_and_loss_settings_are_validated():
     for kw, key in [(dict(penalty_type="l2"), "penalty_type"), (dict(penalty_weight=-0.1), "penalty_weight"),
-                    (dict(penalty_weight=True), "penalty_weight"), (dict(penalty_weight=float("nan")), "penalty_weight"),
+                    (dict(penalty_weight=True), "penalty_weight"),
+                    (dict(penalty_weight=float("nan")), "penalty_weight"),
                     (dict(loss_impl="fused"), "loss_impl")]:
         with pytest.raises(ConfigError, match=key):
             ModelArgs(**kw)

@@ -257,7 +257,7 @@ def test_golden_against_transformers_llama(tiny_config, kv_heads, tied):
     cfg = tiny_config(num_key_value_heads=kv_heads, tie_word_embeddings=tied, rope_theta=500000.0)
     ours = YxanulForCausalLM(cfg).eval()
     with torch.no_grad():  # random norm weights too, so a mixed-up norm cannot hide
-        for n, p in ours.named_parameters():
+        for p in ours.parameters():
             if p.dim() == 1:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     ref = LlamaForCausalLM(LlamaConfig(

@@ -236,7 +236,8 @@ def test_fp8_50_steps_within_2_percent_of_bf16(tmp_path):
 
     hparams = yaml.safe_load(next((fp8 / "tensorboard").rglob("hparams.yml")).read_text())  # the tracker config
     assert hparams["precision_report/te_readback/recipe"] == "DelayedScaling"
-    assert hparams["precision_report/te_readback/fp8_confirmed"] is True and hparams["precision_report/precision"] == "FP8"
+    assert hparams["precision_report/te_readback/fp8_confirmed"] is True
+    assert hparams["precision_report/precision"] == "FP8"
 
 
 @pytest.mark.slow

@@ -6,10 +6,12 @@ from yxanul.errors import ConfigError, UserError
 from yxanul.models import config_from_preset
 from yxanul.precision import CapabilityFacts, PrecisionArgs, decide, recipe_spec, resolve_precision
 
-H100 = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True, device_name="NVIDIA H100 80GB HBM3",
+H100 = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True,
+                       device_name="NVIDIA H100 80GB HBM3",
                        compute_capability=(9, 0), bf16_supported=True,
                        recipes={"delayed": (True, ""), "current": (True, ""), "block": (True, ""),
-                                "mxfp8": (False, "Device compute capability 10.0 or higher required for MXFP8 execution.")})
+                                "mxfp8": (False,
+                                          "Device compute capability 10.0 or higher required for MXFP8 execution.")})
 
 
 def facts(**kw):
@@ -38,13 +40,15 @@ def test_each_fallback_reason(f, reason):
 
 def test_fp8_on_when_possible_and_reasons_for_recipe_backend_and_dims():
     assert decide(PrecisionArgs(use_fp8=True), te_cfg(), H100) == (True, None)
-    assert decide(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 9), device_name="L4")) == (True, None)
+    assert decide(PrecisionArgs(use_fp8=True), te_cfg(), facts(compute_capability=(8, 9), device_name="L4")) \
+        == (True, None)
     ok, why = decide(PrecisionArgs(use_fp8=True, fp8_recipe="mxfp8"), te_cfg(), H100)
     assert not ok and "mxfp8" in why and "10.0" in why
     ok, why = decide(PrecisionArgs(use_fp8=True), config_from_preset("medium", 50257, 1024), H100)
     assert not ok and "backend is 'torch'" in why
     ok, why = decide(PrecisionArgs(use_fp8=True, fp8_min_gemm_dim=0), te_cfg("nano", intermediate_size=700,
-                                                                            hidden_size=264, num_attention_heads=4), H100)
+                                                                            hidden_size=264, num_attention_heads=4),
+                     H100)
     assert not ok and "not a multiple of 16" in why
     assert decide(PrecisionArgs(use_fp8=False), te_cfg(), H100) == (False, None)
 

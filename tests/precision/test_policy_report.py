@@ -47,7 +47,8 @@ def test_policy_threshold_and_reasons():
     assert not odd["mlp"][0] and "700 is not a multiple of 16" in odd["mlp"][1]
     assert odd["qkv"][0]
     # 3088 = 16 x 193: fine for delayed/current/block, but MXFP8 needs multiples of 32
-    mx = {r: layer_policy(cfg("medium", intermediate_size=3088), PrecisionArgs(fp8_recipe=r, fp8_min_gemm_dim=0)) for r in ("delayed", "mxfp8")}
+    mx = {r: layer_policy(cfg("medium", intermediate_size=3088),
+                          PrecisionArgs(fp8_recipe=r, fp8_min_gemm_dim=0)) for r in ("delayed", "mxfp8")}
     assert mx["delayed"]["mlp"][0] and mx["mxfp8"]["qkv"][0]
     assert not mx["mxfp8"]["mlp"][0] and "3088 is not a multiple of 32 (TE mxfp8" in mx["mxfp8"]["mlp"][1]
 

@@ -18,7 +18,8 @@ SWEEP = ROOT / "sweeps" / "penalty_weight_tinyshakespeare.yaml"
 PRESET = "nano"  # the 5M CPU preset
 TRIAL_FLAGS = ["--model", PRESET, "--seq_length", "32", "--micro_batch_size", "4", "--eval_steps", "2",
                "--sample_tokens", "0", "--warmup_steps", "2", "--use_tensorboard", "false", "--num_workers", "0",
-               "--max_steps", "6", "--warmup_steps", "2", "--eval_freq", "3", "--checkpoint_freq", "2", "--log_freq", "1"]
+               "--max_steps", "6", "--warmup_steps", "2", "--eval_freq", "3", "--checkpoint_freq", "2", "--log_freq",
+               "1"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -108,7 +109,8 @@ def test_accelerate_launch_trial_runs_every_rank_with_the_trials_flags(tmp_path)
     f.write_text(ACCEL_SWEEP % (ROOT / "accelerate_configs" / "cpu.yaml"))
     env = dict(os.environ, YXANUL_CACHE=str(tmp_path / "cache"), ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    flags = [*TRIAL_FLAGS, "--max_steps", "2", "--warmup_steps", "1", "--eval_freq", "0", "--checkpoint_freq", "0", "--use_wandb", "false"]
+    flags = [*TRIAL_FLAGS, "--max_steps", "2", "--warmup_steps", "1", "--eval_freq", "0", "--checkpoint_freq", "0",
+             "--use_wandb", "false"]
     r = subprocess.run([sys.executable, "-m", "yxanul", "sweep", str(f), "--offline", "--output_root", str(tmp_path),
                         *flags],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)

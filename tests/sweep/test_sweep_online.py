@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "sweeps" / "penalty_weight_tinyshakespeare.yaml"
 PRESET = "nano"
 FAST = ["--model", PRESET, "--seq_length", "32", "--micro_batch_size", "4", "--eval_steps", "1",
-        "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0", "--max_steps", "4", "--warmup_steps", "1",
+        "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0", "--max_steps", "4",
+        "--warmup_steps", "1",
         "--eval_freq", "3", "--checkpoint_freq", "2", "--log_freq", "1"]
 
 

@@ -131,7 +131,8 @@ def test_accelerate_prefix_of_the_command_launches_every_rank(tmp_path):
                        "accelerate_configs/single_gpu_fp8.yaml", "-m"]
     assert cmd[6:10] == ["yxanul", "train", "--config", "examples/configs/fineweb_edu_fp8.yaml"]
     assert "--penalty_weight=0.0" in cmd and "--use_fp8=True" in cmd  # flags: every rank parses them
-    plain = launch_command(load_spec(TINY), make_trial(load_spec(TINY), "x", {"max_steps": 3, "warmup_steps": 1}, tmp_path, []))
+    plain = launch_command(load_spec(TINY),
+                           make_trial(load_spec(TINY), "x", {"max_steps": 3, "warmup_steps": 1}, tmp_path, []))
     assert plain[:4] == [sys.executable, "-m", "yxanul", "train"]
 
 

@@ -36,7 +36,8 @@ def _oom_signal(device) -> bool:
 
 
 def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size: int = 1, run_dir=None, say=print,
-               device=None, reduce_min=None, write_cache: bool = True, on_probe=None) -> tuple[int, SearchResult | None]:
+               device=None, reduce_min=None, write_cache: bool = True,
+               on_probe=None) -> tuple[int, SearchResult | None]:
     """``(micro, result)``: with ``auto_batch_size`` on CUDA, the largest micro-batch that fits (safety
     margin applied), from the cache or a search with real training steps on ``model``; otherwise (or
     on CPU, where nothing signals OOM) ``args.micro_batch_size`` and None, silently."""
@@ -217,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not ours.no_cache:
         fields = cache_fields(model.config, seq_length=T, precision=precision_label(plan), world_size=ours.world_size,
                               gradient_checkpointing=cfg.model.gradient_checkpointing, multiple=multiple, device=device)
-        store(cache_key(fields), fields, res, cache_files(None), {"peak_bytes": {str(k): v for k, v in probe.peak_bytes.items()}})
+        store(cache_key(fields), fields, res, cache_files(None),
+              {"peak_bytes": {str(k): v for k, v in probe.peak_bytes.items()}})
         print(f"recorded in {user_cache_file()}")
     _print_result(res, b, ours.world_size, T, multiple, plan, device)
     print(f"total {time.perf_counter() - t0:.1f}s")

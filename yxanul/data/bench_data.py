@@ -8,7 +8,7 @@ Measured in one run, on one set of documents (the bundled corpus repeated ``--re
 - the pipeline: `prepare()` end to end (read, tokenize, mix, pack, hash, write shards and meta) with
   1, 2, ... tokenizing processes (``--num_procs``), into a temporary folder.
 
-It prints a Markdown table and the two ratios the issue asks for: pipeline / raw tokenizer (on all
+It prints a Markdown table and two ratios: pipeline / raw tokenizer (on all
 cores) and the pipeline's speed-up from 1 to 2 processes.
 """
 
@@ -87,7 +87,8 @@ def _raw_measurements(tok, docs: list[str]) -> dict:
             [raw.encode_batch(b, add_special_tokens=False) for b in batches]
             os.environ.pop("TOKENIZERS_PARALLELISM")
         return run
-    out = {"raw tokenizers encode_batch (all threads)": hf("true"), "raw tokenizers encode_batch (1 thread)": hf("false")}
+    out = {"raw tokenizers encode_batch (all threads)": hf("true"),
+           "raw tokenizers encode_batch (1 thread)": hf("false")}
     spec = tiktoken_spec(tok)
     if spec:
         enc = build_encoding(spec)
@@ -122,7 +123,8 @@ def run(args: BenchDataArgs, say=print) -> dict:
         tmp = Path(d)
         path, docs = _documents(args, tmp)
         _, tok = load_tokenizer(args.tokenizer)
-        tokens = sum(len(x) + 1 for x in tok(docs, add_special_tokens=False, split_special_tokens=True)["input_ids"] if x)
+        tokens = sum(len(x) + 1 for x in tok(docs, add_special_tokens=False,
+                                             split_special_tokens=True)["input_ids"] if x)
         raw = _raw_measurements(tok, docs)
         best: dict[str, float] = {}
         for trial in range(args.trials):  # interleaved: a load change on the machine hits every measurement

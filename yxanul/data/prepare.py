@@ -152,7 +152,8 @@ def _encoder(args: DataArgs, tok, dtype):
     from .tiktoken_path import tiktoken_spec
     from .tokenize import Encoder
 
-    spec = None if args.prepare_backend == "tokenizers" else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken")
+    spec = (None if args.prepare_backend == "tokenizers"
+            else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken"))
     return Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.__name__, spec)
 
 
@@ -279,7 +280,8 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         say(f"data: reusing prepared shards in {out}")
         return out
     if not create:
-        raise DataError(f"data_dir '{out}': not prepared (this node's main process failed to prepare it; see its error)")
+        raise DataError(f"data_dir '{out}': not prepared "
+                        "(this node's main process failed to prepare it; see its error)")
     _check_target(out)
     for src in sources:  # every file's text is checked before anything is written
         check_source(src)
@@ -359,7 +361,9 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     """
     from .verify import verified  # every process that trains from the shards checks them first
 
-    quiet = (lambda *a, **k: None)
+    def quiet(*a, **k):
+        return None
+
     if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
             if read_meta(Path(args.data_dir)):

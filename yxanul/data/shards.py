@@ -62,7 +62,8 @@ class ShardWriter:
     shard is truncated back to the recorded length and later files are removed."""
 
     def __init__(self, out_dir: Path, prefix: str, dtype, shard_size: int, eos: int, state: dict | None = None):
-        self.out_dir, self.prefix, self.dtype, self.shard_size, self.eos = Path(out_dir), prefix, np.dtype(dtype), shard_size, eos
+        self.out_dir, self.prefix, self.dtype = Path(out_dir), prefix, np.dtype(dtype)
+        self.shard_size, self.eos = shard_size, eos
         st = state or {}
         self.entries: list[dict] = list(st.get("entries", []))
         self.tokens, self.documents = int(st.get("tokens", 0)), int(st.get("documents", 0))

@@ -184,7 +184,8 @@ def _cache_full(src: Source, cache_dir) -> DataError:
 
     where = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
     probe = next((p for p in (where, *where.parents) if p.exists()), Path("/"))
-    need = f"about {sum(os.path.getsize(f) for f in src.files):,} bytes (the size of its files)" if src.files else "more"
+    need = (f"about {sum(os.path.getsize(f) for f in src.files):,} bytes (the size of its files)" if src.files
+            else "more")
     return DataError(f"disk full: datasets' cache {where} needs {need} for dataset '{src.path}', "
                      f"{shutil.disk_usage(probe).free:,} free: free space or point HF_DATASETS_CACHE / YXANUL_CACHE "
                      "elsewhere")

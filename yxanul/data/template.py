@@ -1,10 +1,10 @@
-"""``text_template``: one document built from several columns, e.g. MedQA's question / options / answer.
+r"""``text_template``: one document built from several columns, e.g. MedQA's question / options / answer.
 
 A Python format string over the example's fields (``str.format`` syntax: ``{question}``, ``{options[A]}``).
 A dict field is written one ``key. value`` per line in its own order (MedQA's options: ``A. ...`` then
 ``B. ...``; None values left out), a list one item per line, None as nothing; anything else as ``str(value)``::
 
-    text_template: "Question: {question}\\nOptions:\\n{options}\\nAnswer: {answer_idx}. {answer}"
+    text_template: "Question: {question}\nOptions:\n{options}\nAnswer: {answer_idx}. {answer}"
 
 Applied in :func:`yxanul.data.sources.load_source` (local files and Hub datasets, streamed or not), so
 preparing and tokenizer training see the rendered text as the source's ``text`` column.

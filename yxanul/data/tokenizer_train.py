@@ -31,7 +31,8 @@ class TokenizerTrainArgs:
 
     action: Literal["train"] = field(metadata={"help": "What to do: train.", "positional": True})
     dataset: str | None = field(default=None, metadata={"help": "Text source: file, glob, directory or Hub name (as "
-                                                                "`yxanul prepare --dataset`). Default: the bundled corpus."})
+                                                                "`yxanul prepare --dataset`). "
+                                                                "Default: the bundled corpus."})
     out: str | None = field(default=None, metadata={"help": "Output folder (a transformers tokenizer)."})
     vocab_size: int = field(default=32768, metadata={"help": "Vocabulary size, special tokens included."})
     special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"],
@@ -49,7 +50,8 @@ class TokenizerTrainArgs:
         if not self.out:
             raise ConfigError("out", "an output folder (--out DIR)", self.out)
         if not 256 + len(self.special_tokens) < self.vocab_size <= 1 << 22:
-            raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]", self.vocab_size)
+            raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]",
+                              self.vocab_size)
         if not self.special_tokens or not all(self.special_tokens):
             raise ConfigError("special_tokens", "one or more non-empty strings (the first is EOS)", self.special_tokens)
         if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:

@@ -7,7 +7,7 @@ the input). A process holds an exclusive ``flock`` on ``.lock`` while it works, 
 the others find the finished folder. When complete the folder is renamed to ``<out>`` (atomic), so a
 folder named ``<out>`` is always complete.
 
-Cleaning (issue 17): on failure the Arrow copy is removed at once; a kill -9 leaves it, and the next
+Cleaning: on failure the Arrow copy is removed at once; a kill -9 leaves it, and the next
 `yxanul prepare` in the same parent folder removes it from every ``*.partial`` no process holds (the
 written shards stay: they are what a restart resumes from) and removes legacy ``*.tmp-*`` folders of
 older versions (not resumable).

@@ -119,12 +119,14 @@ def _read_use_fp8(path: str) -> bool:
 class LintArgs:
     """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error (2 with --strict and warnings)."""
 
-    files: list[str] = field(metadata={"positional": True, "metavar": "FILE", "help": "DeepSpeed JSON / accelerate YAML files"})
+    files: list[str] = field(metadata={"positional": True, "metavar": "FILE",
+                                       "help": "DeepSpeed JSON / accelerate YAML files"})
     fix: bool = field(default=False, metadata={"help": "Write corrected copies (never in place)."})
     out: str | None = field(default=None, metadata={"help": "Directory for --fix output (default: next to each "
                                                     "file as NAME.fixed.EXT)."})
     train_config: str | None = field(default=None, metadata={"aliases": ["--train-config"], "help": "yxanul config "
-                                     "YAML: warn when its use_fp8 disagrees with the accelerate config's mixed_precision."})
+                                     "YAML: warn when its use_fp8 disagrees with the accelerate config's "
+                                     "mixed_precision."})
     world_size: int | None = field(default=None, metadata={"aliases": ["--world-size"], "help": "Check "
                                    "train_batch_size = micro x accumulation x world size."})
     strict: bool = field(default=False, metadata={"help": "For CI gates: exit 2 when there are warnings (and no "

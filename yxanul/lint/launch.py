@@ -26,7 +26,8 @@ def _deepspeed_problems(env, add, use_fp8) -> list[Problem]:
         return []
     if "mixed_precision" in fields:
         add("ACCELERATE_CONFIG_DS_FIELDS", ERROR, "mixed_precision came from the accelerate YAML together with a "
-            "deepspeed_config_file: accelerate raises ValueError", "remove mixed_precision from the YAML (yxanul sets it)")
+            "deepspeed_config_file: accelerate raises ValueError",
+            "remove mixed_precision from the YAML (yxanul sets it)")
     if not os.path.isfile(path):
         add("ACCELERATE_DEEPSPEED_CONFIG_FILE", ERROR, f"{path} not found from {os.getcwd()}",
             "launch from the repository root or use an absolute path")

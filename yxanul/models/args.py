@@ -44,7 +44,8 @@ class ModelArgs:
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute activations in backward to save memory (slower)."})
     penalty_type: Literal["none", "z_loss", "max_z_loss"] = field(
-        default="none", metadata={"help": "Penalty added to the training loss: z_loss = weight*mean(logsumexp(logits)^2) "
+        default="none", metadata={"help": "Penalty added to the training loss: "
+                                          "z_loss = weight*mean(logsumexp(logits)^2) "
                                           "(PaLM/OLMo), max_z_loss = weight*mean(max logit^2) (Baichuan 2); "
                                           "docs/models.md. Validation uses the LM loss only."})
     penalty_weight: float = field(default=0.0, metadata={"help": "Weight (lambda >= 0) of penalty_type."})
@@ -106,7 +107,7 @@ def load_weights(model, path: str) -> None:
 
     from ..checkpoint import verified_weights_dir
 
-    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest (issue 17)
+    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files:
         raise UserError(f"init_from '{path}': no model*.safetensors in that folder")

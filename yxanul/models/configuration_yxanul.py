@@ -114,7 +114,8 @@ _register()
 
 def config_from_preset(name: str, vocab_size: int, seq_length: int, **overrides) -> YxanulConfig:
     """The config of preset ``name`` for a tokenizer of ``vocab_size`` tokens (padded to a multiple of
-    64, or the preset's ``VOCAB_MULTIPLE``) and sequences of up to ``seq_length`` tokens. ``overrides``: any YxanulConfig field (None = keep)."""
+    64, or the preset's ``VOCAB_MULTIPLE``) and sequences of up to ``seq_length`` tokens.
+    ``overrides``: any YxanulConfig field (None = keep)."""
     if name not in PRESETS:
         raise ConfigError("model", "one of " + ", ".join(PRESETS), name)
     if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:

@@ -1,4 +1,4 @@
-"""CUDA graphs of the TE decoder blocks (``cuda_graphs: true``; issue 22.3: host overhead).
+"""CUDA graphs of the TE decoder blocks (``cuda_graphs: true``): they cut the host overhead of launching each kernel.
 
 Each `TEDecoderLayer` is captured with Transformer Engine's ``make_graphed_callables`` (through
 `yxanul._te`, with the plan's FP8 recipe and FP8 weight caching when FP8 is on), so a training

@@ -162,7 +162,8 @@ def chunked_loss(h, weight, targets, penalty_type="none", penalty_weight=0.0, nu
     hf = h.reshape(-1, C)
     t = targets.reshape(-1).to(h.device)
     dev = h.device.type
-    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.promote_types(h.dtype, weight.dtype)
+    dtype = (torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev)
+             else torch.promote_types(h.dtype, weight.dtype))
     denom = _denominator(t != IGNORE_INDEX, num_items_in_batch)
     denom = denom.to(torch.promote_types(dtype, torch.float32)) if torch.is_tensor(denom) else float(denom)
     need_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)

@@ -11,8 +11,8 @@ are TE's own, and equal the torch twin's (read in TE 2.20's sources):
   `layer_norm_weight`, `query_weight`, `key_weight`, `value_weight` (`layernorm_linear.py`:
   f"{name.rstrip('_')}_weight"). With `fuse_qkv_params` (config key, default off) it holds one
   `weight` = cat[q, k, v] (`qkv_weight_interleaved=False`: TE splits it as [(np/ng + 2), ng, hn]);
-  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`; `core_attention`
-  (DotProductAttention) has no parameters, only `_extra_state`.
+  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`;
+  `core_attention` (DotProductAttention) has no parameters, only `_extra_state`.
 - `module/layernorm_mlp.py`: `layer_norm_weight`, `fc1_weight` (2*ffn x hidden for SwiGLU, gate
   first), `fc2_weight`.
 
@@ -106,7 +106,8 @@ def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
     return norm
 
 
-def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch, attention_mask=None):  # pragma: no cover
+def checkpointed_forward(layer, hidden_states, rotary_pos_emb, is_first_microbatch,
+                         attention_mask=None):  # pragma: no cover
     """Activation checkpointing of a TE block with TE's own `checkpoint` (non-reentrant), not
     `torch.utils.checkpoint`: the recompute runs in backward, outside the step's `te.autocast`, and
     torch's version would recompute in BF16 what the forward did in FP8 (different saved tensors).

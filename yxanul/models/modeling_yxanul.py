@@ -311,9 +311,11 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         for 1). ``return_logits=False`` (training/eval steps): no (B, T, V) logits in the output, which
         accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`). ``cache`` is
         ``past_key_values``' name on transformers 5.24 (both work)."""
-        base = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+        base = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          inputs_embeds=inputs_embeds,
                           use_cache=use_cache, output_hidden_states=output_hidden_states,
-                          is_first_microbatch=is_first_microbatch, cache=cache if cache is not None else past_key_values)
+                          is_first_microbatch=is_first_microbatch,
+                          cache=cache if cache is not None else past_key_values)
         h = base.last_hidden_state                                                     # (B, T, C)
         if labels is not None and shift_labels is None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)                   # (B, T), last has no target

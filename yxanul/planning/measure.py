@@ -10,9 +10,9 @@ peak resident set size (VmHWM, reset through ``/proc/self/clear_refs`` before ea
 resident size before the model. Under ``torchrun`` (WORLD_SIZE > 1, gloo) every rank prints its own
 line; the third argument picks the wrapping: ``ddp`` (DistributedDataParallel with its default
 arguments, as accelerate's ``prepare`` does) or ``fsdp2`` (``fully_shard`` per decoder layer and at
-the root, bf16 parameters in compute and fp32 gradient reduction, no autocast). Run it with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns
-every freed tensor to the system, so the resident size follows what is allocated (the default
-threshold adapts upward and keeps freed memory resident).
+the root, bf16 parameters in compute and fp32 gradient reduction, no autocast). Run it with
+``MALLOC_MMAP_THRESHOLD_=65536``: glibc then returns every freed tensor to the system, so the
+resident size follows what is allocated (the default threshold adapts upward and keeps freed memory resident).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Literal
 from ..errors import ConfigError
 
 # Default of the small-GEMM policy. A layer runs FP8 only when every dimension of its GEMM(s) is
-# >= this. Measured on an H100 (docs/benchmarks.md, 2026-11-25, FP8 delayed vs BF16 step time):
+# >= this. Measured on an H100 (docs/benchmarks.md, FP8 delayed vs BF16 step time):
 # 768 wide 0.72-0.80x, 1024 wide (medium) 0.76-0.87x, 1536 wide (yxanul-0.6b, large) 1.16-1.19x,
 # 1920 wide 1.24x. So medium and smaller stay BF16; 0 forces FP8 where a faster host wins.
 DEFAULT_MIN_GEMM_DIM = 1536
@@ -21,7 +21,8 @@ class PrecisionArgs:
     mixed_precision: Literal["auto", "fp32", "bf16"] = field(
         default="auto", metadata={"help": "Non-FP8 precision: auto = bf16 on a CUDA GPU that supports it, else fp32."})
     use_fp8: bool = field(default=False, metadata={"help": "Train the large GEMMs in FP8 with Transformer Engine "
-                                                           "(falls back to BF16 with one line saying why when impossible)."})
+                                                           "(falls back to BF16 with one line saying why when "
+                                                           "impossible)."})
     require_fp8: bool = field(default=False, metadata={"help": "Make an impossible FP8 an error instead of a "
                                                                "fallback (implies use_fp8)."})
     fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(
@@ -31,12 +32,15 @@ class PrecisionArgs:
     fp8_format: Literal["hybrid", "e4m3", "e5m2"] = field(
         default="hybrid", metadata={"help": "hybrid = E4M3 forward, E5M2 gradients; e4m3 everywhere; e5m2 is "
                                             "rejected by every TE recipe ('Pure E5M2 training is not supported')."})
-    fp8_margin: int = field(default=0, metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
+    fp8_margin: int = field(default=0,
+                            metadata={"help": "DelayedScaling/MXFP8 margin: scale = fp8_max / amax / 2^margin."})
     fp8_interval: int = field(default=1, metadata={"help": "Recorded for old configs only: TE >= 1.8 has no 'interval' "
-                                                           "field (scales update after every step); != 1 is warned about."})
+                                                           "field (scales update after every step); "
+                                                           "!= 1 is warned about."})
     fp8_amax_history_len: int = field(default=1024, metadata={"help": "DelayedScaling amax history length."})
     fp8_amax_compute_algo: Literal["max", "most_recent"] = field(
-        default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history or the most recent amax."})
+        default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history "
+                                         "or the most recent amax."})
     fp8_eval: bool = field(default=False, metadata={"help": "Run evaluation forwards in FP8 too (default: BF16 eval)."})
     fp8_min_gemm_dim: int = field(
         default=DEFAULT_MIN_GEMM_DIM,
@@ -50,7 +54,9 @@ class PrecisionArgs:
                                           "the optimizer steps fp32 master copies, gradients accumulated in fp32; "
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
-    fp8_stats: bool = field(default=True, metadata={"help": "Log FP8 scaling statistics every log_freq steps (delayed: scale/amax; all recipes: cached weight scales)."})
+    fp8_stats: bool = field(default=True,
+                            metadata={"help": "Log FP8 scaling statistics every log_freq steps "
+                                              "(delayed: scale/amax; all recipes: cached weight scales)."})
 
     def __post_init__(self):
         for key in ("fp8_margin", "fp8_min_gemm_dim"):
@@ -62,12 +68,14 @@ class PrecisionArgs:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(key, "an integer >= 1", v)
         if self.fp8_keep_bf16 is not None and (
-                not isinstance(self.fp8_keep_bf16, list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
+                not isinstance(self.fp8_keep_bf16,
+                               list) or not all(isinstance(p, str) and p for p in self.fp8_keep_bf16)):
             raise ConfigError("fp8_keep_bf16", "a list of non-empty module-name patterns", self.fp8_keep_bf16)
         if self.master_weights not in ("none", "fp32"):
             raise ConfigError("master_weights", "none or fp32", self.master_weights)
         if self.master_weights == "fp32" and self.mixed_precision == "fp32":
-            raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)", "fp32")
+            raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)",
+                              "fp32")
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE

@@ -1,4 +1,4 @@
-"""BF16 model weights with fp32 master copies (``master_weights: fp32``; issue 22.2, the llm.c /
+"""BF16 model weights with fp32 master copies (``master_weights: fp32``; the llm.c /
 DeepSpeed-bf16 scheme).
 
 `attach(model)` (from `PrecisionPlan.prepare_model`) turns every parameter into BF16, so the forward

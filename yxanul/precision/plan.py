@@ -231,7 +231,8 @@ class PrecisionPlan:
         now = {n: type(m).__name__ for n, m in inner.named_modules()}
         changed = [f"{n}: {t} -> {now.get(n)}" for n, t in self._snapshot.items() if now.get(n) != t]
         if changed:
-            raise RuntimeError("accelerate.prepare() replaced modules (its FP8 convert_model?): " + "; ".join(changed[:5]))
+            raise RuntimeError("accelerate.prepare() replaced modules (its FP8 convert_model?): "
+                               + "; ".join(changed[:5]))
         if self._tied and inner.lm_head.weight is not inner.model.embed_tokens.weight:
             raise RuntimeError("accelerate.prepare() untied lm_head from embed_tokens")
 

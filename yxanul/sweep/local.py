@@ -42,7 +42,7 @@ def plan(spec: SweepSpec, output_root: str, overrides: list[str], count: int | N
     state_path = root / STATE
     if state_path.is_file():
         old = json.loads(state_path.read_text())
-        for i, (t, p) in enumerate(zip(old["trials"], params)):
+        for t, p in zip(old["trials"], params):
             if t["params"] != p:
                 raise UserError(f"{root} holds another sweep (trial {t['id']}: {t['params']} != {p}): use the same "
                                 f"file, --count and --sweep_seed as before, or another --output_root")

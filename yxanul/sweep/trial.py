@@ -67,7 +67,7 @@ def split_overrides(overrides: list[str], spec: SweepSpec) -> tuple[str | None, 
 
     base = _flag_value(overrides, "config")
     rest, skip = [], False
-    for i, t in enumerate(overrides):
+    for t in overrides:
         if skip:
             skip = False
             continue

@@ -50,14 +50,14 @@ class BenchArgs:
                                                         "(-1: the training default; 0: every layer FP8)."})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
     loss_impl: Literal["default", "chunked", "te"] = field(
-        default="default", metadata={"help": "The loss of every case (issue 22: measure chunked / TE's "
+        default="default", metadata={"help": "The loss of every case (to measure chunked / TE's "
                                      "parallel_cross_entropy against the default before either becomes one)."})
     fuse_qkv_params: bool = field(default=False, metadata={"help": "TE backend: one fused QKV weight per block."})
     master_weights: Literal["none", "fp32"] = field(
         default="none", metadata={"help": "fp32: BF16 model weights with fp32 master copies in the optimizer "
-                                  "(issue 22.2; fp32 cases are skipped)."})
+                                  "(fp32 cases are skipped)."})
     cuda_graphs: bool = field(default=False, metadata={"help": "TE backend on CUDA: each block replayed as a CUDA "
-                                                       "graph (issue 22.3; captured in the first warm-up step)."})
+                                                       "graph (captured in the first warm-up step)."})
     torch_compile: bool = field(default=False, metadata={"help": "torch.compile the model of every case "
                                                          "(inductor on CUDA, aot_eager on CPU, as the trainer)."})
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
@@ -184,7 +184,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     finally:
         model = opt = None  # free before the next case
         _release(device)
-    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device), notes="; ".join(notes) or None)
+    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device),
+               notes="; ".join(notes) or None)
     return row
 
 

@@ -27,10 +27,12 @@ ENV_ADVICE = {
     "CUDA_DEVICE_MAX_CONNECTIONS": ("WARN", "=1 is only needed for TE tensor/sequence-parallel comm-GEMM overlap; "
                                     "with DDP/ZeRO-1 it serializes kernel queues and can hurt overlap: unset it"),
     "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE": ("WARN", "lets TE unpickle checkpoint extra state (can run code); yxanul "
-                                             "checkpoints never need it: unset it unless loading a trusted foreign one"),
+                                             "checkpoints never need it: unset it unless loading a trusted "
+                                             "foreign one"),
     "NVTE_BACKWARD_OVERRIDE": ("WARN", "read when TE is imported; DelayedScaling asserts it is unset (recipe "
                                        "construction fails), other recipes change their backward precision"),
-    "NVTE_APPLY_QK_LAYER_SCALING": ("WARN", "scales attention by layer_number (unfused backend only): breaks TE/torch parity"),
+    "NVTE_APPLY_QK_LAYER_SCALING": ("WARN",
+                                    "scales attention by layer_number (unfused backend only): breaks TE/torch parity"),
     "NVTE_FUSED_ATTN": ("INFO", "0 disables cuDNN fused attention (TE's default on Hopper, ~1.35x per layer)"),
     "NVTE_FLASH_ATTN": ("INFO", "flash-attention backend choice inside TE; leave unset unless debugging"),
     "NVTE_UNFUSED_FP8_UPDATE": ("INFO", "1 = Python amax/scale update instead of the fused kernel (slower)"),

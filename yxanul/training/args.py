@@ -11,7 +11,8 @@ from ..errors import ConfigError
 class TrainArgs:
     """Length and reproducibility of the run."""
 
-    max_steps: int = field(default=1000, metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
+    max_steps: int = field(default=1000,
+                           metadata={"help": "Optimizer steps to train for (total, including resumed ones)."})
     seed: int = field(default=1337, metadata={"help": "Seed for initialisation and data order."})
     torch_compile: bool = field(default=False, metadata={
         "help": "Compile the model with torch.compile (GPU: inductor, slower start, faster steps; CPU: the "

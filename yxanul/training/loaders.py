@@ -40,7 +40,7 @@ def warn_lost_tokens(loader, say) -> None:
 
 
 def val_batches(data_dir, cfg, micro: int, accelerator) -> list:
-    """This rank's share of the ``eval_steps`` fixed validation batches at the base ``seq_length``."""
+    """The share for this rank of the ``eval_steps`` fixed validation batches at the base ``seq_length``."""
     from ..data.loader import eval_batches
 
     return list(eval_batches(data_dir, cfg.model.seq_length, micro, cfg.tracking.eval_steps,

@@ -100,7 +100,8 @@ class Curriculum:
         """Validate ``[{seq_length, until_tokens | until_steps}, ...]`` for ``tokens_per_step`` tokens per
         optimizer step (every stage's seq_length must divide it so the step holds whole sequences)."""
         if isinstance(tokens_per_step, bool) or not isinstance(tokens_per_step, int) or tokens_per_step < 1:
-            raise ConfigError("target_tokens_per_step", "a positive integer (tokens per optimizer step)", tokens_per_step)
+            raise ConfigError("target_tokens_per_step", "a positive integer (tokens per optimizer step)",
+                              tokens_per_step)
         if not isinstance(stages, list) or not stages:
             raise ConfigError("curriculum", "a non-empty list of {seq_length, until_tokens | until_steps}", stages)
         out: list[Stage] = []

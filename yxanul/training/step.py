@@ -15,7 +15,7 @@ when it is true) and the non-final ones run under ``accelerator.no_sync(model)``
 Without an accelerator (probe, bench, verify): BF16 autocast when the plan's base precision is bf16
 (what accelerate would apply), ``loss / accum`` backward, ``torch.nn.utils.clip_grad_norm_``.
 
-Issue 22's flags, both no-ops by default: ``master_weights: fp32`` -- the clipped gradients are the fp32
+Two precision flags, both no-ops by default: ``master_weights: fp32`` -- the clipped gradients are the fp32
 masters' (`precision.master_weights.grad_params`); ``cuda_graphs`` -- the TE blocks are captured
 before the first micro-batch of the first step, outside every autocast context
 (`models.cuda_graphs.ensure_captured`), and any later step must have the same (B, T).

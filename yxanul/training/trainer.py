@@ -92,7 +92,8 @@ class Trainer:
         self.mcfg = model.config
         self.plan = resolve_precision(cfg.precision, self.mcfg, say=self.say)
         self.plan.prepare_model(model, say=self.say)  # small-GEMM policy, read-back hooks: the probe sees them too
-        finder = dict(model=model, plan=self.plan, run_dir=self.run_dir, write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
+        finder = dict(model=model, plan=self.plan, run_dir=self.run_dir,
+                      write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
                       reduce_min=torch_reduce_min() if world > 1 else None)
         self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say, **finder)
         self.state.tokens_per_step = self.batch.micro_batch * self.batch.grad_accum * world * cfg.model.seq_length
@@ -268,7 +269,8 @@ class Trainer:
             msg += f"\nsample: {row['sample']!r}"
         self.say(msg, flush=True)
         self.metrics.write(row)
-        acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"], **{f"eval/{k}": v for k, v in extra.items()}},
+        acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"],
+                 **{f"eval/{k}": v for k, v in extra.items()}},
                 step=st.step)
         self.timer.exclude(time.perf_counter() - t0)  # eval time is not step time
         return row
