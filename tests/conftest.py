@@ -1,4 +1,4 @@
-"""Shared test setup: offline Hub, and GPU/TE tests skipped with a reason where they can't run."""
+"""Shared test setup: offline Hub; GPU/TE tests skipped with a reason where they can't run, slow ones unless asked."""
 
 import os
 
@@ -10,14 +10,29 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true",
+                     help="also run the tests marked slow (> ~20 s each on 2 CPU cores; ~20 min in all)")
+
+
+def _runs_slow(config) -> bool:
+    """Slow tests run with --runslow or YXANUL_SLOW=1, under a -m expression that names them, and on a GPU
+    machine (the device checks choose them by marker); the default suite keeps a fast test of each."""
+    return bool(config.getoption("--runslow") or os.environ.get("YXANUL_SLOW") == "1"
+                or "slow" in (config.getoption("markexpr") or "") or torch.cuda.is_available())
+
+
 def pytest_collection_modifyitems(config, items):
     from yxanul import _te
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine: scripts/device/README.md)")
     no_te = pytest.mark.skip(reason=f"needs Transformer Engine ({_te.TE_IMPORT_ERROR}); on a CPU: "
                                     "scripts/device/cpu_te_env.sh")
+    slow = None if _runs_slow(config) else pytest.mark.skip(reason="slow: run with --runslow (or YXANUL_SLOW=1)")
     for item in items:
-        if "gpu" in item.keywords and not torch.cuda.is_available():
+        if slow is not None and "slow" in item.keywords:
+            item.add_marker(slow)
+        elif "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
         elif "te" in item.keywords and not _te.TE_AVAILABLE:
             item.add_marker(no_te)

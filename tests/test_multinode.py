@@ -96,8 +96,8 @@ def test_two_nodes_one_run_dir_then_resume_on_one_node(tmp_path):
     assert "step    1" not in out1 and "training 6 steps" not in out1, out1[-3000:]  # rank 1 prints nothing
     a = losses(run)
     assert sorted(a) == list(range(1, 7))
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl",
-                                                     "precision_report.json", "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == [".yxanul.lock", "checkpoints", "config.yaml",  # one writer
+                                                     "metrics.jsonl", "precision_report.json", "summary.json"]
     ckpt = run / "checkpoints" / "step_3"
     assert {"random_states_0.pkl", "random_states_1.pkl"} <= set(json.loads((ckpt / "manifest.json").read_text())
                                                                ["files"])

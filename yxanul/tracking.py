@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -83,7 +84,8 @@ def progress(step: int, max_steps: int | None, sec_per_step: float | None) -> st
     """``step  250/300 83% eta 39s`` (``step  250`` without ``max_steps``)."""
     if not max_steps:
         return f"step {step:4d}"
-    eta = "" if sec_per_step is None else f" eta {format_duration((max_steps - step) * sec_per_step)}"
+    known = sec_per_step is not None and math.isfinite(sec_per_step)  # a frozen clock gives nan
+    eta = f" eta {format_duration((max_steps - step) * sec_per_step)}" if known else ""
     return f"step {step:4d}/{max_steps} {step / max_steps:.0%}{eta}"
 
 

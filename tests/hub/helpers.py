@@ -38,13 +38,13 @@ def fuse_qkv_like_te(model):
             start += p.shape[0]
 
 
-def save_run(model, run_dir, te_views: bool = True, step: int = 2, data_dir=None):
+def save_run(model, run_dir, te_views: bool = True, step: int = 2, data_dir=None, seq_length: int = 64):
     """A real checkpoint through accelerate (the trainer's save_checkpoint), the config.yaml of the run."""
     if te_views:
         fuse_qkv_like_te(model)
     acc = Accelerator(cpu=True)
     prepared = acc.prepare(model)
-    flat = {"model": PRESET, "seq_length": 64, "tie_word_embeddings": model.config.tie_word_embeddings,
+    flat = {"model": PRESET, "seq_length": seq_length, "tie_word_embeddings": model.config.tie_word_embeddings,
             "data_dir": str(data_dir or run_dir / "no-data")}
     n_layers = model.config.num_hidden_layers
     save_checkpoint(acc, run_dir, {"step": step, "tokens_seen": 100 * step, "val_loss": 5.0, "precision": "FP32",

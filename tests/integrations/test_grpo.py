@@ -86,9 +86,7 @@ def qa_run(tmp_path_factory):
     torch.manual_seed(0)
     cfg = YxanulConfig(**PRESETS[PRESET], vocab_size=8192, backend="torch", max_position_embeddings=128)
     run = base / "run"
-    save_run(YxanulForCausalLM(cfg).eval(), run, te_views=False)
-    f = run / "checkpoints" / "step_2" / "config.yaml"
-    f.write_text(yaml.safe_dump(dict(yaml.safe_load(f.read_text()), data_dir=str(data), seq_length=128)))
+    save_run(YxanulForCausalLM(cfg).eval(), run, te_views=False, data_dir=data, seq_length=128)
     return run
 
 

@@ -38,7 +38,16 @@ def run_measure(cases, device, tmp_path, ranks=1, strategy="single") -> list[dic
     out = subprocess.run([*launch, "-m", "yxanul.planning.measure", str(f), device, strategy], capture_output=True,
                          text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.strip().splitlines()]
+    return _objects(out.stdout)
+
+
+def _objects(text: str) -> list[dict]:
+    """The JSON rows in ``text``: two ranks print to one pipe, so two rows may share a line."""
+    rows, dec, i = [], json.JSONDecoder(), 0
+    while (i := text.find("{", i)) >= 0:
+        row, i = dec.raw_decode(text, i)
+        rows.append(row)
+    return rows
 
 
 def check(cases, got, strategy="single", world=1):
