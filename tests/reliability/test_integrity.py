@@ -3,6 +3,7 @@ that exists, and a resume checks what it resumes (tokenizer, data, val split, se
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,6 +93,25 @@ def test_resume_refuses_other_seed_seq_length_or_data_unless_allowed(run_copy, t
     assert "warning: resume with another seed (1337 -> 7), allowed" in r.stdout
     assert "data order restarts at epoch 1" in r.stdout
     assert json.loads((run_copy / "checkpoints" / "step_9" / "trained_on.json").read_text())["seed"] == 7
+
+
+def test_resume_refuses_another_tokenizer_of_the_same_vocabulary_size(run_copy, tmp_path):
+    """Two token ids swapped: the same 8,192 entries, so only the recorded tokenizer hash can tell that
+    the embeddings now mean other tokens."""
+    import shutil
+
+    bundled = Path(__file__).resolve().parents[2] / "yxanul" / "assets" / "tokenizer"
+    other = tmp_path / "tok"
+    shutil.copytree(bundled, other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["ow"], vocab["ing"] = vocab["ing"], vocab["ow"]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    r = _resume(run_copy, "--tokenizer", other)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr and last.startswith("error: "), r.stderr[-2000:]
+    assert "tokenizer: " in last and "tokenizer" in last.split("--resume_allow_changes", 1)[1], last
+    assert not (run_copy / "checkpoints" / "step_9").exists()
 
 
 def test_a_checkpoint_without_records_resumes_with_one_note(run_copy):
