@@ -71,8 +71,8 @@ def lr_of(step: int, total: int) -> float:
 def build_yxanul(a):
     """(step(i, window) -> loss, row info): the trainer's model, plan, optimizer and step function."""
     from yxanul.models.modeling_yxanul import YxanulForCausalLM
-    from yxanul.optim import OptimArgs, build_optimizer
     from yxanul.precision import PrecisionArgs, resolve_precision
+    from yxanul.training.optim import OptimArgs, build_optimizer
     from yxanul.training.step import train_step
 
     config = config_from_preset(a.preset, a.vocab_size, a.seq_length, backend="torch")

@@ -169,7 +169,7 @@ def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config
 
 # ---- manifest, verification, fallback (issue 17) ----------------------------------------------
 from yxanul.checkpoint import latest_good_checkpoint, verified_weights_dir  # noqa: E402
-from yxanul.manifest import verify_checkpoint  # noqa: E402
+from yxanul.checkpoint.manifest import verify_checkpoint  # noqa: E402
 
 
 def _three(tmp_path, acc_model):
@@ -326,8 +326,8 @@ class _Payload:
 def test_every_file_resume_unpickles_refuses_a_code_pickle(tmp_path, acc_model, name):
     """load_for_resume (what `--resume` runs) on a checkpoint whose manifest was rewritten to match."""
     from yxanul.checkpoint import load_for_resume
+    from yxanul.checkpoint.manifest import write_manifest
     from yxanul.config import parse_args
-    from yxanul.manifest import write_manifest
 
     acc, _, _ = acc_model
     ckpt = save_checkpoint(acc, tmp_path, _state(1), keep_last=2)

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from yxanul.optim import OptimArgs, build_optimizer
+from yxanul.training.optim import OptimArgs, build_optimizer
 from yxanul.training.schedule import lr_at
 
 

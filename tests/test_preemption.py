@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from yxanul.preemption import StopRequest
+from yxanul.training.preemption import StopRequest
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")
 

@@ -14,7 +14,7 @@ COMMANDS = {
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
-    "checkpoints": ("yxanul.checkpoint_table", "main",
+    "checkpoints": ("yxanul.checkpoint.table", "main",
                     "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
@@ -26,7 +26,7 @@ COMMANDS = {
     "sweep": ("yxanul.sweep", "main", "run a W&B sweep file (sweeps/*.yaml) online with wandb.agent, or offline here"),
     "export": ("yxanul.hub.export", "main", "export a run/checkpoint as a Llama (or yxanul) folder for transformers"),
     "push": ("yxanul.hub.push", "main", "push a run or export to the Hugging Face Hub with a model card"),
-    "generate": ("yxanul.generate", "main", "generate text from a run, checkpoint or export (streamed)"),
+    "generate": ("yxanul.evaluation.generate", "main", "generate text from a run, checkpoint or export (streamed)"),
     "eval": ("yxanul.evaluation.run", "main", "val loss/perplexity, multiple-choice tasks, lm-eval benchmarks by name"),
     "grpo": ("yxanul.finetune.grpo", "main", "GRPO (TRL) on multiple-choice QA (MedQA/USMLE shape), SFT first"),
 }
@@ -49,7 +49,7 @@ def train_main(argv: list[str] | None = None) -> int:
             return 0
         from .training import train
 
-        train(cfg)  # its setup runs the launch checks (yxanul.launch.preflight) first
+        train(cfg)  # its setup runs the launch checks (yxanul.training.launch.preflight) first
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0

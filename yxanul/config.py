@@ -31,10 +31,10 @@ def _sections() -> list[tuple[str, type]]:
     from .evaluation.args import EvalTaskArgs
     from .hub.args import HubArgs
     from .models.args import ModelArgs
-    from .optim import OptimArgs
     from .precision.args import PrecisionArgs
     from .tracking import TrackingArgs
     from .training.args import TrainArgs
+    from .training.optim import OptimArgs
 
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),

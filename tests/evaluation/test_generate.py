@@ -5,7 +5,7 @@ import torch
 from transformers import AutoTokenizer, TextStreamer
 
 from yxanul.cli import main as cli
-from yxanul.generate import GenerateCommand, generate
+from yxanul.evaluation.generate import GenerateCommand, generate
 from yxanul.hub.export import export
 
 PROMPT = "ROMEO:\nBut soft, what light"

@@ -17,9 +17,9 @@ from yxanul.data.hf_dataset import ShardWindowDataset
 from yxanul.errors import ConfigError, UserError
 from yxanul.integrations import YxanulTrainer, precision_args_from_env
 from yxanul.models import ModelArgs, build_model
-from yxanul.optim import OptimArgs, build_optimizer
 from yxanul.precision import PrecisionArgs
 from yxanul.precision.state import FILE
+from yxanul.training.optim import OptimArgs, build_optimizer
 from yxanul.training.schedule import lr_at
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,8 +31,8 @@ def test_cuda_graphs_without_te_blocks_on_cuda_is_a_one_line_config_error():
 def _losses(graphs: bool, precision, steps: int = 4):
     from yxanul import _te
     from yxanul.models.cuda_graphs import ATTR
-    from yxanul.optim import OptimArgs, build_optimizer
     from yxanul.precision import resolve_precision
+    from yxanul.training.optim import OptimArgs, build_optimizer
     from yxanul.training.step import train_step
 
     _te.reset_fp8_state()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from yxanul.errors import ConfigError
-from yxanul.optim import OptimArgs, build_optimizer
 from yxanul.precision import PrecisionArgs, resolve_precision
+from yxanul.training.optim import OptimArgs, build_optimizer
 from yxanul.training.step import forward, to_device, train_step
 
 LR = 1e-2

@@ -13,7 +13,7 @@ from _reliability import EXIT_BOUND_S, FAST, env, kill_group, ok, one_line, pope
 from safetensors.torch import load_file, save_file
 
 from yxanul.checkpoint import latest_good_checkpoint
-from yxanul.manifest import verify_checkpoint
+from yxanul.checkpoint.manifest import verify_checkpoint
 
 LONG = [*FAST, "--max_steps", "100000", "--checkpoint_freq", "0"]
 

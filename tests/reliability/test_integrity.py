@@ -10,8 +10,8 @@ import torch
 from _reliability import FAST, ok, one_line, yx_here
 from safetensors.torch import load_file, save_file
 
+from yxanul.checkpoint.manifest import MANIFEST, write_manifest
 from yxanul.errors import UserError
-from yxanul.manifest import MANIFEST, write_manifest
 
 
 def _zero_two_tensors(path):

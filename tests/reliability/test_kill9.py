@@ -11,7 +11,7 @@ import pytest
 from _reliability import FAST, env, losses, ok, popen, yx_here
 
 from yxanul.checkpoint import latest_good_checkpoint, list_checkpoints
-from yxanul.manifest import verify_checkpoint
+from yxanul.checkpoint.manifest import verify_checkpoint
 
 SEED = 17
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from yxanul.errors import TrainingDiverged
-from yxanul.guards import CollapseGuard
-from yxanul.launch import check_wandb_key
 from yxanul.lint import check_launch_environment
+from yxanul.training.guards import CollapseGuard
+from yxanul.training.launch import check_wandb_key
 
 TORCHRUN_CPU = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "RANK": "0"}  # accelerate_configs/cpu.yaml without ..._USE_CPU
 

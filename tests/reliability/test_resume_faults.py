@@ -8,7 +8,7 @@ import pytest
 import torch
 from _reliability import FAST, losses, ok, one_line, yx_here
 
-from yxanul.manifest import MANIFEST, write_manifest
+from yxanul.checkpoint.manifest import MANIFEST, write_manifest
 
 
 def _flip(p):

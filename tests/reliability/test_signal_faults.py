@@ -11,7 +11,7 @@ import time
 import pytest
 from _reliability import EXIT_BOUND_S, FAST, kill_group, one_line, popen, yx_here
 
-from yxanul.manifest import verify_checkpoint
+from yxanul.checkpoint.manifest import verify_checkpoint
 
 LONG = [*FAST, "--max_steps", "100000", "--checkpoint_freq", "0", "--num_workers", "2"]
 
@@ -44,7 +44,7 @@ def test_ctrl_c_and_hangup_save_a_checkpoint_like_sigterm(tmp_path, sig):
 def test_a_second_ctrl_c_exits_at_once():
     """In this process (two signals sent at once to another process coalesce into one): the first Ctrl-C
     asks for the checkpoint, the second raises KeyboardInterrupt (the CLI's `interrupted`, exit 130)."""
-    from yxanul.preemption import StopRequest
+    from yxanul.training.preemption import StopRequest
 
     with StopRequest() as stop:
         os.kill(os.getpid(), signal.SIGINT)

@@ -15,8 +15,8 @@ import torch
 from _reliability import yx_here
 
 from yxanul.checkpoint import list_checkpoints, save_checkpoint
+from yxanul.checkpoint.manifest import verify_checkpoint
 from yxanul.errors import UserError
-from yxanul.manifest import verify_checkpoint
 
 DEV_FULL = os.path.exists("/dev/full") and not os.path.isfile("/dev/full")
 

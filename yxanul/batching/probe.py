@@ -40,7 +40,7 @@ class TrainingProbe:
         self._saved = None  # the model's state, restored after every probe
 
     def _optimizer(self):
-        from ..optim import OptimArgs, build_optimizer
+        from ..training.optim import OptimArgs, build_optimizer
 
         opt = build_optimizer(self.model, OptimArgs())
         for group in opt.param_groups:  # lr 0: AdamW leaves the weights bit-identical

@@ -194,7 +194,7 @@ def split_window(win: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]
 
 def _leave_stop_signals_to_the_main_process(_worker_id: int) -> None:
     """torchrun (``os.killpg``) and SLURM signal the whole process group: a worker killed by SIGTERM
-    would crash the run before the main process saves its checkpoint (preemption.py). Workers
+    would crash the run before the main process saves its checkpoint (training/preemption.py). Workers
     ignore SIGTERM/SIGUSR1/SIGINT/SIGHUP; the main process finishes the step, saves and shuts them down.
 
     Ignoring SIGTERM must never cost a hang: multiprocessing's exit handler stops workers with

@@ -54,9 +54,9 @@ class HubPushCallback:
     def on_save(self, trainer, ckpt_dir: str | Path, is_best: bool | None = None) -> None:
         """``is_best`` None: read the run's ``best`` pointer (save_checkpoint has just updated it)."""
         if is_best is None:
-            from ..checkpoint import _pointer
+            from ..checkpoint import read_pointer
 
-            best = _pointer(self.run_dir, "best")
+            best = read_pointer(self.run_dir, "best")
             is_best = best is not None and best.name == Path(ckpt_dir).name
         strategy = self.hub.hub_strategy
         if strategy == "every_save" or (strategy == "best" and is_best):

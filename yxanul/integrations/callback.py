@@ -103,7 +103,7 @@ class PrecisionCallback(TrainerCallback):
 
 
 class ManifestCallback(TrainerCallback):
-    """Last at every save: ``manifest.json`` (sizes and sha256 of every file, yxanul's manifest.py) into
+    """Last at every save: ``manifest.json`` (sizes and sha256 of every file, yxanul.checkpoint.manifest) into
     Trainer's ``checkpoint-N``, so that a resume verifies it as yxanul's own checkpoints are verified."""
 
     def on_save(self, args, state, control, **kwargs):
@@ -111,9 +111,9 @@ class ManifestCallback(TrainerCallback):
             return
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-        from ..checkpoint_io import _write_atomic
-        from ..manifest import write_manifest
+        from ..checkpoint.io import write_atomic
+        from ..checkpoint.manifest import write_manifest
 
         ckpt = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(ckpt):
-            write_manifest(ckpt, _write_atomic)
+            write_manifest(ckpt, write_atomic)

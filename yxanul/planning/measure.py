@@ -69,7 +69,7 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
     import torch
 
     from ..models import YxanulConfig, YxanulForCausalLM
-    from ..optim import OptimArgs, build_optimizer
+    from ..training.optim import OptimArgs, build_optimizer
     from ..training.step import train_step
 
     config = YxanulConfig(**fields, max_position_embeddings=seq_length, backend="torch")

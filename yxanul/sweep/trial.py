@@ -133,7 +133,7 @@ def run_trial(cmd: list[str], env: dict[str, str], log_path: Path, prefix: str,
               ) -> tuple[int, bool]:
     """Run ``cmd``; its output goes to the console (prefixed) and to ``log_path`` (appended, so a
     resumed trial keeps the first part). SIGTERM/SIGUSR1 are forwarded: the trainer checkpoints and
-    exits 0 (yxanul.preemption). Returns (exit code, whether a stop signal came)."""
+    exits 0 (yxanul.training.preemption). Returns (exit code, whether a stop signal came)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, bufsize=1)

@@ -204,7 +204,7 @@ def _build(config, plan, a: BenchArgs, device, notes: list):
     import torch
 
     from ..models.modeling_yxanul import YxanulForCausalLM
-    from ..optim import OptimArgs, build_optimizer
+    from ..training.optim import OptimArgs, build_optimizer
 
     with torch.device(device):
         model = YxanulForCausalLM(config)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
-from ..optim import OptimArgs
+from ..training.optim import OptimArgs
 from ..training.schedule import lr_at
 
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..checkpoint_io import _write_atomic
+from ..checkpoint.io import write_atomic
 from ..errors import UserError
 
 FILE = "trained_on.json"
@@ -54,7 +54,7 @@ def record(cfg, data_dir, tokenizer) -> dict:
 
 
 def write(ckpt_dir: Path, rec: dict) -> None:
-    _write_atomic(Path(ckpt_dir) / FILE, json.dumps(rec, indent=1))
+    write_atomic(Path(ckpt_dir) / FILE, json.dumps(rec, indent=1))
 
 
 def _show(v) -> str:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.manifest import STATE_FILE
 from ..errors import UserError
 
-STATE_FILE = "trainer_state.json"
 SCHEMA_VERSION = 2
 _ADDED_IN_V2 = {"version": 1, "best_val_loss": None, "wandb_run_id": None}
 _WRITTEN_BY_CHECKPOINT = {"saved_at"}  # added by yxanul.checkpoint.save_checkpoint; not progress

@@ -22,14 +22,14 @@ import yaml
 from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
-from ..guards import CollapseGuard, check_val_loss
-from ..preemption import StopRequest
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
 from . import provenance
 from .callbacks import CallbackList
 from .evaluation import evaluate_loss, sample
+from .guards import CollapseGuard, check_val_loss
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
+from .preemption import StopRequest
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
@@ -63,7 +63,7 @@ class Trainer:
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
         from accelerate.utils import set_seed
 
-        from ..launch import preflight
+        from .launch import preflight
 
         cfg = self.cfg
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
@@ -103,7 +103,7 @@ class Trainer:
 
     def _setup_accelerator(self, model) -> None:
         from ..models.args import describe
-        from ..optim import build_optimizer
+        from .optim import build_optimizer
 
         cfg = self.cfg
         self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say)

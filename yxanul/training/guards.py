@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import TrainingDiverged
+from ..errors import TrainingDiverged
 
 COLLAPSE_PATIENCE = 3  # logged steps in a row with a zero gradient norm
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 if TYPE_CHECKING:  # torch is imported where an optimizer is built, so the CLI parses flags without it
     import torch
@@ -92,7 +92,7 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
     kwargs = {}
     if "fused" in inspect.signature(torch.optim.AdamW).parameters:
         kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
-    from .precision.master_weights import build as master_weight_adamw  # master_weights: fp32
+    from ..precision.master_weights import build as master_weight_adamw  # master_weights: fp32
 
     masters = master_weight_adamw(model, groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps,
                                   **kwargs)

@@ -17,8 +17,8 @@ either the old checkpoint set or the new one. Re-saving a step moves the old cop
 ``.del-step_N`` before deleting it. Before use (resume, init_from) a checkpoint is verified against
 its manifest; a damaged ``latest`` falls back to the newest checkpoint that verifies, with one line.
 A full disk removes the partial save and is one line naming the directory and the bytes needed.
-The pointers live in checkpoint_pointers.py, the atomic writes and weight loading in checkpoint_io.py,
-the listing table in checkpoint_table.py.
+The pointers live in pointers.py, the atomic writes and weight loading in io.py, the manifest in
+manifest.py, the listing table in table.py.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checkpoint_io import _fsync_dir, _own_storage_for_views, _write_atomic, load_for_resume  # noqa: F401
-from .checkpoint_pointers import _pointer, _pointer_name, checkpoints_dir, recompute_best  # noqa: F401 (re-exported)
-from .errors import ConfigError, UserError, is_no_space
+from ..errors import ConfigError, UserError, is_no_space
+from ..run_lock import pinned, try_claim
+from .io import fsync_dir, own_storage_for_views, write_atomic
 from .manifest import (
     MANIFEST,
     STATE_FILE,
@@ -48,7 +48,7 @@ from .manifest import (
     verify_checkpoint,
     write_manifest,
 )
-from .run_lock import pinned, try_claim
+from .pointers import checkpoints_dir, pointer_name, read_pointer, recompute_best
 
 
 @dataclass
@@ -183,7 +183,7 @@ def is_checkpoint_dir(p: Path) -> bool:
 
 def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
     """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then newest first."""
-    order = [_pointer(run_dir, name) for name in prefer]
+    order = [read_pointer(run_dir, name) for name in prefer]
     order += [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
     return list(dict.fromkeys(p for p in order if p is not None))
 
@@ -212,7 +212,7 @@ def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callab
             yield _noted(p, say)
         return
     for name in prefer:
-        problem = _pointer_name(p, name)[1]
+        problem = pointer_name(p, name)[1]
         if problem:
             say(f"warning: {problem}; using the newest checkpoint that verifies")
     damaged = []
@@ -356,9 +356,9 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
             if _fault:
                 _fault("after_swap")
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         shutil.rmtree(old, ignore_errors=True)
-        _write_atomic(root / "latest", final.name + "\n")
+        write_atomic(root / "latest", final.name + "\n")
         recompute_best(run_dir)  # the step just saved may replace the best one with a worse model
         _prune(run_dir, keep_last, keep=final, _fault=_fault)
         recompute_best(run_dir)
@@ -374,7 +374,7 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
     quiet = logging.getLogger("accelerate.utils.other")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
-    handle = accelerator.register_save_state_pre_hook(_own_storage_for_views)
+    handle = accelerator.register_save_state_pre_hook(own_storage_for_views)
     try:
         accelerator.save_state(str(tmp), safe_serialization=True)
     finally:
@@ -389,9 +389,9 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
         if extra is not None:
             extra(tmp)
         state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        _write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
-        write_manifest(tmp, _write_atomic)  # last: a folder with a manifest is whole
-        _fsync_dir(tmp)
+        write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
+        write_manifest(tmp, write_atomic)  # last: a folder with a manifest is whole
+        fsync_dir(tmp)
         if _fault:
             _fault("after_manifest")
 
@@ -404,7 +404,7 @@ def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
     ckpts = list_checkpoints(run_dir)
     kept = {str(keep)} | {c["path"] for c in ckpts[-keep_last:]}
     for name in ("best", "latest"):
-        p = _pointer(run_dir, name)
+        p = read_pointer(run_dir, name)
         if p is not None:
             kept.add(str(p))
     root = checkpoints_dir(run_dir)
@@ -418,16 +418,10 @@ def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
             doomed = root / f".del-step_{c['step']}"
             shutil.rmtree(doomed, ignore_errors=True)
             os.rename(c["path"], doomed)
-            _fsync_dir(root)
+            fsync_dir(root)
             if _fault:
                 _fault("in_prune")
             shutil.rmtree(doomed, ignore_errors=True)
         finally:
             os.close(claim)
 
-
-def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
-    """The listing table (checkpoint_table.py), kept importable from here."""
-    from .checkpoint_table import format_table as table
-
-    return table(run_dir, verify)

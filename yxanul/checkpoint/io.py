@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(text)
@@ -19,7 +19,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -80,7 +80,7 @@ def _zero_world_size_line(ckpt, msg: str) -> str:
             f"or `yxanul export {ckpt} OUT --dtype fp32` and start a new run with --init_from OUT (fresh optimizer)")
 
 
-def _own_storage_for_views(models: list, weights: list, output_dir: str) -> None:
+def own_storage_for_views(models: list, weights: list, output_dir: str) -> None:
     """accelerate's save-state pre-hook: give every tensor that is a *part* of a larger storage a
     storage of its own, in the state dicts about to be written.
 

@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from .checkpoint_io import _write_atomic
+from .io import write_atomic
 from .manifest import STATE_FILE, STEP_NAME, read_state_checked
 
 
@@ -17,7 +17,7 @@ def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def _pointer_name(run_dir, name: str) -> tuple[str | None, str | None]:
+def pointer_name(run_dir, name: str) -> tuple[str | None, str | None]:
     """(target folder name, None), (None, None) when there is no pointer file, or (None, problem).
     A pointer is a checkpoint NAME inside the run's checkpoints folder, never a path out of it."""
     p = checkpoints_dir(run_dir) / name
@@ -32,8 +32,8 @@ def _pointer_name(run_dir, name: str) -> tuple[str | None, str | None]:
     return target, None
 
 
-def _pointer(run_dir, name: str) -> Path | None:
-    target, _ = _pointer_name(run_dir, name)
+def read_pointer(run_dir, name: str) -> Path | None:
+    target, _ = pointer_name(run_dir, name)
     if target is None:
         return None
     for d in (checkpoints_dir(run_dir) / target, checkpoints_dir(run_dir) / f".old-{target}"):
@@ -60,6 +60,6 @@ def recompute_best(run_dir) -> Path | None:
         (root / "best").unlink(missing_ok=True)
         return None
     best = min(found, key=lambda f: f[:2])[2]
-    if _pointer_name(run_dir, "best")[0] != best.name:
-        _write_atomic(root / "best", best.name + "\n")
+    if pointer_name(run_dir, "best")[0] != best.name:
+        write_atomic(root / "best", best.name + "\n")
     return best

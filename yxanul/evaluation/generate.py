@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, DataError, UserError
+from ..errors import ConfigError, DataError, UserError
 
 
 @dataclass
@@ -59,7 +59,7 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
     """Stream the completion to stdout; returns the generated text (without the prompt)."""
     from transformers import TextStreamer, set_seed
 
-    from .hub.loading import load_model
+    from ..hub.loading import load_model
 
     text = prompt_text(a)
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
@@ -81,7 +81,7 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .flags import parse_command
+    from ..flags import parse_command
 
     generate(parse_command(GenerateCommand, argv, prog="yxanul generate"))
     return 0

@@ -6,9 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import _pointer, _pointer_name, checkpoints_dir, list_checkpoints
-from .errors import UserError
+from ..errors import UserError
 from .manifest import has_manifest, read_manifest, verify_checkpoint
+from .pointers import checkpoints_dir, pointer_name, read_pointer
+from .save import list_checkpoints
 
 
 def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
@@ -16,7 +17,7 @@ def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         return f"no checkpoints under {checkpoints_dir(run_dir)}"
-    latest, best = _pointer(run_dir, "latest"), _pointer(run_dir, "best")
+    latest, best = read_pointer(run_dir, "latest"), read_pointer(run_dir, "best")
     rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "verified", "path")]
     for c in ckpts:
         tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
@@ -32,7 +33,7 @@ def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     for name in ("latest", "best"):
-        problem = _pointer_name(run_dir, name)[1]
+        problem = pointer_name(run_dir, name)[1]
         if problem:
             lines.append(f"warning: {problem}")
     return "\n".join(lines)
@@ -48,7 +49,7 @@ class CheckpointsCommand:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
-    from .flags import parse_command
+    from ..flags import parse_command
 
     args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
     if not Path(args.run_dir).is_dir():

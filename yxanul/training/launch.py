@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
-from .errors import UserError
-from .lint import ERROR, check_launch_environment
+from ..errors import UserError
+from ..lint import ERROR, check_launch_environment
 
 
 def check_wandb_key(use_wandb: bool, env=None) -> str | None:
