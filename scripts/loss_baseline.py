@@ -34,8 +34,7 @@ def dependency_set() -> dict[str, str]:
 
 def first_steps(n: int, output_dir: str) -> dict:
     """Losses of the default run's first ``n`` optimizer steps and the validation loss after them."""
-    from yxanul.cli import DEFAULT_CONFIG
-    from yxanul.config import parse_args
+    from yxanul.config import DEFAULT_CONFIG, parse_args
     from yxanul.training.evaluation import evaluate_loss
     from yxanul.training.trainer import Trainer
 

@@ -5,8 +5,10 @@ import math
 import pytest
 import torch
 
-import yxanul.batching.finder as bf
-from yxanul.batching import (
+import yxanul.tools.find_batch as fb
+import yxanul.training.batching.finder as bf
+from yxanul.errors import ConfigError
+from yxanul.training.batching import (
     BatchArgs,
     NoFitError,
     TrainingProbe,
@@ -19,7 +21,6 @@ from yxanul.batching import (
     plan_curriculum,
     resolve_batch,
 )
-from yxanul.errors import ConfigError
 
 
 @pytest.fixture(autouse=True)
@@ -300,7 +301,7 @@ def test_resolve_batch(monkeypatch, tmp_path):
 
 
 def test_find_batch_cli_on_cpu(capsys):
-    rc = bf.main(["--model", "nano", "--seq_length", "32", "--max_micro_batch_size", "4", "--vocab_size", "512",
+    rc = fb.main(["--model", "nano", "--seq_length", "32", "--max_micro_batch_size", "4", "--vocab_size", "512",
                   "--target_effective_batch_size", "16", "--backend", "torch"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -316,7 +317,7 @@ def test_find_batch_without_arguments_probes_the_default_run_bounded_on_cpu(caps
     and on a CPU the search stops at the run's own micro x accumulation (8), saying so in one line."""
     if torch.cuda.is_available():
         pytest.skip("the CPU bound")
-    assert bf.main([]) == 0
+    assert fb.main([]) == 0
     out = capsys.readouterr().out
     assert "CPU: no out-of-memory signal here, so the search stops at 8 (the run's micro_batch_size x " \
            "gradient_accumulation_steps per process" in out
@@ -333,8 +334,8 @@ def test_cpu_memory_budget_stops_the_search_before_the_memory_runs_out():
 
     code = """
 import sys
-from yxanul.batching.finder import MemoryBudget, OverBudget
-from yxanul.batching.search import find_micro_batch
+from yxanul.tools.find_batch import MemoryBudget, OverBudget
+from yxanul.training.batching.search import find_micro_batch
 budget = MemoryBudget()
 budget.limit = budget.base + 300 * 2**20
 ran = []

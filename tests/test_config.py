@@ -129,8 +129,8 @@ def test_lazy_package_exports_resolve():
             if getattr(getattr(pkg, "__getattr__", None), "__module__", None) == "yxanul._lazy":
                 lazy.append(pkg)
     names = {pkg.__name__ for pkg in lazy}
-    assert {"yxanul.batching", "yxanul.data", "yxanul.integrations", "yxanul.models", "yxanul.precision",
-            "yxanul.training"} <= names, names
+    assert {"yxanul.checkpoint", "yxanul.data", "yxanul.integrations", "yxanul.models", "yxanul.precision",
+            "yxanul.training", "yxanul.training.batching"} <= names, names
     for pkg in lazy:
         assert pkg.__all__ and sorted(dir(pkg)) == sorted(pkg.__all__), pkg.__name__
         for name in pkg.__all__:
@@ -223,7 +223,7 @@ def test_warmup_tokens_with_a_curriculum_use_the_runs_constant_tokens_per_step(t
 def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path, capsys):
     """`yxanul train --max_steps 20`: the embedded default's warmup (30) shrinks to a tenth of the run and
     says so; the same conflict between two values the user set (flags or their own file) stays an error."""
-    from yxanul.cli import DEFAULT_CONFIG
+    from yxanul.config import DEFAULT_CONFIG
 
     cfg = parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "20"])
     assert (cfg.optim.warmup_steps, cfg.train.max_steps) == (2, 20)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from yxanul.batching import fp8_micro_multiple, plan_batch
 from yxanul.errors import ConfigError
 from yxanul.tracking import read_metrics
+from yxanul.training.batching import fp8_micro_multiple, plan_batch
 from yxanul.training.schedule import Curriculum, same_tokens_micro
 
 STAGES = [{"seq_length": 64, "until_tokens": 1000}, {"seq_length": 128, "until_steps": 20}, {"seq_length": 256}]

@@ -83,8 +83,7 @@ def test_no_arguments_plot_what_yxanul_train_runs_and_say_where(tmp_path, capsys
     """`yxanul plot-lr` alone: the embedded default (300 steps, warmup 30, max_lr 2e-3) numbered like the
     trainer's step lines (last step 300), into runs/ (printed), never silently into the current directory;
     with --max_steps 20 the warmup adapts as in `yxanul train`."""
-    from yxanul.cli import DEFAULT_CONFIG
-    from yxanul.config import parse_args
+    from yxanul.config import DEFAULT_CONFIG, parse_args
 
     monkeypatch.chdir(tmp_path)
     assert main([]) == 0

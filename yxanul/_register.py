@@ -10,7 +10,7 @@ follows transformers instead of leading it:
   goes into its ``CONFIG_MAPPING``. ``configuration_yxanul`` needs only ``PreTrainedConfig``, which
   configuration_auto has imported by then, so this costs no torch.
 - ``AutoModel`` / ``AutoModelForCausalLM``: when the first ``YxanulConfig`` is built (``AutoConfig``
-  loading a config.json, or user code), ``modeling_yxanul`` is imported and registers its classes. Every
+  loading a config.json, or user code), it imports ``modeling_yxanul`` by name, which registers its classes. Every
   Auto model lookup is keyed by a config instance's class, so no lookup can come earlier; the hook above
   cannot do it: transformers imports ``modeling_auto`` from inside ``modeling_layers``, which the model
   itself needs (a circular import at that moment).
@@ -31,12 +31,6 @@ def register_config(configuration_auto) -> None:
     except ImportError:  # configuration_yxanul itself is importing transformers: it registers when it ends
         return
     configuration_auto.AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)
-
-
-def register_models() -> None:
-    """Import ``modeling_yxanul``, which registers ``YxanulModel`` / ``YxanulForCausalLM`` (once)."""
-    if "yxanul.models.modeling_yxanul" not in sys.modules:
-        from .models import modeling_yxanul  # noqa: F401
 
 
 class _RegisteringLoader(Loader):

@@ -7,6 +7,8 @@ import importlib
 import os
 import sys
 
+from .config import parse_args, with_default_config
+
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
@@ -18,7 +20,7 @@ COMMANDS = {
                     "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
     "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
-    "find-batch": ("yxanul.batching.finder", "main", "find the largest micro-batch that fits"),
+    "find-batch": ("yxanul.tools.find_batch", "main", "find the largest micro-batch that fits"),
     "plan": ("yxanul.planning.cli", "main", "memory per GPU under DDP/ZeRO/FSDP2/HSDP, what fits, the launch line"),
     "plot-lr": ("yxanul.tools.plot_lr", "main", "plot the learning-rate schedule to a PNG"),
     "bench": ("yxanul.tools.bench", "main", "measure training throughput, MFU and memory per preset and precision"),
@@ -31,13 +33,9 @@ COMMANDS = {
     "grpo": ("yxanul.finetune.grpo", "main", "GRPO (TRL) on multiple-choice QA (MedQA/USMLE shape), SFT first"),
 }
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")
-
 
 def train_main(argv: list[str] | None = None) -> int:
     """`yxanul train [--config FILE] [--flag value ...]` and `accelerate launch train.py ...`."""
-    from .config import parse_args
-
     argv = with_default_config(list(sys.argv[1:] if argv is None else argv))
     _stop_before_training()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over before its loop
     try:
@@ -53,14 +51,6 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
-
-
-def with_default_config(argv: list[str]) -> list[str]:
-    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
-    `yxanul train` resolves, which find-batch and plot-lr resolve too."""
-    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
-        return argv
-    return ["--config", DEFAULT_CONFIG, *argv]
 
 
 class StoppedBeforeTraining(BaseException):

@@ -18,14 +18,31 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, UserError
-from .flags import OneLineParser, add_field, bare_booleans, coerce, parse_known, strip_optional, unknown_key
+from .errors import ConfigError
+from .flags import (
+    OneLineParser,
+    add_field,
+    bare_booleans,
+    coerce,
+    load_yaml,
+    parse_known,
+    strip_optional,
+    unknown_key,
+)
 
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")
+
+
+def with_default_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
+    `yxanul train` resolves, which find-batch and plot-lr resolve too."""
+    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
+        return argv
+    return ["--config", DEFAULT_CONFIG, *argv]
 
 def _sections() -> list[tuple[str, type]]:
     # Imported lazily so `yxanul --help` stays fast and each component owns its dataclass.
     # None of these modules imports torch (tests/test_config.py checks it).
-    from .batching.args import BatchArgs
     from .checkpoint import CheckpointArgs
     from .data.args import DataArgs
     from .evaluation.args import EvalTaskArgs
@@ -34,6 +51,7 @@ def _sections() -> list[tuple[str, type]]:
     from .precision.args import PrecisionArgs
     from .tracking import TrackingArgs
     from .training.args import TrainArgs
+    from .training.batching.args import BatchArgs
     from .training.optim import OptimArgs
 
     return [
@@ -98,46 +116,6 @@ def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
             groups[section] = parser.add_argument_group(section)
         add_field(groups[section], key, f, tp)
     return parser
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key '{key}' given twice (lines {seen[key]} and {line}; the last would win silently)",
-                    key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(path: str) -> dict[str, Any]:
-    """A flat ``key: value`` YAML file; an empty file, a key given twice or a non-mapping is one line."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"config file '{path}': no such file")
-    try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.constructor.ConstructorError as e:
-        mark = e.problem_mark
-        raise UserError(f"config file '{path}': line {mark.line + 1}: {e.problem}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"config file '{path}':{where} is not valid YAML ({getattr(e, 'problem', e)})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"config file '{path}': not UTF-8 text") from None
-    if data is None:
-        raise UserError(f"config file '{path}': empty (expected flat `key: value` lines, e.g. `max_steps: 100`)")
-    if not isinstance(data, dict):
-        raise UserError(f"config file '{path}': expected a mapping of `key: value` at the top level")
-    return data
 
 
 def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any] | None = None,
@@ -248,8 +226,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     ns = parse_known(build_parser(prog), bare_booleans(list(argv or []), bools), fields)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
-    from .cli import DEFAULT_CONFIG
-
     embedded = path is not None and os.path.abspath(path) == os.path.abspath(DEFAULT_CONFIG)
     cfg = resolve(yaml_values, ns, source=path, user_keys=set(ns) | (set() if embedded else set(yaml_values)))
     if os.environ.get("RANK", "0") == "0":  # once per run, at startup

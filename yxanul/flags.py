@@ -21,7 +21,10 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
 
 from .errors import ConfigError, UserError
 
@@ -247,3 +250,43 @@ def parse_command(cls: type[T], argv: list[str] | None, prog: str, description: 
     ns = parse_known(parser, bare_booleans(list(argv or []), bools), [n for n in fields])
     values = {k: coerce(k, fields[k][1], v, from_cli=True) for k, v in ns.items()}
     return cls(**values)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' given twice (lines {seen[key]} and {line}; the last would win silently)",
+                    key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    """A flat ``key: value`` YAML file; an empty file, a key given twice or a non-mapping is one line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file '{path}': no such file")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.constructor.ConstructorError as e:
+        mark = e.problem_mark
+        raise UserError(f"config file '{path}': line {mark.line + 1}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file '{path}':{where} is not valid YAML ({getattr(e, 'problem', e)})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file '{path}': not UTF-8 text") from None
+    if data is None:
+        raise UserError(f"config file '{path}': empty (expected flat `key: value` lines, e.g. `max_steps: 100`)")
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}': expected a mapping of `key: value` at the top level")
+    return data

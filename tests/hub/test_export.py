@@ -66,7 +66,8 @@ def test_llama_export_matches_yxanul_in_plain_transformers(tmp_path):
 def test_export_round_trips_into_yxanul_and_yxanul_format_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from yxanul.models.args import ModelArgs, build_model
+    from yxanul.models.args import ModelArgs
+    from yxanul.models.build import build_model
 
     model = random_model(2, False, 1024, seed=1)
     save_run(model, tmp_path / "run", te_views=False)

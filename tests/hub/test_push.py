@@ -12,7 +12,7 @@ import pytest
 from hub.helpers import random_model, save_run
 from yxanul.cli import main as cli
 from yxanul.hub.args import HubArgs
-from yxanul.hub.push import HubPushCallback
+from yxanul.hub.background import HubPushCallback
 from yxanul.hub.push import main as push_main
 
 SECRET = "hf_SeCrEtToKeN1234567890abcdef"
@@ -202,8 +202,7 @@ def test_yxanul_train_pushes_each_save_and_scores_eval_tasks_from_its_config(tmp
     """The trainer builds its callbacks from the config (`--push_to_hub`, `--eval_tasks`): every saved
     checkpoint is exported and uploaded in the background, every evaluation scores the bundled cloze task,
     and the token appears nowhere in the run."""
-    from yxanul.cli import DEFAULT_CONFIG
-    from yxanul.config import parse_args
+    from yxanul.config import DEFAULT_CONFIG, parse_args
     from yxanul.tracking import read_metrics
     from yxanul.training import train
 

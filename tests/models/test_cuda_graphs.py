@@ -12,7 +12,7 @@ from yxanul.models.modeling_yxanul import YxanulForCausalLM
 
 def test_cuda_graphs_without_te_blocks_on_cuda_is_a_one_line_config_error():
     from yxanul.config import parse_args
-    from yxanul.models.args import build_model
+    from yxanul.models.build import build_model
     from yxanul.models.cuda_graphs import ensure_captured
 
     with pytest.raises(ConfigError, match="^config key 'cuda_graphs'.*gradient_checkpointing"):

@@ -16,7 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from yxanul import _te
 from yxanul.errors import ConfigError, UserError
 from yxanul.models import YxanulConfig, YxanulForCausalLM, resolve_backend
-from yxanul.models.args import ModelArgs, build_model, describe, load_weights
+from yxanul.models.args import ModelArgs
+from yxanul.models.build import build_model, describe, load_weights
 
 LAYER_KEYS = ["self_attention.layernorm_qkv.layer_norm_weight", "self_attention.layernorm_qkv.query_weight",
               "self_attention.layernorm_qkv.key_weight", "self_attention.layernorm_qkv.value_weight",
@@ -307,7 +308,7 @@ def test_return_logits_false_keeps_the_loss_and_skips_accelerates_fp32_copy(tiny
 def test_fused_qkv_hooks_save_and_load_the_contract_names(tiny_config):
     """The hooks TE's fused QKV module gets (fuse_qkv_params), on a module with TE's fused layout
     (`weight` = cat[q, k, v]): loaded from the torch twin's names, saved back under them."""
-    from yxanul.models.modeling_yxanul import fuse_split_qkv, split_fused_qkv
+    from yxanul.models.state_dict import fuse_split_qkv, split_fused_qkv
 
     torch.manual_seed(0)
     cfg = tiny_config()                                         # GQA: 4 heads, 2 kv

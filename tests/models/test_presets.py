@@ -59,7 +59,7 @@ def test_seed_sizes_at_vocab_50304():
 
 
 def test_nano_is_the_cpu_demo_of_the_default_config():
-    from yxanul.cli import DEFAULT_CONFIG
+    from yxanul.config import DEFAULT_CONFIG
 
     assert f"model: {CPU_DEMO}" in Path(DEFAULT_CONFIG).read_text().splitlines()
     cfg = config_from_preset(CPU_DEMO, 8192, 256)

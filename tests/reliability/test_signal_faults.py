@@ -98,8 +98,7 @@ class _Clock:
 def test_a_frozen_or_backward_clock_changes_nothing_and_no_duration_is_negative(tmp_path, monkeypatch, what):
     import torch
 
-    from yxanul.cli import DEFAULT_CONFIG
-    from yxanul.config import parse_args
+    from yxanul.config import DEFAULT_CONFIG, parse_args
     from yxanul.tracking import read_metrics
     from yxanul.training import train
 

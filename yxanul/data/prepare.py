@@ -395,8 +395,7 @@ class PrepareArgs(DataArgs):
 
 def parse_prepare_args(argv: list[str] | None) -> DataArgs:
     """Flags (yxanul.flags.parse_command) over the data keys of ``--config``."""
-    from ..config import load_yaml
-    from ..flags import coerce, fields_of, parse_command
+    from ..flags import coerce, fields_of, load_yaml, parse_command
 
     argv = list(argv or [])
     cli = parse_command(PrepareArgs, argv, prog="yxanul prepare")

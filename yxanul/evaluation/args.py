@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError
+
+# tasks that ship with yxanul, by name
+BUNDLED = {"cloze": Path(__file__).resolve().parents[1] / "assets" / "tasks" / "shakespeare_cloze.jsonl"}
 
 
 @dataclass

@@ -15,6 +15,7 @@ import difflib
 from pathlib import Path
 
 from ..errors import DataError
+from .args import BUNDLED
 
 SUGGESTED = ("hellaswag", "arc_easy", "arc_challenge", "piqa", "lambada_openai", "mmlu", "medqa_4options")
 
@@ -88,8 +89,6 @@ def headline(metrics: dict) -> str:
 def split_tasks(tasks: list[str] | None) -> tuple[list[str], list[str]]:
     """(yxanul's own tasks: 'cloze' and HellaSwag-format files, lm-eval task names); commas separate names
     too, so ``--tasks hellaswag,arc_easy cloze`` works."""
-    from .tasks import BUNDLED
-
     local, harness = [], []
     for t in (n for arg in tasks or [] for n in arg.split(",") if n):
         is_local = t in BUNDLED or t.endswith((".jsonl", ".json")) or Path(t).is_file()

@@ -22,8 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
-
-BUNDLED = {"cloze": Path(__file__).resolve().parents[1] / "assets" / "tasks" / "shakespeare_cloze.jsonl"}
+from .args import BUNDLED
 
 
 def task_name(task: str) -> str:

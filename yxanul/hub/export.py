@@ -5,21 +5,12 @@ tokenizer files, generation_config.json) that plain ``transformers`` loads witho
 ``trust_remote_code``. ``yxanul``: ``save_pretrained`` of ``YxanulForCausalLM`` (loads with
 ``AutoModelForCausalLM`` after ``import yxanul``).
 
-Name mapping (yxanul/TE -> Llama), per layer i (docs/export.md has the table):
-  self_attention.layernorm_qkv.layer_norm_weight -> input_layernorm.weight   (RMSNorm folded into TE's LayerNormLinear)
-  self_attention.layernorm_qkv.{query,key,value}_weight -> self_attn.{q,k,v}_proj.weight
-  self_attention.proj.weight -> self_attn.o_proj.weight
-  layernorm_mlp.layer_norm_weight -> post_attention_layernorm.weight          (folded into TE's LayerNormMLP)
-  layernorm_mlp.fc1_weight = cat[gate, up] -> mlp.gate_proj.weight, mlp.up_proj.weight
-  layernorm_mlp.fc2_weight -> mlp.down_proj.weight
-RoPE needs no permutation: yxanul (like te.RotaryPositionEmbedding) rotates non-interleaved halves
-(rotate_half) with inv_freq = theta^(-2i/d), exactly HF Llama's convention.
+The name mapping (yxanul/TE <-> Llama) is models/state_dict.py; docs/export.md has the table.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -29,6 +20,7 @@ from typing import Literal
 import torch
 
 from ..errors import UserError
+from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
 from .loading import (
     is_export,
     load_checkpoint_model,
@@ -39,65 +31,6 @@ from .loading import (
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# yxanul per-layer suffix -> Llama per-layer suffix (fc1 is split in two: handled apart)
-_TO_LLAMA = {
-    "self_attention.layernorm_qkv.layer_norm_weight": "input_layernorm.weight",
-    "self_attention.layernorm_qkv.query_weight": "self_attn.q_proj.weight",
-    "self_attention.layernorm_qkv.key_weight": "self_attn.k_proj.weight",
-    "self_attention.layernorm_qkv.value_weight": "self_attn.v_proj.weight",
-    "self_attention.proj.weight": "self_attn.o_proj.weight",
-    "layernorm_mlp.layer_norm_weight": "post_attention_layernorm.weight",
-    "layernorm_mlp.fc2_weight": "mlp.down_proj.weight",
-}
-_FROM_LLAMA = {v: k for k, v in _TO_LLAMA.items()}
-_GLOBAL = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
-
-
-def yxanul_to_llama(state: dict[str, torch.Tensor], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
-    """yxanul/TE state dict -> LlamaForCausalLM state dict (contiguous copies; no tied head when tied)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        if name.endswith("_extra_state") or (name == "lm_head.weight" and tie_word_embeddings):
-            continue
-        m = _LAYER.match(name)
-        if name in _GLOBAL:
-            out[name] = t
-        elif m and m.group(2) == "layernorm_mlp.fc1_weight":
-            gate, up = t.chunk(2, dim=0)                       # (2F, C) -> (F, C), (F, C); SiLU on the gate half
-            out[f"model.layers.{m.group(1)}.mlp.gate_proj.weight"] = gate
-            out[f"model.layers.{m.group(1)}.mlp.up_proj.weight"] = up
-        elif m and m.group(2) in _TO_LLAMA:
-            out[f"model.layers.{m.group(1)}.{_TO_LLAMA[m.group(2)]}"] = t
-        else:
-            raise UserError(f"export: unexpected weight '{name}' (not a yxanul model?)")
-    return {k: v.detach().contiguous().clone() for k, v in out.items()}
-
-
-def is_llama_state(state: dict) -> bool:
-    return any(".self_attn.q_proj." in k for k in state)
-
-
-def llama_to_yxanul(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """LlamaForCausalLM state dict -> yxanul names (gate|up concatenated into fc1): the way back for
-    ``--init_from`` on a Llama export."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        m = _LAYER.match(name)
-        if name in _GLOBAL:
-            out[name] = t
-        elif m and m.group(2) == "mlp.gate_proj.weight":
-            up = state[f"model.layers.{m.group(1)}.mlp.up_proj.weight"]
-            out[f"model.layers.{m.group(1)}.layernorm_mlp.fc1_weight"] = torch.cat([t, up])  # (2F, C)
-        elif m and m.group(2) == "mlp.up_proj.weight":
-            continue
-        elif m and m.group(2) in _FROM_LLAMA:
-            out[f"model.layers.{m.group(1)}.{_FROM_LLAMA[m.group(2)]}"] = t
-        elif not name.endswith("rotary_emb.inv_freq"):
-            raise UserError(f"init_from: unexpected Llama weight '{name}'")
-    return out
-
-
 def llama_config(config, dtype: torch.dtype):
     """The LlamaConfig of a YxanulConfig (no biases, SiLU, default RoPE with the same theta)."""
     from transformers import LlamaConfig

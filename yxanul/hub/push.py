@@ -101,5 +101,3 @@ def main(argv: list[str] | None = None, api=None) -> int:
     print(f"pushed {a.model} to {a.hub_model_id}: {url}")
     return 0
 
-
-from .background import HubPushCallback  # noqa: E402,F401 -- its home is background.py; kept importable here

@@ -2,7 +2,7 @@
 for the tools that drive a model through the transformers interface (lm-eval's HFLM, TRL's trainers).
 
 A yxanul model becomes the ``LlamaForCausalLM`` with the same weights (the exact name mapping of
-``yxanul export``: :func:`yxanul.hub.export.yxanul_to_llama`), so no export step is needed and nothing is
+``yxanul export``: :func:`yxanul.models.state_dict.yxanul_to_llama`), so no export step is needed and nothing is
 written to disk. The commands built on this (``yxanul eval --tasks hellaswag,...``, ``yxanul grpo``) take
 any ``PreTrainedModel`` with a tokenizer, so a native ``YxanulForCausalLM`` with the transformers
 forward interface can be handed to them as it is.
@@ -24,7 +24,8 @@ def as_llama(model):
         return model
     from transformers import LlamaForCausalLM
 
-    from ..hub.export import llama_config, yxanul_to_llama
+    from ..hub.export import llama_config
+    from ..models.state_dict import yxanul_to_llama
 
     p = next(model.parameters())
     cfg = llama_config(model.config, p.dtype)

@@ -8,7 +8,7 @@ the config or model classes (``from yxanul.models import YxanulForCausalLM``) re
 from .._lazy import lazy_exports
 
 _WHERE = {
-    "ModelArgs": "args", "build_model": "args", "describe": "args", "load_weights": "args",
+    "ModelArgs": "args", "build_model": "build", "describe": "build", "load_weights": "build",
     "BACKENDS": "presets", "PRESETS": "presets",
     "YxanulConfig": "configuration_yxanul", "config_from_preset": "configuration_yxanul",
     "count_parameters": "configuration_yxanul", "matmul_parameters": "configuration_yxanul",

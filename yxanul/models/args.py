@@ -1,13 +1,12 @@
-"""`ModelArgs`: which model the trainer builds; `build_model()` and the one-line `describe()`."""
+"""`ModelArgs`: which model the trainer builds (torch-free; building it: build.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError
 from ..flags import did_you_mean
 from .presets import BACKENDS, PRESETS
 
@@ -25,8 +24,6 @@ def validate_loss(penalty_type, penalty_weight, loss_impl) -> None:
     if loss_impl not in LOSS_IMPLS:
         raise ConfigError("loss_impl", "one of " + ", ".join(LOSS_IMPLS), loss_impl)
 
-if TYPE_CHECKING:
-    from .configuration_yxanul import YxanulConfig
 
 
 @dataclass
@@ -80,67 +77,3 @@ class ModelArgs:
         if self.init_from is not None and not (isinstance(self.init_from, str) and self.init_from.strip()):
             raise ConfigError("init_from", "a folder path", self.init_from)  # existence: checked at build
 
-
-def build_model(args: ModelArgs, vocab_size: int):
-    """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
-    from .configuration_yxanul import config_from_preset
-    from .cuda_graphs import check_config
-    from .modeling_yxanul import YxanulForCausalLM
-
-    config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
-                                tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
-                                penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
-                                fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
-    model = YxanulForCausalLM(config)
-    check_config(model.config)  # cuda_graphs: TE blocks on CUDA (a training setting: from_pretrained skips it)
-    if args.gradient_checkpointing:
-        model.set_activation_checkpointing(True)
-    if args.init_from:
-        load_weights(model, args.init_from)
-    return model
-
-
-def load_weights(model, path: str) -> None:
-    """Load ``path/model*.safetensors`` into ``model`` (strict apart from TE's ``*_extra_state`` and a
-    tied LM head that a save dropped as a duplicate). Mismatches raise a one-line UserError."""
-    from safetensors.torch import load_file
-
-    from ..checkpoint import verified_weights_dir
-
-    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
-    files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
-    if not files:
-        raise UserError(f"init_from '{path}': no model*.safetensors in that folder")
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    from ..hub.export import is_llama_state, llama_to_yxanul
-
-    if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names
-        state = llama_to_yxanul(state)
-    if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor
-        emb, head = "model.embed_tokens.weight", "lm_head.weight"
-        if emb not in state and head in state:
-            state[emb] = state[head]
-        state.pop(head, None)
-    try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # size mismatch
-        first = str(e).strip().splitlines()[-1].strip()
-        raise UserError(f"init_from '{path}': weights do not fit this model's shapes ({first}): "
-                        f"same --model preset and tokenizer?") from None
-    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise UserError(f"init_from '{path}': weights do not match the model (missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]}): same --model preset?")
-    model.tie_weights()
-
-
-def describe(config: YxanulConfig) -> str:
-    """One line for the start of a run: size, shape, vocabulary, tie and backend."""
-    from .configuration_yxanul import count_parameters
-
-    n = count_parameters(config)
-    return (f"model: {n / 1e6:.2f}M parameters | {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
-            f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), ffn {config.intermediate_size}, "
-            f"vocab {config.vocab_size}, tied={config.tie_word_embeddings} | backend {config.backend}")

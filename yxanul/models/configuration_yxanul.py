@@ -6,6 +6,8 @@ Shape errors raise :class:`yxanul.errors.ConfigError` (one line, exit code 2 fro
 
 from __future__ import annotations
 
+import importlib
+import sys
 from types import MappingProxyType
 from typing import Literal
 
@@ -14,6 +16,9 @@ from transformers.configuration_utils import PreTrainedConfig
 from ..errors import ConfigError
 from .args import validate_loss
 from .presets import BACKENDS, PRESETS, VOCAB_MULTIPLE  # noqa: F401  (re-exported; the shapes live in a torch-free module)
+
+# the model classes' module, named as transformers' auto mappings name theirs: it imports this one
+MODELING = "yxanul.models.modeling_yxanul"
 
 
 def pad_vocab(n: int, multiple: int = 64) -> int:
@@ -66,9 +71,8 @@ class YxanulConfig(PreTrainedConfig):
             self.num_key_value_heads = self.num_attention_heads
         self.validate_shapes()
         super().__post_init__(**kwargs)
-        from .._register import register_models
-
-        register_models()  # AutoModel/AutoModelForCausalLM: every lookup comes with a config instance
+        if MODELING not in sys.modules:  # AutoModel*: every lookup comes with a config instance, so now
+            importlib.import_module(MODELING)  # which registers the model classes
 
     @property
     def head_dim(self) -> int:

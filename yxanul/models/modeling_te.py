@@ -37,6 +37,7 @@ import torch
 
 from .._te import TE_AVAILABLE, TE_IMPORT_ERROR, te
 from ..precision.state import no_pickled_extra_state
+from .state_dict import fuse_split_qkv, split_fused_qkv
 
 if not TE_AVAILABLE:  # pragma: no cover - the caller turns this into a one-line ConfigError
     raise ImportError(f"backend 'te' needs Transformer Engine: {TE_IMPORT_ERROR}")
@@ -80,8 +81,6 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
         self.layer_idx = layer_idx
         no_pickled_extra_state(self)
         if config.fuse_qkv_params:  # one QKV parameter (one weight cast/quantize per step); names unchanged
-            from .modeling_yxanul import fuse_split_qkv, split_fused_qkv
-
             kv = config.num_key_value_heads * config.head_dim
             qkv = self.self_attention.layernorm_qkv
             qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))

@@ -25,6 +25,7 @@ from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
 from .masking import padding_causal_mask, padding_in, position_ids_from_mask
 from .modeling_torch import RMSNorm, YxanulDecoderLayer, apply_rotary  # noqa: F401 (apply_rotary: re-exported)
+from .state_dict import drop_extra_state, forgive_missing_extra_state
 
 # transformers 5.24 names the KV cache `cache` (outputs and generate's kwargs); 5.17 (the GPU image)
 # `past_key_values`. forward accepts both and answers under the name this transformers reads back.
@@ -84,37 +85,6 @@ class YxanulRotaryEmbedding(nn.Module):
             inv_freq = self.compute_inv_freq(inv_freq.device)
         f = position_ids.to(inv_freq.device, torch.float32)[..., None] * inv_freq   # (B, T, hd/2)
         return torch.cat((f, f), dim=-1)                                             # (B, T, hd)
-
-
-def _drop_extra_state(module, state_dict, prefix, *args):
-    """Load pre-hook of the torch backend: TE checkpoints carry ``*_extra_state`` (FP8 scaling state,
-    also under modules the torch twin lacks, e.g. ``core_attention``); drop them."""
-    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("_extra_state")]:
-        del state_dict[key]
-
-
-def _forgive_missing_extra_state(module, incompatible_keys):
-    """Load post-hook: a TE model loading a torch-backend checkpoint keeps its fresh FP8 state."""
-    missing = incompatible_keys.missing_keys
-    missing[:] = [k for k in missing if not k.endswith("_extra_state")]
-
-
-def split_fused_qkv(sizes: tuple[int, int, int]):
-    """``fuse_qkv_params``: TE's ``LayerNormLinear`` then holds ONE ``weight`` whose rows are cat[q, k, v]
-    (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
-    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint.py gives views own storage)."""
-    def hook(module, state_dict, prefix, local_metadata):
-        fused = state_dict.pop(prefix + "weight")                       # (h_q + 2 h_kv, C)
-        for name, part in zip(("query", "key", "value"), fused.split(list(sizes))):
-            state_dict[f"{prefix}{name}_weight"] = part
-    return hook
-
-
-def fuse_split_qkv(module, state_dict, prefix, *args):
-    """Load pre-hook of a fused QKV module: a checkpoint's q/k/v weights -> the fused ``weight``."""
-    names = [f"{prefix}{n}_weight" for n in ("query", "key", "value")]
-    if all(n in state_dict for n in names):
-        state_dict[prefix + "weight"] = torch.cat([state_dict.pop(n) for n in names])
 
 
 class YxanulPreTrainedModel(PreTrainedModel):
@@ -186,8 +156,8 @@ class YxanulModel(YxanulPreTrainedModel):
         else:
             self.layers = nn.ModuleList(YxanulDecoderLayer(config, i) for i in range(config.num_hidden_layers))
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-            self.register_load_state_dict_pre_hook(_drop_extra_state)
-        self.register_load_state_dict_post_hook(_forgive_missing_extra_state)
+            self.register_load_state_dict_pre_hook(drop_extra_state)
+        self.register_load_state_dict_post_hook(forgive_missing_extra_state)
         for layer in self.layers:
             layer.self_attention.proj._is_residual_proj = True
         self.rotary_emb = YxanulRotaryEmbedding(config.head_dim, config.rope_theta)

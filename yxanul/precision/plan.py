@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ConfigError, UserError
 from .args import PrecisionArgs
+from .forward import forward
 from .policy import KINDS, layer_policy, module_decisions
 
 FORMATS = {"hybrid": "HYBRID", "e4m3": "E4M3", "e5m2": "E5M2"}
@@ -274,8 +275,6 @@ class PrecisionPlan:
         path = Path(directory) / FILE
         if not (self.fp8_enabled and path.is_file()):
             return 0
-        from ..training.step import forward  # the trainer's own forward: autocast + FP8 context
-
         device = next(model.parameters()).device
         n = max(16, min(seq_length, 64) // 16 * 16)
         x = torch.zeros(1, n, dtype=torch.long, device=device)  # (1, n)

@@ -110,7 +110,7 @@ def _without_config(tokens: list[str]) -> list[str]:
 
 
 def _with_default_config(argv: list[str]) -> list[str]:
-    from ..cli import DEFAULT_CONFIG
+    from ..config import DEFAULT_CONFIG
 
     return argv if "--config" in argv else ["--config", DEFAULT_CONFIG, *argv]
 

@@ -51,8 +51,7 @@ def _values(a: PlotLRArgs) -> dict:
     """The config `yxanul train` would resolve from the same file (the embedded default without one) and
     these flags, as the values `schedule` reads; prints the lines the trainer prints for it (an adapted
     warmup). ``--tokens_per_step`` stands for the run's target_tokens_per_step."""
-    from ..cli import DEFAULT_CONFIG
-    from ..config import _fields, load_yaml, resolve, tokens_per_step_of
+    from ..config import DEFAULT_CONFIG, _fields, load_yaml, resolve, tokens_per_step_of
 
     path = a.config or DEFAULT_CONFIG
     known = _fields()

@@ -100,7 +100,7 @@ def from_config(cfg) -> list:
 
         callbacks.append(MainProcessOnly(EvalTasksCallback(tasks)))
     if hub is not None and hub.push_to_hub:
-        from ..hub.push import HubPushCallback
+        from ..hub.background import HubPushCallback
 
         callbacks.append(MainProcessOnly(HubPushCallback(hub, run_dir=None)))
     return callbacks

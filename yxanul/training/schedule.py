@@ -163,7 +163,7 @@ class Curriculum:
         ``micro_for(seq_length)`` is the largest micro-batch that fits at that length (the finder's
         result, or :func:`same_tokens_micro`), ``multiple`` the micro-batch multiple (or a function of
         the seq_length, e.g. for FP8)."""
-        from ..batching import plan_batch
+        from .batching import plan_batch
 
         plans = []
         for s in self.stages:

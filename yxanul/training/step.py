@@ -1,7 +1,7 @@
 """THE training step: precision context, ``is_first_microbatch``, gradient accumulation, clipping and
 the optimizer step, in one function used by the trainer, the batch probe (`yxanul find-batch`),
-`yxanul bench` and `yxanul verify`; `forward` is its forward, also used for evaluation and for the
-precision plan's FP8-metadata forward. What `yxanul bench` times is what training runs.
+`yxanul bench` and `yxanul verify`; `forward` (precision/forward.py) is its forward, also used for evaluation
+and for the precision plan's FP8-metadata forward. What `yxanul bench` times is what training runs.
 
 With an ``accelerator`` (the trainer): accelerate applies autocast (its prepared forward), scales the
 loss by ``1 / gradient_accumulation_steps`` in ``accelerator.backward`` and clips with
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.cuda_graphs import ensure_captured
+from ..precision.forward import forward
 from ..precision.master_weights import grad_params
 
 
@@ -44,24 +45,6 @@ class StepOutput:
     penalty: torch.Tensor | None          # sum of the penalty term, ()
     grad_norm: torch.Tensor | float | None  # before clipping; None without an optimizer step
     accum: int                            # micro-batches in this step
-
-
-def autocast_context(plan, device, accelerator=None) -> contextlib.AbstractContextManager:
-    """BF16 autocast as accelerate applies it, for a step outside the Accelerator (None inside it)."""
-    if accelerator is None and plan is not None and getattr(plan, "base", None) == "bf16":
-        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def forward(model, x, y, *, plan=None, micro: int | None = 0, training: bool = True, accelerator=None):
-    """The model's forward on one micro-batch (x, y: (B, T) token ids, y aligned targets) under the
-    plan's precision context; returns the model output (``.loss``, maybe ``.lm_loss``/``.penalty``).
-    ``micro``: index in the accumulation (TE's ``is_first_microbatch``; None: TE re-quantizes)."""
-    device = x.device
-    with autocast_context(plan, device, accelerator), \
-            (plan.forward_context(training=training) if plan is not None else contextlib.nullcontext()):
-        first = plan.is_first_microbatch(micro) if (plan is not None and training and micro is not None) else None
-        return model(x, shift_labels=y, is_first_microbatch=first, return_logits=False)
 
 
 def _add(total, value):

@@ -83,9 +83,9 @@ class Trainer:
 
     def _setup_model(self):
         """The model, the precision plan (applied to it) and the batch plan(s), before the Accelerator."""
-        from ..batching import plan_curriculum, resolve_batch, torch_reduce_min
-        from ..models.args import build_model
+        from ..models.build import build_model
         from ..precision import resolve_precision
+        from .batching import plan_curriculum, resolve_batch, torch_reduce_min
 
         cfg, world = self.cfg, self.dist.num_processes
         model = build_model(cfg.model, vocab_size=self.vocab_size)
@@ -102,7 +102,7 @@ class Trainer:
         return model
 
     def _setup_accelerator(self, model) -> None:
-        from ..models.args import describe
+        from ..models.build import describe
         from .optim import build_optimizer
 
         cfg = self.cfg

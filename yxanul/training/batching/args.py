@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 # TE's FP8 GEMMs need the token dimension of every FP8 Linear input (micro-batch x seq_length)
 # to be a multiple of 16 (and the feature dims multiples of 16, which the presets guarantee).

@@ -2,7 +2,7 @@
 micro-batch search with a real training probe, its cache, the per-stage plans of a curriculum and
 `yxanul find-batch` (finder.py)."""
 
-from .._lazy import lazy_exports
+from ..._lazy import lazy_exports
 
 _WHERE = {
     "FP8_TOKEN_ALIGN": "args", "BatchArgs": "args", "fp8_micro_multiple": "args", "micro_multiple": "args",

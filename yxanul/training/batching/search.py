@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import UserError
+from ...errors import UserError
 
 
 class NoFitError(UserError):

@@ -40,7 +40,7 @@ class TrainingProbe:
         self._saved = None  # the model's state, restored after every probe
 
     def _optimizer(self):
-        from ..training.optim import OptimArgs, build_optimizer
+        from ..optim import OptimArgs, build_optimizer
 
         opt = build_optimizer(self.model, OptimArgs())
         for group in opt.param_groups:  # lr 0: AdamW leaves the weights bit-identical
@@ -50,7 +50,7 @@ class TrainingProbe:
     def __call__(self, b: int) -> None:
         import torch
 
-        from ..training.step import train_step
+        from ..step import train_step
 
         cuda = self.device.type == "cuda"
         if cuda:

@@ -1,0 +1,69 @@
+"""Build the model of a ``ModelArgs`` (``build_model``), load weights into it (``load_weights``: a
+checkpoint, a yxanul or a Llama export) and the one line that describes it (``describe``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from ..checkpoint.save import verified_weights_dir
+from ..errors import UserError
+from .args import ModelArgs
+from .configuration_yxanul import YxanulConfig, config_from_preset, count_parameters
+from .cuda_graphs import check_config
+from .modeling_yxanul import YxanulForCausalLM
+from .state_dict import is_llama_state, llama_to_yxanul
+
+
+def build_model(args: ModelArgs, vocab_size: int):
+    """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
+    config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
+                                tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
+                                penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
+                                fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
+    model = YxanulForCausalLM(config)
+    check_config(model.config)  # cuda_graphs: TE blocks on CUDA (a training setting: from_pretrained skips it)
+    if args.gradient_checkpointing:
+        model.set_activation_checkpointing(True)
+    if args.init_from:
+        load_weights(model, args.init_from)
+    return model
+
+
+def load_weights(model, path: str) -> None:
+    """Load ``path/model*.safetensors`` into ``model`` (strict apart from TE's ``*_extra_state`` and a
+    tied LM head that a save dropped as a duplicate). Mismatches raise a one-line UserError."""
+    verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
+    files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
+    if not files:
+        raise UserError(f"init_from '{path}': no model*.safetensors in that folder")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names
+        state = llama_to_yxanul(state)
+    if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor
+        emb, head = "model.embed_tokens.weight", "lm_head.weight"
+        if emb not in state and head in state:
+            state[emb] = state[head]
+        state.pop(head, None)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # size mismatch
+        first = str(e).strip().splitlines()[-1].strip()
+        raise UserError(f"init_from '{path}': weights do not fit this model's shapes ({first}): "
+                        f"same --model preset and tokenizer?") from None
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise UserError(f"init_from '{path}': weights do not match the model (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}): same --model preset?")
+    model.tie_weights()
+
+
+def describe(config: YxanulConfig) -> str:
+    """One line for the start of a run: size, shape, vocabulary, tie and backend."""
+    n = count_parameters(config)
+    return (f"model: {n / 1e6:.2f}M parameters | {config.num_hidden_layers} layers x {config.hidden_size} hidden, "
+            f"{config.num_attention_heads} heads ({config.num_key_value_heads} kv), ffn {config.intermediate_size}, "
+            f"vocab {config.vocab_size}, tied={config.tie_word_embeddings} | backend {config.backend}")

@@ -1,0 +1,111 @@
+"""yxanul's state-dict names and Llama's, both ways: ``yxanul_to_llama`` for `yxanul export --format
+llama` and the in-process Llama view, ``llama_to_yxanul`` for ``--init_from`` on a Llama export; the
+load/save hooks that keep one set of names across backends (TE ``*_extra_state``, fused QKV).
+
+Name mapping (yxanul/TE -> Llama), per layer i (docs/export.md has the table):
+  self_attention.layernorm_qkv.layer_norm_weight -> input_layernorm.weight   (RMSNorm folded into TE's LayerNormLinear)
+  self_attention.layernorm_qkv.{query,key,value}_weight -> self_attn.{q,k,v}_proj.weight
+  self_attention.proj.weight -> self_attn.o_proj.weight
+  layernorm_mlp.layer_norm_weight -> post_attention_layernorm.weight          (folded into TE's LayerNormMLP)
+  layernorm_mlp.fc1_weight = cat[gate, up] -> mlp.gate_proj.weight, mlp.up_proj.weight
+  layernorm_mlp.fc2_weight -> mlp.down_proj.weight
+RoPE needs no permutation: yxanul (like te.RotaryPositionEmbedding) rotates non-interleaved halves
+(rotate_half) with inv_freq = theta^(-2i/d), exactly HF Llama's convention.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..errors import UserError
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# yxanul per-layer suffix -> Llama per-layer suffix (fc1 is split in two: handled apart)
+_TO_LLAMA = {
+    "self_attention.layernorm_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.layernorm_qkv.query_weight": "self_attn.q_proj.weight",
+    "self_attention.layernorm_qkv.key_weight": "self_attn.k_proj.weight",
+    "self_attention.layernorm_qkv.value_weight": "self_attn.v_proj.weight",
+    "self_attention.proj.weight": "self_attn.o_proj.weight",
+    "layernorm_mlp.layer_norm_weight": "post_attention_layernorm.weight",
+    "layernorm_mlp.fc2_weight": "mlp.down_proj.weight",
+}
+_FROM_LLAMA = {v: k for k, v in _TO_LLAMA.items()}
+_GLOBAL = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+
+
+def yxanul_to_llama(state: dict[str, torch.Tensor], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
+    """yxanul/TE state dict -> LlamaForCausalLM state dict (contiguous copies; no tied head when tied)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name.endswith("_extra_state") or (name == "lm_head.weight" and tie_word_embeddings):
+            continue
+        m = _LAYER.match(name)
+        if name in _GLOBAL:
+            out[name] = t
+        elif m and m.group(2) == "layernorm_mlp.fc1_weight":
+            gate, up = t.chunk(2, dim=0)                       # (2F, C) -> (F, C), (F, C); SiLU on the gate half
+            out[f"model.layers.{m.group(1)}.mlp.gate_proj.weight"] = gate
+            out[f"model.layers.{m.group(1)}.mlp.up_proj.weight"] = up
+        elif m and m.group(2) in _TO_LLAMA:
+            out[f"model.layers.{m.group(1)}.{_TO_LLAMA[m.group(2)]}"] = t
+        else:
+            raise UserError(f"export: unexpected weight '{name}' (not a yxanul model?)")
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def is_llama_state(state: dict) -> bool:
+    return any(".self_attn.q_proj." in k for k in state)
+
+
+def llama_to_yxanul(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM state dict -> yxanul names (gate|up concatenated into fc1): the way back for
+    ``--init_from`` on a Llama export."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        m = _LAYER.match(name)
+        if name in _GLOBAL:
+            out[name] = t
+        elif m and m.group(2) == "mlp.gate_proj.weight":
+            up = state[f"model.layers.{m.group(1)}.mlp.up_proj.weight"]
+            out[f"model.layers.{m.group(1)}.layernorm_mlp.fc1_weight"] = torch.cat([t, up])  # (2F, C)
+        elif m and m.group(2) == "mlp.up_proj.weight":
+            continue
+        elif m and m.group(2) in _FROM_LLAMA:
+            out[f"model.layers.{m.group(1)}.{_FROM_LLAMA[m.group(2)]}"] = t
+        elif not name.endswith("rotary_emb.inv_freq"):
+            raise UserError(f"init_from: unexpected Llama weight '{name}'")
+    return out
+
+
+def drop_extra_state(module, state_dict, prefix, *args):
+    """Load pre-hook of the torch backend: TE checkpoints carry ``*_extra_state`` (FP8 scaling state,
+    also under modules the torch twin lacks, e.g. ``core_attention``); drop them."""
+    for key in [k for k in state_dict if k.startswith(prefix) and k.endswith("_extra_state")]:
+        del state_dict[key]
+
+
+def forgive_missing_extra_state(module, incompatible_keys):
+    """Load post-hook: a TE model loading a torch-backend checkpoint keeps its fresh FP8 state."""
+    missing = incompatible_keys.missing_keys
+    missing[:] = [k for k in missing if not k.endswith("_extra_state")]
+
+
+def split_fused_qkv(sizes: tuple[int, int, int]):
+    """``fuse_qkv_params``: TE's ``LayerNormLinear`` then holds ONE ``weight`` whose rows are cat[q, k, v]
+    (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
+    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint/io.py gives views own storage)."""
+    def hook(module, state_dict, prefix, local_metadata):
+        fused = state_dict.pop(prefix + "weight")                       # (h_q + 2 h_kv, C)
+        for name, part in zip(("query", "key", "value"), fused.split(list(sizes))):
+            state_dict[f"{prefix}{name}_weight"] = part
+    return hook
+
+
+def fuse_split_qkv(module, state_dict, prefix, *args):
+    """Load pre-hook of a fused QKV module: a checkpoint's q/k/v weights -> the fused ``weight``."""
+    names = [f"{prefix}{n}_weight" for n in ("query", "key", "value")]
+    if all(n in state_dict for n in names):
+        state_dict[prefix + "weight"] = torch.cat([state_dict.pop(n) for n in names])
