@@ -27,7 +27,7 @@ CONFIG_AUTO = "transformers.models.auto.configuration_auto"
 def register_config(configuration_auto) -> None:
     """Put ``YxanulConfig`` into ``configuration_auto.CONFIG_MAPPING`` (``AutoConfig.register``)."""
     try:
-        from .models.configuration_yxanul import YxanulConfig
+        from .models.configuration_yxanul import YxanulConfig  # transformers is loading: `import yxanul` stays light
     except ImportError:  # configuration_yxanul itself is importing transformers: it registers when it ends
         return
     configuration_auto.AutoConfig.register("yxanul", YxanulConfig, exist_ok=True)

@@ -7,7 +7,11 @@ import importlib
 import os
 import sys
 
+from . import __version__
+from .checkpoint import format_table, run_dir_of
 from .config import parse_args, with_default_config
+from .errors import UserError
+from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
 COMMANDS = {
@@ -41,11 +45,9 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         if cfg.checkpoint.list_checkpoints:
-            from .checkpoint import format_table, run_dir_of
-
             print(format_table(run_dir_of(cfg)))
             return 0
-        from .training import train
+        from .training import train  # torch: --help and config errors stay light
 
         train(cfg)  # its setup runs the launch checks (yxanul.training.launch.preflight) first
     except StoppedBeforeTraining as e:
@@ -99,9 +101,6 @@ def run(func, argv, *, process_exit: bool = False) -> int:
 
 
 def _run(func, argv) -> int:
-    from .errors import UserError
-    from .tracking import quiet_tensorboard_writer_thread
-
     try:
         with quiet_tensorboard_writer_thread():  # its OSError is raised again in this thread: one line below
             return int(func(argv) or 0)
@@ -137,8 +136,6 @@ def _reports_for_the_job() -> bool:
 
 
 def _disk_full_line(e: OSError) -> str:
-    from .tracking import tensorboard_logdir
-
     tb_dir = tensorboard_logdir(e)
     if tb_dir:
         return (f"error: disk full writing TensorBoard events to {tb_dir}: {e.strerror}; free space, choose another "
@@ -199,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0 if argv else 2
     if argv[0] in ("-V", "--version"):
-        from . import __version__
-
         print(f"yxanul {__version__}")
         return 0
     name, rest = argv[0], argv[1:]

@@ -18,7 +18,10 @@ from typing import Any
 
 import yaml
 
+from .checkpoint import CheckpointArgs
+from .data.args import DataArgs
 from .errors import ConfigError
+from .evaluation.args import EvalTaskArgs
 from .flags import (
     OneLineParser,
     add_field,
@@ -29,6 +32,14 @@ from .flags import (
     strip_optional,
     unknown_key,
 )
+from .hub.args import HubArgs
+from .models.args import ModelArgs
+from .precision.args import PrecisionArgs
+from .tracking import TrackingArgs
+from .training.args import TrainArgs
+from .training.batching.args import BatchArgs
+from .training.optim import OptimArgs
+from .training.schedule import warmup_steps_for_tokens
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")
 
@@ -43,16 +54,6 @@ def with_default_config(argv: list[str]) -> list[str]:
 def _sections() -> list[tuple[str, type]]:
     # Imported lazily so `yxanul --help` stays fast and each component owns its dataclass.
     # None of these modules imports torch (tests/test_config.py checks it).
-    from .checkpoint import CheckpointArgs
-    from .data.args import DataArgs
-    from .evaluation.args import EvalTaskArgs
-    from .hub.args import HubArgs
-    from .models.args import ModelArgs
-    from .precision.args import PrecisionArgs
-    from .tracking import TrackingArgs
-    from .training.args import TrainArgs
-    from .training.batching.args import BatchArgs
-    from .training.optim import OptimArgs
 
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),
@@ -193,8 +194,6 @@ def _warmup_in_steps(optim: dict[str, Any], batch, seq_length: int) -> None:
 def apply_warmup_tokens(values: dict[str, Any], tokens_per_step: int | None) -> None:
     """Set ``values['warmup_steps']`` from ``values['warmup_tokens']``; a different ``warmup_steps`` given
     too is one line naming both (``yxanul plot-lr`` uses this as well)."""
-    from .training.schedule import warmup_steps_for_tokens
-
     tokens = values["warmup_tokens"]
     if tokens_per_step is None:
         raise ConfigError("warmup_tokens", "a fixed number of tokens per optimizer step to convert it to steps (set "

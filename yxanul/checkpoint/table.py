@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..flags import parse_command
 from .manifest import has_manifest, read_manifest, verify_checkpoint
 from .pointers import checkpoints_dir, pointer_name, read_pointer
 from .save import list_checkpoints
@@ -49,8 +50,6 @@ class CheckpointsCommand:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
-    from ..flags import parse_command
-
     args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
     if not Path(args.run_dir).is_dir():
         raise UserError(f"run directory '{args.run_dir}': no such directory")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigError
+from .template import template_fields
 
 MIXTURE_KEYS = ("path", "weight", "split", "text_column", "text_template", "name", "max_tokens", "max_epochs")
 
@@ -79,8 +80,6 @@ class DataArgs:
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 raise ConfigError(key, "a non-empty string", getattr(self, key))
         if self.text_template is not None:
-            from .template import template_fields
-
             template_fields(self.text_template)
         if not isinstance(self.val_fraction, (int, float)) or not 0.0 < self.val_fraction < 0.5:
             raise ConfigError("val_fraction", "a number in (0, 0.5)", self.val_fraction)
@@ -114,8 +113,6 @@ class DataArgs:
             if unknown:
                 raise ConfigError("datasets", f"entries with keys {', '.join(MIXTURE_KEYS)}", sorted(unknown))
             if "text_template" in d:
-                from .template import template_fields
-
                 if "text_column" in d:
                     raise ConfigError("datasets", f"text_column or text_template for '{d['path']}', not both",
                                       d["text_template"])

@@ -22,8 +22,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
+from ..flags import parse_command
+from .args import DataArgs
 from .sources import BUNDLED_CORPUS
+from .tiktoken_path import build_encoding, tiktoken_spec
 
 
 @dataclass
@@ -43,8 +46,6 @@ class BenchDataArgs:
     output: str | None = field(default=None, metadata={"help": "Also write the results as JSON here."})
 
     def __post_init__(self):
-        from ..errors import ConfigError
-
         if self.repeat < 1 or self.trials < 1:
             raise ConfigError("repeat/trials", "integers >= 1", (self.repeat, self.trials))
         if not self.num_procs or min(self.num_procs) < 1:
@@ -75,8 +76,7 @@ def _timed(fn) -> float:
 
 def _raw_measurements(tok, docs: list[str]) -> dict:
     """name -> a function running the raw tokenizer over ``docs`` in the pipeline's batches."""
-    from .mixture import BATCH_DOCS
-    from .tiktoken_path import build_encoding, tiktoken_spec
+    from .mixture import BATCH_DOCS  # numpy: --help stays light
 
     raw = tok.backend_tokenizer
     batches = [docs[i:i + BATCH_DOCS] for i in range(0, len(docs), BATCH_DOCS)]
@@ -100,9 +100,8 @@ def _raw_measurements(tok, docs: list[str]) -> dict:
 
 def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int) -> tuple[float, float]:
     """(end-to-end seconds, packing-phase seconds) of one `prepare()`."""
-    from . import tokenize
-    from .args import DataArgs
-    from .prepare import prepare, read_meta
+    from . import tokenize  # numpy: --help stays light
+    from .prepare import prepare, read_meta  # numpy: --help stays light
 
     lazy, tokenize.LAZY_CHARS = tokenize.LAZY_CHARS, 0  # workers from the first batch, as on a real corpus
     out = tmp / f"p{procs}-{trial}"
@@ -117,7 +116,7 @@ def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int
 
 
 def run(args: BenchDataArgs, say=print) -> dict:
-    from .prepare import load_tokenizer
+    from .prepare import load_tokenizer  # numpy: --help stays light
 
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
         tmp = Path(d)
@@ -156,8 +155,6 @@ def run(args: BenchDataArgs, say=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     args = parse_command(BenchDataArgs, argv, prog="yxanul bench-data")
     result = run(args)
     if args.output:

@@ -29,12 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import __version__
 from ..errors import DataError, is_no_space
+from ..flags import coerce, fields_of, load_yaml, parse_command
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
+from .remote_code import declares_code, refused, strip_code
 from .shards import ShardWriter, dtype_for_vocab
 from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
+from .tiktoken_path import tiktoken_spec
+from .tokenize import Encoder, Pool
+from .verify import record_verified, verified
+from .workdir import WorkDir, clean_stale
 
 # 2: special-token strings inside documents are plain text (split_special_tokens)
 # 3: fixed-size shards with a manifest, exact mixing by tokens or documents (mixture.py)
@@ -78,8 +85,6 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE. A tokenizer with code of
     its own is refused unless ``trust_remote_code`` (remote_code.py)."""
     from transformers import AutoTokenizer
-
-    from .remote_code import declares_code, refused
 
     name = name_or_path or str(BUNDLED_TOKENIZER)
     if name == GPT2_OFFLINE:
@@ -149,9 +154,6 @@ def _num_proc(args: DataArgs) -> int:
 
 
 def _encoder(args: DataArgs, tok, dtype):
-    from .tiktoken_path import tiktoken_spec
-    from .tokenize import Encoder
-
     spec = (None if args.prepare_backend == "tokenizers"
             else tiktoken_spec(tok, required=args.prepare_backend == "tiktoken"))
     return Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, dtype.__name__, spec)
@@ -161,8 +163,6 @@ class _Packer:
     """The main loop: mixed documents -> train/val writers, checkpointing into the work folder."""
 
     def __init__(self, args: DataArgs, sources, work, fp: str, encoder, state: dict | None):
-        from .tokenize import Pool
-
         st = state or {}
         self.args, self.work, self.fp, self.names = args, work, fp, [s.path for s in sources]
         self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"), args.on_source_end)
@@ -273,8 +273,6 @@ def _pack(args: DataArgs, sources, work, fp: str, tok, dtype, progress: bool):
 def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, create: bool = True) -> Path:
     """Tokenize + pack ``args``' sources into ``out_dir`` (default ``args.data_dir``, else the cache);
     reuse the folder if it is complete with the same fingerprint. Returns the folder."""
-    from .workdir import WorkDir, clean_stale
-
     out, sources, fp, (tok_name, tok) = target_dir(args, out_dir)
     if read_meta(out, fp):
         say(f"data: reusing prepared shards in {out}")
@@ -327,9 +325,6 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
         n = splits["train"]["documents"] + splits["val"]["documents"]
         what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
         raise DataError(f"dataset '{sources[0].path}': {what}")
-    from .. import __version__
-    from .remote_code import strip_code
-    from .verify import record_verified
 
     tok.save_pretrained(work.path / "tokenizer")
     strip_code(work.path / "tokenizer")  # the folder never keeps code that came with a tokenizer
@@ -359,8 +354,6 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     (the first prepares, the others reuse its folder). Without ``wait``, call it inside
     ``state.main_process_first()``.
     """
-    from .verify import verified  # every process that trains from the shards checks them first
-
     def quiet(*a, **k):
         return None
 
@@ -395,8 +388,6 @@ class PrepareArgs(DataArgs):
 
 def parse_prepare_args(argv: list[str] | None) -> DataArgs:
     """Flags (yxanul.flags.parse_command) over the data keys of ``--config``."""
-    from ..flags import coerce, fields_of, load_yaml, parse_command
-
     argv = list(argv or [])
     cli = parse_command(PrepareArgs, argv, prog="yxanul prepare")
     data_fields = fields_of(DataArgs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError, is_no_space
+from .template import check_first_example, render_batch
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUNDLED_CORPUS = ASSETS / "corpus" / "shakespeare.jsonl.gz"
@@ -203,8 +204,6 @@ def _first(ds, src: Source) -> dict:
 
 def _templated(ds, src: Source):
     """The source's ``text`` built by its ``text_template``, checked on its first example first."""
-    from .template import check_first_example, render_batch
-
     first = _first(ds, src)
     if first:
         check_first_example(src.text_template, first, src.path)

@@ -22,6 +22,8 @@ from collections import deque
 
 import numpy as np
 
+from .tiktoken_path import build_encoding
+
 _STATE: dict = {}
 LAZY_CHARS = 8 << 20  # start worker processes once this much text was submitted (see Pool)
 
@@ -40,8 +42,6 @@ class Encoder:
     def build(self, single_thread: bool):
         """texts -> list of id lists; ``single_thread``: on one core (else the library's threads)."""
         if self.tiktoken_spec:
-            from .tiktoken_path import build_encoding
-
             enc = build_encoding(self.tiktoken_spec)
             n = 1 if single_thread else (os.cpu_count() or 1)
             return lambda texts: enc.encode_ordinary_batch(texts, num_threads=n)

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, DataError
+from ..flags import parse_command
+from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
 
 
 @dataclass
@@ -60,8 +62,6 @@ class TokenizerTrainArgs:
 
 
 def _documents(args: TokenizerTrainArgs):
-    from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
-
     src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
                          args.dataset_name)
     check_source(src)
@@ -114,7 +114,7 @@ def bytes_per_token(tok, texts: list[str]) -> float:
 
 def compare(tok, held: list[str]) -> dict[str, float]:
     """Bytes per token on ``held`` for ``tok``, the bundled tokenizer and GPT-2 (when available)."""
-    from .prepare import load_tokenizer
+    from .prepare import load_tokenizer  # numpy: --help stays light
 
     out = {"trained": bytes_per_token(tok, held), "bundled": bytes_per_token(load_tokenizer(None)[1], held)}
     try:
@@ -126,8 +126,6 @@ def compare(tok, held: list[str]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     import time
-
-    from ..flags import parse_command
 
     args = parse_command(TokenizerTrainArgs, argv, prog="yxanul tokenizer")
     t0 = time.time()

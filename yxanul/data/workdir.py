@@ -21,6 +21,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import DataError
+
 ARROW_CACHE = ".datasets-cache"
 PROGRESS = "progress.json"
 LOCK = ".lock"
@@ -124,8 +126,6 @@ class WorkDir:
 
     def disk_full(self, shard_bytes: int):
         """The one line for a write that failed for space: the shards written so far stay for a restart."""
-        from ..errors import DataError
-
         free = shutil.disk_usage(self.path if self.path.exists() else self.out.parent).free
         return DataError(f"disk full: preparing into {self.path} needs at least {shard_bytes:,} bytes for its next "
                          f"shard, {free:,} free; the shards written so far stay: free space (or choose another "

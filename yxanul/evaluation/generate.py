@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, DataError, UserError
+from ..flags import parse_command
+from ..hub.loading import load_model
 
 
 @dataclass
@@ -59,8 +61,6 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
     """Stream the completion to stdout; returns the generated text (without the prompt)."""
     from transformers import TextStreamer, set_seed
 
-    from ..hub.loading import load_model
-
     text = prompt_text(a)
     device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if a.device == "auto" else a.device))
@@ -81,7 +81,5 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     generate(parse_command(GenerateCommand, argv, prog="yxanul generate"))
     return 0

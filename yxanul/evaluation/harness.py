@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from ..data.sources import hub_unreachable
 from ..errors import DataError
 from .args import BUNDLED
 
@@ -47,8 +48,6 @@ def evaluate_harness(model, tokenizer, names: list[str], tm, limit: int | None =
     ``,none`` filter suffix: ``acc``, ``acc_norm``, ``acc_stderr``, ``perplexity``; ``n`` = items scored."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
-
-    from ..data.sources import hub_unreachable
 
     was_training = model.training
     model.eval()

@@ -15,15 +15,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import list_checkpoints
+from ..data.args import DataArgs
+from ..data.loader import eval_batches
+from ..data.prepare import target_dir
 from ..errors import ConfigError, DataError, UserError
+from ..flags import parse_command
+from ..hub.loading import is_export, load_model
+from ..integrations.causal_lm import as_llama, with_pad_token
+from .harness import evaluate_harness, headline, split_tasks, task_manager
+from .tasks import load_task, score_task, task_name
 
 
 @torch.no_grad()
 def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, device) -> dict[str, float]:
     """Mean cross entropy over fixed validation windows (the trainer's eval_batches), from the logits, so
     any causal LM (a Llama export included) is scored the same way."""
-    from ..data.loader import eval_batches
-
     total, n = 0.0, 0
     for x, y in eval_batches(data_dir, seq_length, batch_size, steps):                 # (B, T) each
         logits = model(input_ids=x.to(device)).logits.float()                          # (B, T, V)
@@ -37,9 +44,6 @@ def data_dir_of(model_path: str) -> Path | None:
     """The prepared data folder of the run behind MODEL (None for an export)."""
     import yaml
 
-    from ..checkpoint import list_checkpoints
-    from ..hub.loading import is_export
-
     # the run's (else its newest checkpoint's) or the checkpoint's config.yaml: the data settings only
     # (the weights were verified by load_model)
     found = [Path(model_path) / "config.yaml"] + [Path(c["path"]) / "config.yaml"
@@ -47,8 +51,6 @@ def data_dir_of(model_path: str) -> Path | None:
     path = next((f for f in found if f.is_file()), None)
     if is_export(model_path) or path is None:
         return None
-    from ..data.args import DataArgs
-    from ..data.prepare import target_dir
 
     cfg = yaml.safe_load(path.read_text()) or {}
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
@@ -94,10 +96,6 @@ class EvalCommand:
 
 
 def evaluate(a: EvalCommand, say=print) -> dict:
-    from ..hub.loading import load_model
-    from .harness import split_tasks, task_manager
-    from .tasks import load_task, score_task, task_name
-
     local, harness = split_tasks(a.tasks)
     tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
     tm = task_manager(harness, a.task_dir) if harness else None
@@ -124,9 +122,6 @@ def evaluate(a: EvalCommand, say=print) -> dict:
 
 def _run_harness(a: EvalCommand, model, tok, names: list[str], tm, say) -> dict:
     """lm-eval's tasks on the model as a transformers causal LM (a yxanul model as the same-weights Llama)."""
-    from ..integrations.causal_lm import as_llama, with_pad_token
-    from .harness import evaluate_harness, headline
-
     out = evaluate_harness(as_llama(model), with_pad_token(tok), names, tm, a.limit, a.batch_size, a.num_fewshot)
     for name in names:  # a group's subtasks (mmlu's 57) only in the JSON output
         say(f"{name}: {headline(out[name])} (lm-eval)")
@@ -153,8 +148,6 @@ def _validation_data(a: EvalCommand, tasks: dict, say) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(EvalCommand, argv, prog="yxanul eval")
     results = evaluate(a)
     if a.output:

@@ -22,7 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError
+from ..integrations.causal_lm import as_llama, with_pad_token
+from ..tracking import format_duration
 from .args import BUNDLED
+from .harness import evaluate_harness, split_tasks, task_manager
 
 
 def task_name(task: str) -> str:
@@ -103,8 +106,6 @@ PROGRESS_EVERY_S = 10.0  # `yxanul eval`: a progress line per task at most this 
 def score_task(model, tokenizer, items: list[dict], device, say=None, name: str = "task") -> dict[str, float]:
     """{'acc', 'acc_norm', 'n'} of ``model`` on ``items`` (model in eval mode). ``say``: a progress line
     (``cloze: 120/500 items 24% eta 40s``) every ``PROGRESS_EVERY_S`` seconds."""
-    from ..tracking import format_duration
-
     max_len = int(getattr(model.config, "max_position_embeddings", 2048))
     correct = correct_norm = 0
     t0 = last = time.perf_counter()
@@ -133,8 +134,6 @@ class EvalTasksCallback:
     (a copy of the weights for the duration of the evaluation; no stderr bootstrap)."""
 
     def __init__(self, tasks_args):
-        from .harness import split_tasks, task_manager
-
         local, self.harness = split_tasks(tasks_args.eval_tasks)
         self.limit = tasks_args.eval_tasks_limit
         self.tasks = {task_name(t): load_task(t, self.limit) for t in local}
@@ -161,9 +160,6 @@ class EvalTasksCallback:
             model.train(was_training)
 
     def _harness(self, model, tokenizer) -> dict[str, float]:
-        from ..integrations.causal_lm import as_llama, with_pad_token
-        from .harness import evaluate_harness
-
         res = evaluate_harness(as_llama(model), with_pad_token(tokenizer), self.harness, self.task_manager,
                                self.limit, bootstrap_iters=0)
         return {f"eval/{task}_{k}": float(v) for task in self.harness for k, v in res[task].items()

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
+from ..flags import parse_command
+from .qa import answer_reward, format_reward, grpo_dataset, load_qa, prompt_of, sft_dataset
 
 
 @dataclass
@@ -85,8 +87,7 @@ def _common(a: GrpoCommand, out: Path, cpu: bool) -> dict:
 def run_sft(a: GrpoCommand, model, tok, ds, out: Path, cpu: bool):
     from trl import SFTConfig, SFTTrainer
 
-    from .callbacks import MetricsLog
-    from .qa import sft_dataset
+    from .callbacks import MetricsLog  # torch: --help stays light
 
     args = SFTConfig(max_steps=a.sft_steps, learning_rate=a.sft_learning_rate, per_device_train_batch_size=8,
                      max_length=int(model.config.max_position_embeddings), **_common(a, out, cpu))
@@ -99,8 +100,7 @@ def run_sft(a: GrpoCommand, model, tok, ds, out: Path, cpu: bool):
 def run_grpo(a: GrpoCommand, model, tok, ds, out: Path, cpu: bool):
     from trl import GRPOConfig, GRPOTrainer
 
-    from .callbacks import MetricsLog
-    from .qa import answer_reward, format_reward, grpo_dataset
+    from .callbacks import MetricsLog  # torch: --help stays light
 
     args = GRPOConfig(max_steps=a.max_steps, learning_rate=a.learning_rate, per_device_train_batch_size=a.batch_size,
                       num_generations=a.num_generations, max_completion_length=a.max_completion_length,
@@ -148,8 +148,6 @@ def prepare_output(a: GrpoCommand) -> Path:
 def fitting(ds, tok, max_prompt: int, dataset: str, say):
     """The rows whose prompt fits the model's positions with the completion after it; the others are left
     out (said), since a model trained at seq_length T has never seen a position past T."""
-    from .qa import prompt_of
-
     keep = [i for i, r in enumerate(ds) if len(tok(prompt_of(r)).input_ids) <= max_prompt]
     if not keep:
         raise UserError(f"dataset '{dataset}': every prompt is longer than {max_prompt} tokens (the model's "
@@ -164,8 +162,7 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     """SFT (``sft_steps`` > 0), then GRPO; returns the summary also written to grpo_summary.json."""
     import torch
 
-    from ..integrations.causal_lm import load_causal_lm
-    from .qa import load_qa
+    from ..integrations.causal_lm import load_causal_lm  # torch: --help stays light
 
     cpu = a.device == "cpu" or not torch.cuda.is_available()
     if a.device == "cuda" and cpu:
@@ -190,7 +187,5 @@ def grpo(a: GrpoCommand, say=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     grpo(parse_command(GrpoCommand, argv, prog="yxanul grpo"))
     return 0

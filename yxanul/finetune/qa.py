@@ -20,6 +20,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from ..data.sources import (
+    check_hub_reachable,
+    hub_path,
+    hub_unreachable,
+    resolve_source,
+)
+from ..data.template import render
 from ..errors import DataError
 
 BUNDLED = {"usmle_mini": Path(__file__).resolve().parents[1] / "assets" / "tasks" / "usmle_mini.jsonl"}
@@ -35,8 +42,6 @@ def parse_answer(completion: str) -> str | None:
 
 
 def prompt_of(row: dict) -> str:
-    from ..data.template import render
-
     return render(PROMPT, row)
 
 
@@ -66,13 +71,6 @@ def load_qa(dataset: str, split: str = "train", name: str | None = None, limit: 
     """A datasets.Dataset of the QA rows: the bundled ``usmle_mini``, a local .jsonl/.json/.parquet file, or a
     Hub dataset (e.g. ``GBaker/MedQA-USMLE-4-options``); every row is checked (one line for a bad one)."""
     import datasets
-
-    from ..data.sources import (
-        check_hub_reachable,
-        hub_path,
-        hub_unreachable,
-        resolve_source,
-    )
 
     src = resolve_source(str(BUNDLED.get(dataset, dataset)), split=split, name=name)
     check_hub_reachable([src])

@@ -19,8 +19,11 @@ import shutil
 import threading
 from pathlib import Path
 
+from ..checkpoint import read_pointer
 from ..errors import UserError
 from . import push as hub_push  # its module attribute: tests swap default_api
+from .export import export
+from .loading import resolve_checkpoint
 from .push import _step, upload
 
 
@@ -54,8 +57,6 @@ class HubPushCallback:
     def on_save(self, trainer, ckpt_dir: str | Path, is_best: bool | None = None) -> None:
         """``is_best`` None: read the run's ``best`` pointer (save_checkpoint has just updated it)."""
         if is_best is None:
-            from ..checkpoint import read_pointer
-
             best = read_pointer(self.run_dir, "best")
             is_best = best is not None and best.name == Path(ckpt_dir).name
         strategy = self.hub.hub_strategy
@@ -64,8 +65,6 @@ class HubPushCallback:
 
     def on_train_end(self, trainer=None) -> None:
         if self.hub.hub_strategy == "end":
-            from .loading import resolve_checkpoint
-
             try:
                 ckpt = resolve_checkpoint(self.run_dir)
             except UserError as e:
@@ -102,8 +101,6 @@ class HubPushCallback:
         return False
 
     def _push(self, ckpt: Path, message: str) -> None:
-        from .export import export
-
         try:
             staged = export(ckpt, self.staging / ckpt.name, overwrite=True, license=self.hub.hub_license,
                             repo_id=self.hub.hub_model_id)

@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..models.configuration_yxanul import count_parameters
+
 BUNDLED_CORPUS = "the bundled Shakespeare corpus (yxanul/assets/corpus, public domain)"
 LOSS_PNG = "loss_curve.png"
 
@@ -120,8 +122,6 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
     """README.md text: YAML metadata + architecture, data, tokens, loss, precision, hardware, loss curve,
     and the intro and usage code of the export format ``fmt`` ("llama" or "yxanul")."""
     from huggingface_hub import ModelCard, ModelCardData
-
-    from ..models.configuration_yxanul import count_parameters
 
     cfg = _yaml(run_dir / "config.yaml") if run_dir else {}
     report = _json(run_dir / "precision_report.json") if run_dir else {}

@@ -19,11 +19,15 @@ from typing import Literal
 
 import torch
 
+from ..checkpoint import STATE_FILE, read_state
 from ..errors import UserError
+from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
+from .card import LOSS_PNG, build_card, plot_loss, read_metrics
 from .loading import (
     is_export,
     load_checkpoint_model,
+    load_model,
     read_checkpoint_weights,
     resolve_checkpoint,
     tokenizer_of_checkpoint,
@@ -83,9 +87,6 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "precision_report.json")
 def write_run_files(out: Path, ckpt: Path, config, license: str, repo_id: str | None, fmt: str = "llama") -> None:
     """Next to the weights: the checkpoint's trainer_state.json, the run's config.yaml, metrics.jsonl and
     precision report, the loss-curve PNG and the model card (README.md)."""
-    from ..checkpoint import STATE_FILE, read_state
-    from .card import LOSS_PNG, build_card, plot_loss, read_metrics
-
     run_dir = ckpt.parent.parent
     shutil.copy2(ckpt / STATE_FILE, out / STATE_FILE)
     for name in RUN_FILES:
@@ -114,8 +115,6 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
     if is_export(source):
-        from .loading import load_model
-
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":
             raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
@@ -181,8 +180,6 @@ class ExportCommand:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(ExportCommand, argv, prog="yxanul export")
     out = export(a.model, a.out, a.format, a.dtype, a.max_shard_size, a.overwrite)
     files = sorted(f.name for f in out.iterdir())

@@ -18,7 +18,11 @@ import torch
 import yaml
 
 from ..checkpoint import STATE_FILE, read_state, verified_checkpoint
+from ..data.args import DataArgs
+from ..data.prepare import load_prepared_tokenizer, target_dir
 from ..errors import UserError
+from ..models.configuration_yxanul import config_from_preset
+from ..models.modeling_yxanul import YxanulForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,6 @@ def run_config(ckpt: Path) -> dict[str, Any]:
 def config_of_checkpoint(ckpt: Path, state: dict[str, torch.Tensor]):
     """The YxanulConfig of a checkpoint: its preset and seq_length from config.yaml, vocabulary and tie
     from the weights (backend torch: the export and the CPU tools need no TE)."""
-    from ..models.configuration_yxanul import config_from_preset
-
     cfg = run_config(ckpt)
     emb = state.get("model.embed_tokens.weight", state.get("lm_head.weight"))
     if emb is None:
@@ -119,9 +121,6 @@ def _shapes_of(state: dict[str, torch.Tensor]) -> dict[str, int]:
 def tokenizer_of_checkpoint(ckpt: Path):
     """The tokenizer the run trained with: from its prepared data folder (``data_dir`` or the cache folder
     that the run's data settings fingerprint to). None (with a warning) when it cannot be found."""
-    from ..data.args import DataArgs
-    from ..data.prepare import load_prepared_tokenizer, target_dir
-
     cfg = run_config(ckpt)
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
@@ -134,8 +133,6 @@ def tokenizer_of_checkpoint(ckpt: Path):
 
 def load_checkpoint_model(ckpt: Path):
     """YxanulForCausalLM (torch backend, fp32, eval mode) with a checkpoint's weights."""
-    from ..models.modeling_yxanul import YxanulForCausalLM
-
     state = read_checkpoint_weights(ckpt)
     config = config_of_checkpoint(ckpt, state)
     model = YxanulForCausalLM(config)
@@ -153,8 +150,6 @@ def load_checkpoint_model(ckpt: Path):
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(model, tokenizer or None) for any MODEL argument; the model in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..models import modeling_yxanul  # noqa: F401  (registers the yxanul architecture with the Auto classes)
 
     p = Path(path)
     if is_export(p):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
+from ..flags import parse_command
 from .args import check_repo_id
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,8 @@ def upload(api, folder: Path, repo_id: str, *, private: bool = False, revision: 
 def push(model: str | Path, repo_id: str, *, private: bool = False, revision: str | None = None,
          commit_message: str | None = None, license: str = "other", api=None) -> str:
     """Push an export folder as it is, or a run/checkpoint exported (Llama, bf16, with card) to a temp folder."""
-    from .export import export
-    from .loading import is_export
+    from .export import export  # torch: --help stays light
+    from .loading import is_export  # torch: --help stays light
 
     check_repo_id("hub_model_id", repo_id)
     api = api or default_api()
@@ -86,8 +87,6 @@ class PushCommand:
 
 
 def main(argv: list[str] | None = None, api=None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(PushCommand, argv, prog="yxanul push")
     try:
         url = push(a.model, a.hub_model_id, private=a.private, revision=a.revision,

@@ -25,6 +25,10 @@ import os
 
 from transformers import TrainerCallback
 
+from ..checkpoint.io import write_atomic
+from ..checkpoint.manifest import write_manifest
+from ..precision import format_report, precision_report
+
 REPORT = "precision_report.json"
 
 
@@ -51,8 +55,6 @@ class PrecisionCallback(TrainerCallback):
         self._logged_once = False
 
     def _write(self, args, state, model, show: bool = True) -> dict:
-        from ..precision import format_report, precision_report
-
         self.report = precision_report(model, self.plan)
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
@@ -110,9 +112,6 @@ class ManifestCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-        from ..checkpoint.io import write_atomic
-        from ..checkpoint.manifest import write_manifest
 
         ckpt = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(ckpt):

@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from ..hub.export import llama_config
+from ..hub.loading import load_model
+from ..models.state_dict import yxanul_to_llama
 
 
 def as_llama(model):
@@ -23,9 +26,6 @@ def as_llama(model):
     if getattr(model.config, "model_type", None) != "yxanul":
         return model
     from transformers import LlamaForCausalLM
-
-    from ..hub.export import llama_config
-    from ..models.state_dict import yxanul_to_llama
 
     p = next(model.parameters())
     cfg = llama_config(model.config, p.dtype)
@@ -49,8 +49,6 @@ def with_pad_token(tokenizer):
 
 def load_causal_lm(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
     """(transformers causal LM in eval mode on ``device``, tokenizer with a pad token) for a MODEL argument."""
-    from ..hub.loading import load_model
-
     model, tok = load_model(path, device, dtype)
     if tok is None:
         raise UserError(f"MODEL '{path}': no tokenizer found (a run needs its prepared data folder; an export "

@@ -33,8 +33,12 @@ from pathlib import Path
 
 from transformers import Trainer
 
+from ..checkpoint import is_checkpoint_dir, verified_checkpoint
 from ..errors import ConfigError
+from ..precision import resolve_precision
 from ..precision.args import PrecisionArgs
+from ..precision.state import FILE
+from .callback import ManifestCallback, PrecisionCallback
 
 _ENV = "ACCELERATE_FP8_"
 
@@ -74,9 +78,6 @@ class YxanulTrainer(Trainer):
     facts (tests), else probed. Everything else is `Trainer`'s."""
 
     def __init__(self, model=None, args=None, *, precision: PrecisionArgs | None = None, facts=None, **kwargs):
-        from ..precision import resolve_precision
-        from .callback import ManifestCallback, PrecisionCallback
-
         if model is None or args is None:
             raise ConfigError("model/args", "a YxanulForCausalLM and TrainingArguments (model_init is not supported: "
                                             "the precision plan is made for one model)", "None")
@@ -163,8 +164,6 @@ class YxanulTrainer(Trainer):
     def _restore_fp8_state(self, wrapped, checkpoint: str) -> int:
         """``checkpoint/fp8_state.safetensors`` (PrecisionCallback.on_save) into the prepared model's TE
         modules; says what happened on the main process. Returns tensors restored."""
-        from ..precision.state import FILE
-
         path = os.path.join(checkpoint, FILE)
         if not os.path.isfile(path):
             return 0
@@ -215,8 +214,6 @@ def verified_trainer_checkpoint(resume, output_dir, say=print):
     output_dir's) -> the checkpoint folder to resume, verified by yxanul's `verified_checkpoint`
     against the manifest `ManifestCallback` wrote (a checkpoint without one gets the basic checks)."""
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    from ..checkpoint import is_checkpoint_dir, verified_checkpoint
 
     p = Path(output_dir if resume is True else resume)
     if not p.is_dir():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _te
 from ..errors import ConfigError
 from ..precision import master_weights
 
@@ -78,8 +79,6 @@ def ensure_captured(model, input_ids: torch.Tensor, plan) -> bool:
 
 def _capture(base, shape: tuple[int, int], plan) -> None:
     """``te.make_graphed_callables`` over every block, with samples shaped as the training forward's."""
-    from .. import _te
-
     B, T = shape
     C = base.config.hidden_size
     bf16 = plan is not None and plan.base == "bf16"

@@ -20,6 +20,8 @@ from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from .. import _te
+from .._te import parallel_cross_entropy
 from ..errors import ConfigError
 from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
@@ -47,13 +49,7 @@ def resolve_backend(requested: str) -> str:
         raise ConfigError("backend", "one of " + ", ".join(BACKENDS), requested)
     if requested != "auto":
         return requested
-    try:
-        from .. import _te
-
-        te_ok = bool(_te.TE_AVAILABLE)
-    except Exception:  # noqa: BLE001 - TE raises RuntimeError (not ImportError) without CUDA libs
-        te_ok = False
-    return "te" if te_ok and torch.cuda.is_available() else "torch"
+    return "te" if _te.TE_AVAILABLE and torch.cuda.is_available() else "torch"
 
 
 class YxanulRotaryEmbedding(nn.Module):
@@ -144,7 +140,7 @@ class YxanulModel(YxanulPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.backend == "te":
             try:
-                from .modeling_te import TEDecoderLayer, te_rmsnorm
+                from .modeling_te import TEDecoderLayer, te_rmsnorm  # TE: the te backend only
             except ImportError as e:
                 raise ConfigError("backend", f"'auto' or 'torch' here (Transformer Engine unusable: {e}; a TE-trained "
                                   "model loads with from_pretrained(..., backend='torch'))", "te") from e
@@ -218,7 +214,7 @@ class YxanulModel(YxanulPreTrainedModel):
 
     def run_layer(self, layer, x, freqs, is_first_microbatch, cache, mask):
         if self.gradient_checkpointing and self.training and not isinstance(layer, GradientCheckpointingLayer):
-            from .modeling_te import checkpointed_forward  # TE blocks: TE's own checkpoint (FP8-aware)
+            from .modeling_te import checkpointed_forward  # TE: the te backend only
 
             return checkpointed_forward(layer, x, freqs, is_first_microbatch, mask)
         kw = {} if mask is None else {"attention_mask": mask}  # no mask: the blocks' calls are unchanged
@@ -248,8 +244,6 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     def __init__(self, config: YxanulConfig):
         super().__init__(config)
         if config.loss_impl == "te":
-            from .. import _te
-
             if _te.parallel_cross_entropy is None or not torch.cuda.is_available():
                 raise ConfigError("loss_impl", "'default' or 'chunked' here ('te' needs Transformer Engine's "
                                   "parallel_cross_entropy and a CUDA device)", "te")
@@ -307,8 +301,6 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         if c.loss_impl == "chunked":
             return losses.chunked_loss(h, self.lm_head.weight, shift_labels, **pen)
         if c.loss_impl == "te":
-            from .._te import parallel_cross_entropy
-
             return losses.te_loss(logits, shift_labels, parallel_cross_entropy, **pen)
         if c.penalty_type != "none":
             return losses.loss_from_logits(logits, shift_labels, **pen)

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..flags import parse_command
 from ..models.presets import PRESETS
 from .memory import STRATEGIES, Memory, memory, model_shapes
 
@@ -106,7 +107,7 @@ def max_micro(fit, budget: int) -> int:
 
 def plan(a: PlanArgs) -> dict:
     """The whole plan as plain data (what --json prints)."""
-    from ..models.configuration_yxanul import config_from_preset
+    from ..models.configuration_yxanul import config_from_preset  # transformers: --help stays light
 
     config = config_from_preset(a.preset, a.vocab_size, a.seq_length, backend="torch")
     shapes = model_shapes(config)
@@ -180,8 +181,6 @@ def table(p: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
-    from ..flags import parse_command
-
     a = parse_command(PlanArgs, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
     p = plan(a)
     print(json.dumps(p, indent=2) if a.json else table(p))

@@ -23,6 +23,12 @@ import os
 import resource
 import sys
 
+from ..models import YxanulConfig, YxanulForCausalLM
+from ..precision import resolve_precision
+from ..precision.args import PrecisionArgs
+from ..training.optim import OptimArgs, build_optimizer
+from ..training.step import train_step
+
 
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
@@ -47,9 +53,6 @@ def wrap(model, strategy: str):
     """``(model to step, precision plan)`` for ``strategy`` (single, ddp, fsdp2)."""
     import torch
 
-    from ..precision import resolve_precision
-    from ..precision.args import PrecisionArgs
-
     bf16 = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config)  # autocast, as accelerate
     if strategy == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model), bf16
@@ -67,10 +70,6 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
             strategy: str = "single") -> dict:
     """Peak bytes above the baseline of two accumulated micro-batches x two optimizer steps."""
     import torch
-
-    from ..models import YxanulConfig, YxanulForCausalLM
-    from ..training.optim import OptimArgs, build_optimizer
-    from ..training.step import train_step
 
     config = YxanulConfig(**fields, max_position_embeddings=seq_length, backend="torch")
     batches = [torch.randint(0, config.vocab_size, (micro, seq_length + 1), device=device) for _ in range(2)]

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .activations import activations
+
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "hsdp", "fsdp2", "zero3")  # least to most communication
 DS_BUCKET = 500_000_000  # elements: DeepSpeed's reduce_bucket_size default (and ds_configs/zero2.json's)
 
@@ -50,8 +52,8 @@ def model_shapes(config) -> Shapes:
     """Build ``YxanulForCausalLM(config)`` on the meta device and count its parameters."""
     import torch
 
-    from ..models.configuration_yxanul import matmul_parameters
-    from ..models.modeling_yxanul import YxanulForCausalLM
+    from ..models.configuration_yxanul import matmul_parameters  # torch: `yxanul plan --help` stays light
+    from ..models.modeling_yxanul import YxanulForCausalLM  # torch: `yxanul plan --help` stays light
 
     with torch.device("meta"):
         model = YxanulForCausalLM(config)
@@ -108,8 +110,6 @@ def state_bytes(strategy: str, s: Shapes, n: int, world: int) -> tuple[int, int,
 def memory(strategy: str, config, shapes: Shapes, *, micro: int, seq_length: int, checkpointing: bool,
            world: int, gpus_per_node: int) -> Memory:
     """The memory of one GPU training ``config`` with ``strategy``."""
-    from .activations import activations
-
     n = shard_size(strategy, world, gpus_per_node)
     a = activations(config, micro, seq_length, checkpointing)
     act = a.saved + max(a.loss_peak, a.recompute)

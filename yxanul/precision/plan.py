@@ -23,10 +23,15 @@ from types import MethodType
 
 import torch
 
+from .. import _te
 from ..errors import ConfigError, UserError
 from .args import PrecisionArgs
 from .forward import forward
-from .policy import KINDS, layer_policy, module_decisions
+from .master_weights import attach
+from .policy import KINDS, fp8_alignment, layer_policy, module_decisions
+from .report import install_readback
+from .state import FILE, fp8_state_dict, load_fp8_state_dict, no_pickled_extra_state
+from .stats import fp8_stats
 
 FORMATS = {"hybrid": "HYBRID", "e4m3": "E4M3", "e5m2": "E5M2"}
 RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling",
@@ -48,8 +53,6 @@ class CapabilityFacts:
 
 
 def probe_facts() -> CapabilityFacts:
-    from .. import _te
-
     cuda = torch.cuda.is_available()
     return CapabilityFacts(
         te_available=_te.TE_AVAILABLE, te_import_error=_te.TE_IMPORT_ERROR, cuda_available=cuda,
@@ -76,8 +79,6 @@ def recipe_spec(args: PrecisionArgs) -> tuple[str, dict]:
 
 def build_recipe(args: PrecisionArgs):
     """The TE recipe object (TE recipes are pydantic dataclasses: `fp8_format` must be a `Format`)."""
-    from .. import _te
-
     name, kwargs = recipe_spec(args)
     kwargs = dict(kwargs, fp8_format=getattr(_te.te_recipe.Format, kwargs["fp8_format"]))
     return getattr(_te.te_recipe, name)(**kwargs)
@@ -171,8 +172,6 @@ class PrecisionPlan:
     @property
     def token_alignment(self) -> int:
         """Tokens per micro-batch must be a multiple of this (1 without FP8)."""
-        from .policy import fp8_alignment
-
         return fp8_alignment(self.args.fp8_recipe) if self.fp8_enabled else 1
 
     def accelerator_kwargs(self) -> dict:
@@ -191,14 +190,10 @@ class PrecisionPlan:
         the module tree for `after_prepare`."""
         self._snapshot = {n: type(m).__name__ for n, m in model.named_modules()}
         if self.args.master_weights == "fp32":  # BF16 params, fp32 masters (build_optimizer steps those)
-            from .master_weights import attach
-
             attach(model)
         head, emb = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
         self._tied = head is not None and emb is not None and head.weight is emb.weight
         if getattr(model.config, "backend", "torch") == "te":
-            from .state import no_pickled_extra_state
-
             no_pickled_extra_state(model)
         decisions = module_decisions(model, self.policy, self.args.fp8_keep_bf16)
         if not self.fp8_enabled:
@@ -213,8 +208,6 @@ class PrecisionPlan:
             say(f"FP8 off: {reason}; training in {self.base.upper()}")
             self.fp8_enabled, self.fallback_reason, self.recipe = False, reason, None
             return
-        from .. import _te
-        from .report import install_readback
 
         modules = dict(model.named_modules())
         for name, (_, fp8, _) in decisions.items():
@@ -241,7 +234,6 @@ class PrecisionPlan:
         """FP8 around a forward (and its backward): training always, eval only with fp8_eval."""
         if not self.fp8_enabled or not (training or self.args.fp8_eval):
             return contextlib.nullcontext()
-        from .. import _te
 
         return _te.autocast(enabled=True, recipe=self.recipe)
 
@@ -256,8 +248,6 @@ class PrecisionPlan:
 
         from safetensors.torch import save_file
 
-        from .state import FILE, fp8_state_dict
-
         sd = fp8_state_dict(model) if self.fp8_enabled else {}
         if sd:
             save_file(sd, str(Path(directory) / FILE))
@@ -270,8 +260,6 @@ class PrecisionPlan:
 
         from safetensors.torch import load_file
 
-        from .state import FILE, load_fp8_state_dict
-
         path = Path(directory) / FILE
         if not (self.fp8_enabled and path.is_file()):
             return 0
@@ -283,8 +271,6 @@ class PrecisionPlan:
         return load_fp8_state_dict(model, load_file(str(path)))
 
     def fp8_stats(self, model) -> dict[str, float]:
-        from .stats import fp8_stats
-
         return fp8_stats(model) if self.fp8_enabled else {}
 
     def metadata(self) -> dict:

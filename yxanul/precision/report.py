@@ -15,12 +15,12 @@ The non-FP8 count is keyed by the dtype that actually ran, the plan's base (``"b
 
 from __future__ import annotations
 
+from .. import _te
+from ..errors import UserError
 from .policy import KINDS, LM_HEAD_WHY, policy_modules
 
 
 def install_readback(plan, model) -> None:
-    from .. import _te
-
     seen: dict[str, tuple[str, bool, str | None]] = {}
     handles = []
     glob: dict = {}
@@ -58,8 +58,6 @@ def _fmt(recipe) -> str | None:
 
 
 def _finish(plan, glob: dict, seen: dict) -> None:
-    from ..errors import UserError
-
     layers = {k: {"fp8": 0, plan.base: 0} for k in KINDS}
     recipes = set()
     for kind, fp8, recipe in seen.values():

@@ -14,7 +14,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import _fields
 from ..errors import ConfigError, UserError
+from ..flags import _is_list, bare_booleans, fields_of, parse_command, strip_optional
+from ..run_lock import DirLock
+from .local import plan, run_offline, sweep_dir
+from .online import run_online
+from .report import summarize
+from .spec import load_spec
 
 
 @dataclass
@@ -43,9 +50,6 @@ class SweepArgs:
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the sweep's own flags and FILE, the rest: yxanul config flags, with their values, for every trial)."""
-    from ..config import _fields
-    from ..flags import _is_list, bare_booleans, fields_of, strip_optional
-
     fields = fields_of(SweepArgs)
     bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool}
     lists = {k for k, (_, _, tp) in _fields().items() if _is_list(strip_optional(tp)[0])}
@@ -81,11 +85,6 @@ def is_offline(args: SweepArgs) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None, client=None) -> int:
     """``client``: the ``wandb`` module (tests pass a recording stand-in)."""
-    from ..flags import parse_command
-    from .local import plan, run_offline, sweep_dir
-    from .report import summarize
-    from .spec import load_spec
-
     own, overrides = split_argv(list(argv or []))
     args = parse_command(SweepArgs, own, prog="yxanul sweep", description=(
         f"{SweepArgs.__doc__} Any other flag (a `yxanul train` config key: --max_steps 20, --config BASE.yaml) "
@@ -98,13 +97,11 @@ def main(argv: list[str] | None = None, client=None) -> int:
     if not offline:
         if client is None:
             import wandb as client
-        from .online import run_online
 
         return run_online(client, spec, args.sweep_id, args.count, args.output_root, overrides)
     if args.sweep_id:
         raise UserError(f"yxanul sweep: --sweep_id needs W&B online, but the sweep is offline ({why})")
     print(f"sweep {spec.name}: offline ({why}), method {spec.method}, metric {spec.metric} ({spec.goal})")
-    from ..run_lock import DirLock
 
     # one sweep process per sweep directory (each trial's own run-directory lock covers its training)
     with DirLock(sweep_dir(spec, args.output_root), "sweep directory"):

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import _fields, load_yaml
 from ..errors import ConfigError, UserError
+from ..flags import coerce, unknown_key
 
 METHODS = ("grid", "random", "bayes")
 # W&B macros in `command`; ${args} marks where the trial's --key=value flags go.
@@ -70,8 +72,6 @@ def _err(path: str, what: str) -> UserError:
 
 
 def load_spec(path: str) -> SweepSpec:
-    from ..config import _fields, load_yaml
-
     try:
         raw = load_yaml(path)
     except UserError as e:  # the same one-line messages, naming it a sweep file
@@ -100,8 +100,6 @@ def load_spec(path: str) -> SweepSpec:
 
 
 def _check_param(path: str, key: str, p: Any, keys: dict) -> None:
-    from ..flags import coerce, unknown_key
-
     if key not in keys:
         e = unknown_key(key, keys, where="see `yxanul train --help`")
         raise _err(path, f"parameters: {e}")

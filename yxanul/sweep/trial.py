@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import DEFAULT_CONFIG, parse_args
 from ..errors import UserError
-from .spec import SweepSpec, trial_flags
+from .spec import SweepSpec, _flag_value, trial_flags
 
 RESERVED = ("output_dir", "run_name", "resume")  # the sweep sets these for every trial
 
@@ -63,8 +64,6 @@ class Trial:
 
 def split_overrides(overrides: list[str], spec: SweepSpec) -> tuple[str | None, list[str]]:
     """`--config FILE` out of the user's extra flags; refuse flags the sweep owns or sweeps."""
-    from .spec import _flag_value
-
     base = _flag_value(overrides, "config")
     rest, skip = [], False
     for t in overrides:
@@ -86,8 +85,6 @@ def split_overrides(overrides: list[str], spec: SweepSpec) -> tuple[str | None, 
 def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: Path, overrides: list[str],
                extra: list[str] = ()) -> Trial:
     """Resolve the trial's config now (a bad value is one line before anything runs)."""
-    from ..config import parse_args
-
     base, rest = split_overrides(overrides, spec)
     fixed = [t for t in _without_config(spec.fixed)]
     argv = (["--config", base] if base else []) + fixed + trial_flags(params) + list(extra) + rest
@@ -110,8 +107,6 @@ def _without_config(tokens: list[str]) -> list[str]:
 
 
 def _with_default_config(argv: list[str]) -> list[str]:
-    from ..config import DEFAULT_CONFIG
-
     return argv if "--config" in argv else ["--config", DEFAULT_CONFIG, *argv]
 
 

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
+from ..flags import parse_command
+from ..models.presets import PRESETS
+from ..precision import PrecisionArgs
+from ..tracking import mfu, peak_flops
+from ..training.optim import OptimArgs, build_optimizer
+from .bench_profile import profile_steps
 
 PRECISIONS = ("fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "fp8-mxfp8")
 
@@ -79,8 +85,6 @@ class BenchArgs:
             raise ConfigError("precisions", "a comma-separated list of " + ", ".join(PRECISIONS), ",".join(bad))
         if self.backend not in ("auto", "te", "torch"):
             raise ConfigError("backend", "one of auto, te, torch", self.backend)
-        from ..models.configuration_yxanul import PRESETS
-
         bad = [p for p in _split(self.presets) if p not in PRESETS]
         if bad:
             raise ConfigError("presets", "a comma-separated list of " + ", ".join(PRESETS), ",".join(bad))
@@ -106,8 +110,6 @@ def _split(s: str) -> list[str]:
 
 def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "none"):
     """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
-    from ..precision import PrecisionArgs
-
     if precision == "fp32":
         return PrecisionArgs(mixed_precision="fp32")
     if precision == "bf16":
@@ -146,8 +148,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     """Measure one case; returns a row (status ok / skipped / OOM)."""
     import torch
 
-    from ..precision import resolve_precision
-    from ..training.step import train_step
+    from ..precision import resolve_precision  # torch: --help stays light
+    from ..training.step import train_step  # torch: --help stays light
 
     config = _config(preset, seq, a)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
@@ -173,8 +175,6 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
 
         times, losses, row["peak_memory_gib"] = _time_steps(step, a.warmup, a.steps, device)
         if profile_dir is not None:
-            from .bench_profile import profile_steps
-
             row["profile"] = profile_steps(step, device, Path(profile_dir), row)
         loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
     except torch.OutOfMemoryError:
@@ -192,8 +192,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
 def _config(preset: str, seq: int, a: BenchArgs):
     """The case's model config; 'auto' resolved before the precision plan, as the trainer does (else every
     FP8 case is skipped with "backend is 'auto'", seen on an H100)."""
-    from ..models.configuration_yxanul import config_from_preset
-    from ..models.modeling_yxanul import resolve_backend
+    from ..models.configuration_yxanul import config_from_preset  # torch: --help stays light
+    from ..models.modeling_yxanul import resolve_backend  # torch: --help stays light
 
     return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), loss_impl=a.loss_impl,
                               fuse_qkv_params=a.fuse_qkv_params, cuda_graphs=a.cuda_graphs)
@@ -203,8 +203,7 @@ def _build(config, plan, a: BenchArgs, device, notes: list):
     """(model, optimizer) as the trainer builds them: model, policy + read-back (+ master weights), AdamW."""
     import torch
 
-    from ..models.modeling_yxanul import YxanulForCausalLM
-    from ..training.optim import OptimArgs, build_optimizer
+    from ..models.modeling_yxanul import YxanulForCausalLM  # torch: --help stays light
 
     with torch.device(device):
         model = YxanulForCausalLM(config)
@@ -233,8 +232,7 @@ def _measures(config, plan, precision: str, micro: int, seq: int, times: list, l
     """Step time (median, min, max), tokens/s, MFU, FP8 layers and the loss of the timed run."""
     import torch
 
-    from ..models.configuration_yxanul import matmul_parameters
-    from ..tracking import mfu, peak_flops
+    from ..models.configuration_yxanul import matmul_parameters  # torch: --help stays light
 
     dt, tokens = statistics.median(times), micro * seq
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
@@ -256,7 +254,7 @@ def _release(device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-        from .. import _te
+        from .. import _te  # torch: --help stays light
 
         _te.reset_fp8_state()  # no stale amax buffers of freed modules between cases
 
@@ -277,7 +275,7 @@ def environment(device) -> dict:
     import torch
     import transformers
 
-    from .. import __version__, _te
+    from .. import __version__, _te  # torch: --help stays light
 
     env = {"yxanul": __version__, "python": platform.python_version(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "transformers": transformers.__version__,
@@ -363,8 +361,6 @@ def _write(out: Path, a: BenchArgs, rows: list[dict], env: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul bench [--presets ...] [--seq_lengths ...] [--precisions ...] [--out DIR]`."""
-    from ..flags import parse_command
-
     a = parse_command(BenchArgs, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
     rows, env = run(a, on_row=(lambda rows, env: _write(Path(a.out), a, rows, env)) if a.out else None)
     print(markdown(rows, env))

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..flags import parse_command
 from .bench_table import VARIANTS, load, read_json
+from .compare import compare, read_run
 
 MIN_SPEEDUP, PARITY_TOLERANCE = 1.03, 0.005
 
 
 def parity_from_runs(bf16_dir: str, fp8_dir: str, model: str = "medium", flags: str = "") -> dict:
     """The last common validation loss of two `yxanul train` runs (``yxanul compare``'s reading of them)."""
-    from .compare import compare, read_run
-
     res = compare(read_run(bf16_dir), read_run(fp8_dir))
     if "val_rel_diff" not in res:
         raise UserError(f"bench_decide: '{bf16_dir}' and '{fp8_dir}' share no validation step (--eval_freq)")
@@ -84,7 +84,7 @@ def _verdict(speed: dict, why: list, parity: dict | None, tol: float, variant: s
 def fp8_threshold(default: dict, min_speedup: float = MIN_SPEEDUP) -> tuple[int | None, list[tuple]]:
     """(smallest hidden size from which FP8 delayed >= min_speedup x BF16 at every measured larger preset, or None;
     [(preset, seq, hidden, FP8 / BF16)])."""
-    from ..models.configuration_yxanul import config_from_preset
+    from ..models.configuration_yxanul import config_from_preset  # transformers: --help stays light
 
     rows = {(r["preset"], r["seq_length"], r["precision"]): r for r in default.get("rows", [])}
     ratios = []
@@ -134,8 +134,6 @@ class DecideArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(DecideArgs, argv, prog="python -m yxanul.tools.bench_decide",
                       description=__doc__.split("\n\n")[0])
     if a.parity_runs:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import UserError
+from ..flags import parse_command
 
 # the speed variants of `gpu_checks.sh first`, in the table's column order (name -> yxanul bench flags)
 VARIANTS = {
@@ -239,8 +240,6 @@ class BenchTableArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(BenchTableArgs, argv, prog="python -m yxanul.tools.bench_table",
                       description=__doc__.split("\n\n")[0])
     if a.action == "pack":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
+from ..flags import parse_command
 
 
 @dataclass
@@ -171,8 +172,6 @@ class CompareArgs:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul compare RUN_A RUN_B [...] [--out compare.png] [--tolerance 0.02]`."""
-    from ..flags import parse_command
-
     a = parse_command(CompareArgs, argv, prog="yxanul compare", description=__doc__.split("\n\n")[0])
     labels = a.labels.split(",") if a.labels else [None] * len(a.runs)
     runs = [read_run(r, lab) for r, lab in zip(a.runs, labels)]

@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch  # torch only past --help and flag errors (both stay under a second)
 
-    from ..models.build import build_model  # imports torch: see above
-    from ..precision import resolve_precision  # imports torch: see above
+    from ..models.build import build_model  # torch: --help stays light
+    from ..precision import resolve_precision  # torch: --help stays light
 
     ours, cfg = _parse(argv)
     t0 = time.perf_counter()
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tokenizer_size(name: str | None) -> int:
-    from ..data.prepare import load_tokenizer  # tokenizers/numpy only when the size is needed
+    from ..data.prepare import load_tokenizer  # numpy: --help stays light
 
     return len(load_tokenizer(name)[1])
 

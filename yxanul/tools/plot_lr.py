@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import DEFAULT_CONFIG, _fields, load_yaml, resolve, tokens_per_step_of
 from ..errors import ConfigError, UserError
+from ..flags import parse_command
 from ..training.optim import OptimArgs
-from ..training.schedule import lr_at
+from ..training.schedule import Curriculum, lr_at
 
 
 @dataclass
@@ -51,8 +53,6 @@ def _values(a: PlotLRArgs) -> dict:
     """The config `yxanul train` would resolve from the same file (the embedded default without one) and
     these flags, as the values `schedule` reads; prints the lines the trainer prints for it (an adapted
     warmup). ``--tokens_per_step`` stands for the run's target_tokens_per_step."""
-    from ..config import DEFAULT_CONFIG, _fields, load_yaml, resolve, tokens_per_step_of
-
     path = a.config or DEFAULT_CONFIG
     known = _fields()
     raw = {k: v for k, v in load_yaml(path).items() if k in known}  # other keys: ignored, as documented
@@ -109,8 +109,6 @@ def schedule(values: dict) -> Schedule:
     lrs = [lr_at(s - 1, **kw) for s in range(1, max_steps + 1)]  # lrs[s - 1]: the LR of the trainer's step s
     stages = []
     if values.get("curriculum"):
-        from ..training.schedule import Curriculum
-
         if tps is None:
             raise UserError("plot-lr: the curriculum needs the tokens per optimizer step: pass --tokens_per_step or "
                             "set target_tokens_per_step in the config")
@@ -163,8 +161,6 @@ def report(sc: Schedule, out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-
     a = parse_command(PlotLRArgs, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
     values = _values(a)
     sc = schedule(values)

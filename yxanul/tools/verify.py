@@ -18,7 +18,13 @@ from typing import Literal
 
 import torch
 
+from .. import _te
 from ..errors import ConfigError
+from ..flags import parse_command
+from ..models import YxanulForCausalLM, config_from_preset, resolve_backend
+from ..models.presets import PRESETS
+from ..precision import PrecisionArgs, build_recipe, format_report, precision_report, probe_facts, resolve_precision
+from ..training.step import train_step
 
 RECIPES = ("delayed", "current", "block", "mxfp8")
 
@@ -51,9 +57,6 @@ def _row(rows, status, name, detail):
 
 
 def collect(require_fp8: bool = False, recipe: str = "delayed", gemm: bool = True) -> list[dict]:
-    from .. import _te
-    from ..precision import probe_facts
-
     rows: list[dict] = []
     need = "FAIL" if require_fp8 else "INFO"
     _row(rows, "INFO", "python", platform.python_version())
@@ -112,8 +115,6 @@ def _accelerate_backend() -> str:
 def _gemm_check(_te, recipe: str) -> dict:  # pragma: no cover - GPU only
     """A 1024x1024 te.Linear under te.autocast(recipe) vs the same layer in BF16: relative error, and
     whether TE itself ran it in FP8 (module.fp8)."""
-    from ..precision import PrecisionArgs, build_recipe
-
     name = f"fp8 gemm {recipe}"
     try:
         torch.manual_seed(0)
@@ -136,10 +137,6 @@ def _gemm_check(_te, recipe: str) -> dict:  # pragma: no cover - GPU only
 def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
     """The precision report for ``preset`` with --use_fp8: on a GPU with TE, one real training
     forward/backward under the plan so recipe and format are read back from TE."""
-    from ..models import YxanulForCausalLM, config_from_preset, resolve_backend
-    from ..precision import PrecisionArgs, precision_report, resolve_precision
-    from ..training.step import train_step
-
     cfg = config_from_preset(preset, 50257, seq_length, backend=resolve_backend("auto"))
     plan = resolve_precision(PrecisionArgs(use_fp8=True, fp8_recipe=recipe), cfg, say=lambda *a: None)
     if plan.fp8_enabled:  # pragma: no cover - GPU only
@@ -167,16 +164,11 @@ class VerifyArgs:
         "help": "FP8 recipe to check."})
 
     def __post_init__(self):
-        from ..models.presets import PRESETS
-
         if self.model not in PRESETS:
             raise ConfigError("model", "one of " + ", ".join(PRESETS), self.model)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..flags import parse_command
-    from ..precision import format_report
-
     a = parse_command(VerifyArgs, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
     rows = collect(require_fp8=a.require_fp8, recipe=a.fp8_recipe)
     report = model_report(a.model, a.fp8_recipe)

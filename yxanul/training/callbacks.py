@@ -22,6 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..evaluation.tasks import EvalTasksCallback
+from ..hub.background import HubPushCallback
+
 
 @runtime_checkable
 class Callback(Protocol):
@@ -91,16 +94,11 @@ class MainProcessOnly:
 
 def from_config(cfg) -> list:
     """The callbacks a config asks for: evaluation tasks at each evaluation (``--eval_tasks``) and Hub
-    pushes of saved checkpoints (``--push_to_hub``), both on the main process. Their modules are
-    imported only when used."""
+    pushes of saved checkpoints (``--push_to_hub``), both on the main process."""
     callbacks: list = []
     hub, tasks = getattr(cfg, "hub", None), getattr(cfg, "tasks", None)
     if tasks is not None and tasks.eval_tasks:
-        from ..evaluation.tasks import EvalTasksCallback
-
         callbacks.append(MainProcessOnly(EvalTasksCallback(tasks)))
     if hub is not None and hub.push_to_hub:
-        from ..hub.background import HubPushCallback
-
         callbacks.append(MainProcessOnly(HubPushCallback(hub, run_dir=None)))
     return callbacks

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data.loader import WindowLoader, eval_batches
+from ..data.prepare import ensure_prepared, load_prepared_tokenizer
+
 
 def prepared_data(data_args, dist, say) -> tuple[str, int, object]:
     """(data_dir, vocab_size, tokenizer) of the prepared data, preparing it first if needed (the local
     main process of each node prepares, the others wait)."""
-    from ..data.prepare import ensure_prepared, load_prepared_tokenizer
-
     data_dir = ensure_prepared(data_args, is_main_process=dist.is_local_main_process,
                                wait=dist.wait_for_everyone, say=say)
     vocab_size = json.loads((Path(data_dir) / "meta.json").read_text())["vocab_size"]
@@ -22,8 +23,6 @@ def prepared_data(data_args, dist, say) -> tuple[str, int, object]:
 def train_loader(data_dir, cfg, seq_length: int, micro: int, accelerator, curriculum: bool):
     """A `WindowLoader` of one (B, T + 1) shard-dtype tensor per micro-step for this rank. Under a
     curriculum every stage shares the chunk order of the base ``seq_length`` (``base_length``)."""
-    from ..data.loader import WindowLoader
-
     return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed,
                         base_length=cfg.model.seq_length if curriculum else None,
                         rank=accelerator.process_index, world_size=accelerator.num_processes,
@@ -41,7 +40,5 @@ def warn_lost_tokens(loader, say) -> None:
 
 def val_batches(data_dir, cfg, micro: int, accelerator) -> list:
     """The share for this rank of the ``eval_steps`` fixed validation batches at the base ``seq_length``."""
-    from ..data.loader import eval_batches
-
     return list(eval_batches(data_dir, cfg.model.seq_length, micro, cfg.tracking.eval_steps,
                              rank=accelerator.process_index, world_size=accelerator.num_processes))

@@ -92,7 +92,7 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
     kwargs = {}
     if "fused" in inspect.signature(torch.optim.AdamW).parameters:
         kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
-    from ..precision.master_weights import build as master_weight_adamw  # master_weights: fp32
+    from ..precision.master_weights import build as master_weight_adamw  # torch: config reads OptimArgs here
 
     masters = master_weight_adamw(model, groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps,
                                   **kwargs)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..precision import format_report, precision_report
 from ..tracking import RUN_ID_FILE, flat_tracker_config, tracker_init_kwargs, wandb_run_id
 
 
@@ -20,8 +21,6 @@ class PrecisionReport:
         self.data: dict[str, Any] = {}
 
     def build(self, model) -> dict[str, Any]:
-        from ..precision import format_report, precision_report
-
         self.data = precision_report(model, self.plan)
         self.say(format_report(self.data))
         return self.data
@@ -42,8 +41,6 @@ def start_trackers(accelerator, cfg, run_dir: Path, run_name: str, model, plan, 
     """accelerate's trackers, with the flat run config and ``model``'s precision report as their config
     (TensorBoard hparams, W&B config): call it after the first step so that the report carries TE's
     read-back. Returns the W&B run id (``wandb_id`` as given without W&B), also written to the run dir."""
-    from ..precision import precision_report
-
     tr = cfg.tracking
     if tr.use_wandb:
         wandb_id = wandb_run_id(run_dir, wandb_id)

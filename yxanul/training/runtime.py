@@ -8,6 +8,9 @@ import os
 import time
 from pathlib import Path
 
+from ..lint import sanitize_deepspeed_config
+from ..tracking import tracker_names
+
 
 def quiet(*args, **kwargs) -> None:
     """``say`` of the processes that don't print."""
@@ -41,7 +44,6 @@ def configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         return
-    from ..lint import sanitize_deepspeed_config
 
     ds, warnings = sanitize_deepspeed_config(plugin.deepspeed_config)
     for w in warnings:
@@ -83,8 +85,6 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
     config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
-
-    from ..tracking import tracker_names
 
     import_deepspeed_quietly()
     acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,

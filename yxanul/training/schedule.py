@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .batching import plan_batch
 
 
 def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, decay_steps: int) -> float:
@@ -163,8 +164,6 @@ class Curriculum:
         ``micro_for(seq_length)`` is the largest micro-batch that fits at that length (the finder's
         result, or :func:`same_tokens_micro`), ``multiple`` the micro-batch multiple (or a function of
         the seq_length, e.g. for FP8)."""
-        from .batching import plan_batch
-
         plans = []
         for s in self.stages:
             m = multiple(s.seq_length) if callable(multiple) else multiple

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data.loader import split_window
 from ..models.cuda_graphs import ensure_captured
 from ..precision.forward import forward
 from ..precision.master_weights import grad_params
@@ -58,8 +59,6 @@ def to_device(batch, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A micro-batch on ``device`` as int64 (x, y), (B, T) each: the loader's packed (B, T + 1)
     shard-dtype tensor (one small copy, widened and sliced there) or an (x, y) pair."""
     if isinstance(batch, torch.Tensor):
-        from ..data.loader import split_window
-
         return split_window(batch, device)
     x, y = batch
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -22,13 +22,18 @@ import yaml
 from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
+from ..models.build import build_model, describe
+from ..precision import resolve_precision
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
 from . import provenance
-from .callbacks import CallbackList
+from .batching import plan_curriculum, resolve_batch, torch_reduce_min
+from .callbacks import CallbackList, from_config
 from .evaluation import evaluate_loss, sample
 from .guards import CollapseGuard, check_val_loss
+from .launch import preflight
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
+from .optim import build_optimizer
 from .preemption import StopRequest
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
@@ -63,8 +68,6 @@ class Trainer:
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
         from accelerate.utils import set_seed
 
-        from .launch import preflight
-
         cfg = self.cfg
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
         preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else quiet)
@@ -83,10 +86,6 @@ class Trainer:
 
     def _setup_model(self):
         """The model, the precision plan (applied to it) and the batch plan(s), before the Accelerator."""
-        from ..models.build import build_model
-        from ..precision import resolve_precision
-        from .batching import plan_curriculum, resolve_batch, torch_reduce_min
-
         cfg, world = self.cfg, self.dist.num_processes
         model = build_model(cfg.model, vocab_size=self.vocab_size)
         self.mcfg = model.config
@@ -102,9 +101,6 @@ class Trainer:
         return model
 
     def _setup_accelerator(self, model) -> None:
-        from ..models.build import describe
-        from .optim import build_optimizer
-
         cfg = self.cfg
         self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say)
         if acc.is_main_process:
@@ -377,8 +373,6 @@ class Trainer:
 def train(cfg, callbacks=None) -> dict[str, Any]:
     """Train according to ``cfg`` (a :class:`yxanul.config.Config`); returns a summary dict.
     ``callbacks``: None = the ones the config asks for (:func:`~yxanul.training.callbacks.from_config`)."""
-    from .callbacks import from_config
-
     trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks)
     try:
         trainer.setup()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from ...errors import ConfigError, UserError
+from ..schedule import Curriculum, same_tokens_micro
 from .args import BatchArgs, micro_multiple
 from .cache import cache_fields, cache_key, get_or_find
 from .plan import BatchPlan, plan_batch
@@ -115,7 +116,6 @@ def plan_curriculum(cfg, batch: BatchPlan, tokens_per_step: int, world_size: int
     per micro-batch."""
     if not cfg.batch.curriculum:
         return None, None
-    from ..schedule import Curriculum, same_tokens_micro
 
     cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step, max_seq_length=cfg.model.seq_length)
     same_tokens = same_tokens_micro(batch.micro_batch, cfg.model.seq_length)

@@ -5,6 +5,8 @@ the optimizer state all count."""
 
 from __future__ import annotations
 
+from ..optim import OptimArgs, build_optimizer
+
 
 def _set_checkpointing(model, on: bool) -> None:
     if hasattr(model, "set_activation_checkpointing"):   # yxanul models: either transformers API
@@ -40,8 +42,6 @@ class TrainingProbe:
         self._saved = None  # the model's state, restored after every probe
 
     def _optimizer(self):
-        from ..optim import OptimArgs, build_optimizer
-
         opt = build_optimizer(self.model, OptimArgs())
         for group in opt.param_groups:  # lr 0: AdamW leaves the weights bit-identical
             group["lr"] = 0.0
@@ -50,7 +50,7 @@ class TrainingProbe:
     def __call__(self, b: int) -> None:
         import torch
 
-        from ..step import train_step
+        from ..step import train_step  # torch: find-batch's --help imports this module
 
         cuda = self.device.type == "cuda"
         if cuda:
