@@ -1,9 +1,12 @@
-"""Shared test setup: offline Hub; GPU/TE tests skipped with a reason where they can't run, slow ones unless asked."""
+"""Shared test setup: offline Hub; GPU/TE tests skipped with a reason where they can't run, slow ones unless asked;
+the tiny training run every training test starts from (``fast``) and the real CLI in a subprocess (``yx``)."""
 
 import os
 
 import pytest
 import torch
+from tiny_run import FAST
+from tiny_run import yx as run_cli
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -61,3 +64,16 @@ def _fresh_accelerate_state():
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
+
+
+
+@pytest.fixture(scope="session")
+def fast() -> tuple[str, ...]:
+    """The flags of the tiny run (tests/tiny_run.py): ``yx("train", *fast, "--max_steps", "4")``."""
+    return FAST
+
+
+@pytest.fixture(scope="session")
+def yx():
+    """``yx(*args, check=True, **subprocess_kw)``: the real CLI in a subprocess (tests/tiny_run.py)."""
+    return run_cli

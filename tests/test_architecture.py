@@ -171,9 +171,32 @@ def test_the_checker_sees_a_back_import(tmp_path):
     assert graph.function_level == [("yxanul.low.impl", 2, "from ..high import x  # back up")]
 
 
+def _test_imports(tests: Path = ROOT / "tests") -> list[str]:
+    """``a imports b`` for every test module (``test_*.py``) that imports another one, by its path under
+    tests/ or by the bare name pytest's default import mode puts on sys.path (``from test_x import``)."""
+    files = sorted(tests.rglob("*.py"))
+    names = {}  # importable name -> test module path
+    for p in files:
+        if p.name.startswith("test_"):
+            rel = p.relative_to(tests).with_suffix("").parts
+            for i in range(len(rel)):
+                names[".".join(rel[i:])] = str(p.relative_to(tests))
+    bad = []
+    for p in files:
+        for node, _ in _imports(ast.parse(p.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            bad += [f"{p.relative_to(tests)} imports {names[m]}" for m in mods if m in names]
+    return bad
+
+
 def test_no_test_module_imports_another():
-    """Shared test helpers are conftest fixtures (or plain modules that are not tests themselves)."""
-    graph = Graph(ROOT, "tests")
-    tests = {m for m, p in graph.files.items() if p.name.startswith("test_")}
-    bad = sorted(f"{a} imports {b}" for a, bs in graph.edges.items() for b in bs & tests)
-    assert bad == [], bad
+    """Shared test helpers are conftest fixtures (or helper modules that are not tests themselves)."""
+    assert _test_imports() == []
+
+
+def test_the_test_checker_sees_a_bare_name_import(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "test_a.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "test_b.py").write_text("def test_b():\n    from test_a import X\n")
+    (tmp_path / "pkg" / "helpers.py").write_text("from pkg.test_b import test_b\n")
+    assert _test_imports(tmp_path) == ["pkg/helpers.py imports pkg/test_b.py", "pkg/test_b.py imports test_a.py"]

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_pipeline import files_of, meta_of, write_docs
-from test_prepare import split_docs
+from _data import files_of, meta_of, split_docs, write_docs
 
 from yxanul.data.args import DataArgs
 from yxanul.data.loader import repeats_warning

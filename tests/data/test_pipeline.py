@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _data import WORDS, files_of, meta_of, write_docs
 
 from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
@@ -18,30 +19,6 @@ from yxanul.data.shards import open_shard
 from yxanul.errors import DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}
-WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
-
-
-def write_docs(path: Path, n: int, words: int, tag: str, seed: int = 0) -> Path:
-    """n documents of about ``words`` words (lengths vary 1x-3x), each starting with its tag."""
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as f:
-        for i in range(n):
-            k = int(words * rng.uniform(1, 3))
-            body = " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), k))
-            f.write(json.dumps({"text": f"{tag} {i}: {body}"}) + "\n")
-    return path
-
-
-def files_of(out: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(out.glob("*.bin"))}
-
-
-def meta_of(out: Path) -> dict:
-    meta = json.loads((out / "meta.json").read_text())
-    meta.pop("created"), meta.pop("stats")  # when and how fast: the only fields that may differ
-    return meta
-
-
 def _prepare_cmd(src: Path, out: Path, extra=()) -> list[str]:
     return [sys.executable, "-m", "yxanul", "prepare", "--dataset", str(src), "--data_dir", str(out),
             "--shard_size_tokens", "4096", "--val_fraction", "0.02", "--prepare_num_proc", "1", *extra]

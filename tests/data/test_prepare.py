@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _data import split_docs
 
 from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
 from yxanul.data.prepare import (
     ensure_prepared,
-    load_prepared_tokenizer,
     load_tokenizer,
     prepare,
     read_meta,
@@ -24,16 +24,6 @@ from yxanul.data.sources import BUNDLED_CORPUS, BUNDLED_TOKENIZER
 from yxanul.errors import ConfigError, DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}
-
-
-def split_docs(out: Path, split: str) -> list[str]:
-    """Decode a split back into documents (cut at EOS)."""
-    meta = json.loads((out / "meta.json").read_text())
-    tok = load_prepared_tokenizer(out)
-    toks = np.concatenate([open_shard(out / f) for f in meta["splits"][split]["shards"]])
-    assert toks[-1] == meta["eos_token_id"]
-    cuts = np.flatnonzero(toks == meta["eos_token_id"])
-    return [tok.decode(doc[:-1].tolist()) for doc in np.split(toks, cuts + 1)[:-1]]
 
 
 def test_shards_round_trip_dtype_and_bad_files(tmp_path):

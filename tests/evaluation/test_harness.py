@@ -5,26 +5,9 @@ import pytest
 import torch
 
 from yxanul.evaluation.run import EvalCommand, evaluate
-from yxanul.evaluation.tasks import BUNDLED
 
 pytest.importorskip("lm_eval")
 
-CLOZE_YAML = """
-task: yxanul_cloze
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {path}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{endings}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
 # a built-in-like task whose data is on the Hub: offline it must fail in one line
 HUB_YAML = """
 task: hub_only
@@ -39,12 +22,9 @@ doc_to_choice: "{{choices.text}}"
 
 
 @pytest.fixture
-def task_dir(tmp_path):
-    d = tmp_path / "tasks"
-    d.mkdir()
-    (d / "yxanul_cloze.yaml").write_text(CLOZE_YAML.format(path=BUNDLED["cloze"]))
-    (d / "hub_only.yaml").write_text(HUB_YAML)
-    return d
+def task_dir(cloze_task_dir):
+    (cloze_task_dir / "hub_only.yaml").write_text(HUB_YAML)
+    return cloze_task_dir
 
 
 def test_as_llama_is_the_same_model(tok_run):

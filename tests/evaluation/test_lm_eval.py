@@ -3,31 +3,13 @@ its per-choice log-likelihoods are `yxanul eval`'s, and so are acc/acc_norm."""
 
 import pytest
 
-from yxanul.evaluation.tasks import BUNDLED, ending_logprobs, load_task
+from yxanul.evaluation.tasks import ending_logprobs, load_task
 from yxanul.hub.export import export
 
 pytestmark = pytest.mark.slow
 N = 4
 
-TASK_YAML = """
-task: yxanul_cloze
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {path}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{ctx}}}}"
-doc_to_target: "{{{{label}}}}"
-doc_to_choice: "{{{{endings}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
-
-
-def test_lm_eval_simple_evaluate_agrees_with_yxanul_eval(tok_run, tmp_path):
+def test_lm_eval_simple_evaluate_agrees_with_yxanul_eval(tok_run, tmp_path, cloze_task_dir):
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -36,10 +18,8 @@ def test_lm_eval_simple_evaluate_agrees_with_yxanul_eval(tok_run, tmp_path):
 
     run, _ = tok_run
     llama = export(run, tmp_path / "llama", dtype="fp32")
-    (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "yxanul_cloze.yaml").write_text(TASK_YAML.format(path=BUNDLED["cloze"]))
     r = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={llama},dtype=float32", tasks=["yxanul_cloze"],
-                                task_manager=TaskManager(include_path=str(tmp_path / "tasks")), limit=N,
+                                task_manager=TaskManager(include_path=str(cloze_task_dir)), limit=N,
                                 device="cpu", batch_size=4, log_samples=True)
     samples = sorted(r["samples"]["yxanul_cloze"], key=lambda s: s["doc_id"])
     model = AutoModelForCausalLM.from_pretrained(str(llama)).eval()

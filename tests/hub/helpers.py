@@ -1,6 +1,10 @@
-"""Shared by tests/hub and tests/evaluation: random yxanul models saved like the trainer saves them, a small
-prepared dataset (the bundled corpus and tokenizer) and a run whose config.yaml points at that data."""
+"""Shared by tests/hub, tests/evaluation and the fault suite: random yxanul models saved like the trainer
+saves them, a small prepared dataset (the bundled corpus and tokenizer), a run whose config.yaml points at
+that data, and a stand-in for huggingface_hub.HfApi that records what the real client would send."""
 
+import inspect
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,63 @@ def tok_run(tmp_path, prepared):
     run = tmp_path / "run"
     save_run(model, run, te_views=False, data_dir=prepared)
     return run, model
+
+
+SECRET = "hf_SeCrEtToKeN1234567890abcdef"
+
+
+def real_signature_accepts(method: str, **kwargs) -> None:
+    """The real HfApi method takes exactly these keywords (guards the stand-in against API drift)."""
+    from huggingface_hub import HfApi
+
+    inspect.signature(getattr(HfApi, method)).bind(None, **kwargs)
+
+
+class RecordingHfApi:
+    """Stand-in for huggingface_hub.HfApi: same method names and keywords (checked against the real
+    signatures); records calls and the folder's files at upload time. ``fail`` uploads raise first (a flaky
+    network); ``delay`` makes uploads slow."""
+
+    def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None):
+        self.calls, self.fail, self.delay, self.gate = [], fail, delay, gate
+        self.active, self.max_active = 0, 0
+        self.lock = threading.Lock()
+
+    def create_repo(self, repo_id, *, repo_type=None, private=False, exist_ok=False, **kw):
+        assert "token" not in kw
+        real_signature_accepts("create_repo", repo_id=repo_id, repo_type=repo_type, private=private,
+                               exist_ok=exist_ok, **kw)
+        self.calls.append(("create_repo", dict(repo_id=repo_id, private=private, exist_ok=exist_ok)))
+        return f"https://huggingface.co/{repo_id}"
+
+    def create_branch(self, repo_id, *, branch, repo_type=None, exist_ok=False, **kw):
+        assert "token" not in kw
+        real_signature_accepts("create_branch", repo_id=repo_id, branch=branch, repo_type=repo_type,
+                               exist_ok=exist_ok, **kw)
+        self.calls.append(("create_branch", dict(repo_id=repo_id, branch=branch)))
+
+    def upload_folder(self, *, repo_id, folder_path, commit_message, revision=None, repo_type=None, **kw):
+        assert "token" not in kw
+        real_signature_accepts("upload_folder", repo_id=repo_id, folder_path=folder_path, revision=revision,
+                               commit_message=commit_message, repo_type=repo_type, **kw)
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            time.sleep(self.delay)
+            if self.gate is not None:  # a slow network: uploads wait until the test opens the gate
+                assert self.gate.wait(timeout=120)
+            if self.fail:
+                self.fail -= 1
+                raise ConnectionError("Hub unreachable")
+            files = {str(p.relative_to(folder_path)): p.read_bytes() for p in Path(folder_path).rglob("*")
+                     if p.is_file()}
+            self.calls.append(("upload_folder", dict(repo_id=repo_id, files=files, message=commit_message,
+                                                     revision=revision)))
+            return f"https://huggingface.co/{repo_id}/commit/{len(self.calls)}"
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def uploads(self):
+        return [c for name, c in self.calls if name == "upload_folder"]

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_run import ds_train
 
 from hub.helpers import PRESET, random_model, save_run
 from yxanul.cli import main as cli
@@ -120,11 +121,9 @@ def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
     """A real ZeRO-1 run (one process, CPU) leaves DeepSpeed's pytorch_model/ folder; the export equals
     the same run's plain-accelerate weights as DeepSpeed's zero_to_fp32 rebuilds them."""
     pytest.importorskip("deepspeed")
-    from test_deepspeed import ds
-
     from yxanul.hub.loading import load_checkpoint_model, resolve_checkpoint
 
-    ds("--max_steps", "2", "--warmup_steps", "1", "--checkpoint_freq", "2", "--output_dir", str(tmp_path / "ds"))
+    ds_train("--max_steps", "2", "--warmup_steps", "1", "--checkpoint_freq", "2", "--output_dir", str(tmp_path / "ds"))
     ckpt = resolve_checkpoint(tmp_path / "ds")
     assert (ckpt / "pytorch_model").is_dir() and not list(ckpt.glob("model*.safetensors"))
     out = export(tmp_path / "ds", tmp_path / "llama", dtype="fp32")

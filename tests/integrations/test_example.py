@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "trainer_fp8.py")
-FAST = ["--max_steps", "2", "--seq_length", "32", "--micro_batch_size", "4"]
+# the example script's own flags (its dataclass), for a two-step run
+EXAMPLE_FLAGS = ["--max_steps", "2", "--seq_length", "32", "--micro_batch_size", "4"]
 
 
 def env():
@@ -32,7 +33,7 @@ def test_example_bad_flag_is_one_line():
 @pytest.mark.slow
 def test_example_runs_on_cpu_and_says_why_fp8_is_off(small_data, tmp_path):
     data_dir, _ = small_data
-    r = run([sys.executable, EXAMPLE, *FAST, "--data_dir", str(data_dir), "--output_dir", str(tmp_path)])
+    r = run([sys.executable, EXAMPLE, *EXAMPLE_FLAGS, "--data_dir", str(data_dir), "--output_dir", str(tmp_path)])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stdout.count("FP8 off: no CUDA device; training in FP32") == 1
     assert "done: 2 steps in FP32" in r.stdout
@@ -50,7 +51,7 @@ def test_example_under_deepspeed_zero1_on_cpu(small_data, tmp_path):
     cfg = str(ROOT / "ds_configs" / "zero1.json")
     r = run([sys.executable, "-m", "accelerate.commands.launch", "--use_deepspeed", "--deepspeed_config_file", cfg,
              "--num_processes", "1", "--num_machines", "1", "--main_process_port", "0", EXAMPLE, "--deepspeed", cfg,
-             *FAST, "--data_dir", str(data_dir), "--output_dir", str(tmp_path)])
+             *EXAMPLE_FLAGS, "--data_dir", str(data_dir), "--output_dir", str(tmp_path)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "done: 2 steps in FP32" in r.stdout
     ckpt = tmp_path / "checkpoint-2"

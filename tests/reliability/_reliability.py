@@ -10,10 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-PRESET = "nano"  # the 5M CPU preset
-FAST = ["--model", PRESET, "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
-        "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "2", "--max_lr", "2e-3",
-        "--use_tensorboard", "false", "--num_workers", "0"]
 EXIT_BOUND_S = 60  # "within seconds" on 2 shared cores: start-up included, far below any hang
 
 

@@ -3,7 +3,8 @@
 import shutil
 
 import pytest
-from _reliability import FAST, ok, yx_here
+from _reliability import ok, yx_here
+from tiny_run import FAST
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,9 @@ import time
 
 import pytest
 import torch
-from _reliability import EXIT_BOUND_S, FAST, env, kill_group, ok, one_line, popen, wait_for, yx_here
+from _reliability import EXIT_BOUND_S, env, kill_group, ok, one_line, popen, wait_for, yx_here
 from safetensors.torch import load_file, save_file
+from tiny_run import FAST
 
 from yxanul.checkpoint import latest_good_checkpoint
 from yxanul.checkpoint.manifest import verify_checkpoint
@@ -120,7 +121,7 @@ def test_user_mistakes_at_start_are_one_line_before_training(case, tmp_path, mon
 
 
 def test_deepspeed_launch_without_gpus_is_not_refused():
-    """Several DeepSpeed processes on a machine without CUDA train over gloo (tests/test_deepspeed.py runs
+    """Several DeepSpeed processes on a machine without CUDA train over gloo (tests/training/test_deepspeed.py runs
     ZeRO-2/3 with 2 CPU processes): the start-up check neither refuses nor warns about 'rank 0 of 1'."""
     from yxanul.lint import check_launch_environment
 
@@ -141,7 +142,7 @@ def test_disk_full_on_a_small_tmpfs(base_run, tmp_path):
     mnt = tmp_path / "small"
     if not _tmpfs(mnt, int(one * 1.5)):
         pytest.skip("needs root and tmpfs mounts (mount -t tmpfs) for a real full disk; "
-                    "tests/test_checkpoint.py covers ENOSPC through /dev/full")
+                    "tests/checkpoint/test_save.py covers ENOSPC through /dev/full")
     try:
         out = mnt / "run"
         r = yx_here("train", *FAST, "--max_steps", "6", "--checkpoint_freq", "2", "--output_dir", out)

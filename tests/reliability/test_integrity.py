@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _reliability import FAST, ok, one_line, yx_here
+from _reliability import ok, one_line, yx_here
 from safetensors.torch import load_file, save_file
+from tiny_run import FAST
 
 from yxanul.checkpoint.manifest import MANIFEST, write_manifest
 from yxanul.errors import UserError

@@ -30,7 +30,7 @@ def test_no_false_rank_0_of_1_warning_when_yxanul_forces_cpu():
 
 
 def test_deepspeed_on_cpu_processes_is_no_error():
-    """Several DeepSpeed processes train on CPU (gloo; tests/test_deepspeed.py), so the start-up check
+    """Several DeepSpeed processes train on CPU (gloo; tests/training/test_deepspeed.py), so the start-up check
     lets them through, with or without GPUs."""
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "WORLD_SIZE": "8"}
     assert _keys(check_launch_environment(env, cuda_available=False), "error") == set()

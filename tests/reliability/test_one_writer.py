@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _reliability import FAST, env, kill_group, ok, one_line, popen, wait_for, yx_here
+from _reliability import env, kill_group, ok, one_line, popen, wait_for, yx_here
+from tiny_run import FAST
 
 SWEEP = Path(__file__).resolve().parents[2] / "sweeps" / "penalty_weight_tinyshakespeare.yaml"
 

@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
-from _reliability import FAST, ok, one_line, yx_here
-from hub.test_push import RecordingHfApi
+from _reliability import ok, one_line, yx_here
+from hub.helpers import RecordingHfApi
+from tiny_run import FAST
 
 PUSH = ["--push_to_hub", "--hub_model_id", "me/run", "--hub_wait_s", "1"]
 

@@ -9,7 +9,8 @@ import subprocess
 import time
 
 import pytest
-from _reliability import EXIT_BOUND_S, FAST, kill_group, one_line, popen, yx_here
+from _reliability import EXIT_BOUND_S, kill_group, one_line, popen, yx_here
+from tiny_run import FAST
 
 from yxanul.checkpoint.manifest import verify_checkpoint
 

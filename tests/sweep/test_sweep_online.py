@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_run import FAST
 
 from yxanul.sweep import main
 from yxanul.sweep.online import run_online
@@ -21,10 +22,9 @@ from yxanul.sweep.spec import load_spec
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "sweeps" / "penalty_weight_tinyshakespeare.yaml"
 PRESET = "nano"
-FAST = ["--model", PRESET, "--seq_length", "32", "--micro_batch_size", "4", "--eval_steps", "1",
-        "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0", "--max_steps", "4",
-        "--warmup_steps", "1",
-        "--eval_freq", "3", "--checkpoint_freq", "2", "--log_freq", "1"]
+# every trial: the tiny run for 4 steps, validated at step 3, checkpoints every 2
+TRIAL = [*FAST, "--eval_steps", "1", "--max_steps", "4", "--warmup_steps", "1", "--eval_freq", "3",
+         "--checkpoint_freq", "2"]
 
 
 class RecordingWandb:
@@ -85,7 +85,7 @@ def test_online_sweep_trial_joins_the_run_and_a_preempted_trial_resumes_in_it(tm
     fake = RecordingWandb(tmp_path, props)
     root = tmp_path / "out" / "sweeps" / "sw3ep1d"
     _signal_when(root / "run0abc" / "checkpoints" / "step_2")
-    assert run_online(fake, spec, None, 2, str(tmp_path / "out"), FAST) == 0  # stopped, rc 0 (requeue)
+    assert run_online(fake, spec, None, 2, str(tmp_path / "out"), TRIAL) == 0  # stopped, rc 0 (requeue)
 
     (_, sent, project, entity), agent = fake.calls
     assert sent == yaml.safe_load(SWEEP.read_text()) and project == "yxanul" and entity is None
@@ -101,7 +101,7 @@ def test_online_sweep_trial_joins_the_run_and_a_preempted_trial_resumes_in_it(tm
     capsys.readouterr()
 
     again = RecordingWandb(tmp_path, [], prefix="new")  # records the agent call; no further trial (time)
-    assert run_online(again, spec, "sw3ep1d", 2, str(tmp_path / "out"), FAST) == 0
+    assert run_online(again, spec, "sw3ep1d", 2, str(tmp_path / "out"), TRIAL) == 0
     out = capsys.readouterr().out
     assert "resuming interrupted trial run0abc" in out and f"at step {stopped_at}" in out
     assert again.calls == [("agent", "sw3ep1d", 1, "yxanul", None)]  # 2 minus the resumed one

@@ -1,6 +1,6 @@
 """`yxanul lint-config` and the training start-up check: what DeepSpeed 0.19 and accelerate 1.15 really read.
 
-Every rule table was read from the sources (tests/test_lint.py compares them with the installed
+Every rule table was read from the sources (tests/lint/test_lint.py compares them with the installed
 packages where those are importable):
 - DeepSpeed: runtime/config.py `_REMOVED_TOP_LEVEL_CONFIG_KEYS` / `_REMOVED_ZERO_CONFIG_KEYS`
   (raise DeepSpeedConfigError), pydantic models with extra="forbid": runtime/precision_config.py

@@ -19,7 +19,7 @@ def _int(value, default: int | None) -> int | None:
 
 def _deepspeed_problems(env, add, use_fp8) -> list[Problem]:
     # several DeepSpeed processes without CUDA are fine: DeepSpeed's CPU accelerator joins them over gloo
-    # and the trainer tells accelerate so (training/runtime.py process_state; tests/test_deepspeed.py)
+    # and the trainer tells accelerate so (training/runtime.py process_state; tests/training/test_deepspeed.py)
     fields = [f for f in env.get("ACCELERATE_CONFIG_DS_FIELDS", "").split(",") if f]
     path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
     if not path or path == "none":

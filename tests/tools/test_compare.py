@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from test_trainer import FAST, yxanul
+from tiny_run import FAST, yx
 
 from yxanul.errors import UserError
 from yxanul.tools.compare import Curves, compare, main, read_run, smooth
@@ -12,9 +12,10 @@ from yxanul.tools.compare import Curves, compare, main, read_run, smooth
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cmp")
-    common = [*FAST, "--max_steps", "30", "--eval_freq", "15", "--checkpoint_freq", "0", "--log_freq", "1"]
-    yxanul("train", *common, "--mixed_precision", "fp32", "--output_dir", str(root / "fp32"))
-    yxanul("train", *common, "--mixed_precision", "bf16", "--output_dir", str(root / "bf16"))
+    common = [*FAST, "--warmup_steps", "1", "--max_steps", "30", "--eval_freq", "15", "--checkpoint_freq", "0",
+              "--log_freq", "1"]
+    yx("train", *common, "--mixed_precision", "fp32", "--output_dir", str(root / "fp32"))
+    yx("train", *common, "--mixed_precision", "bf16", "--output_dir", str(root / "bf16"))
     return root / "fp32", root / "bf16"
 
 

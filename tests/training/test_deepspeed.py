@@ -6,44 +6,26 @@ cached in TORCH_EXTENSIONS_DIR (~/.cache/yxanul/torch_extensions) so later runs 
 """
 
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tiny_run import DS_RUN, deepspeed_env
+from tiny_run import ds_train as ds
 
 from yxanul.tracking import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
-        "--eval_steps", "2", "--sample_tokens", "0", "--use_tensorboard", "false", "--num_workers", "0",
-        "--warmup_steps", "2", "--lr_decay_steps", "8", "--max_lr", "2e-3",
-        "--max_grad_norm", "0.5"]  # not accelerate's 1.0 for gradient_clipping "auto": DeepSpeed must get ours
-
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None or
                                                    shutil.which("accelerate") is None,
                                                    reason="needs deepspeed and the accelerate CLI")]
 
 
-def _env():
-    cache = Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
-    return dict(os.environ, HF_HUB_OFFLINE="1", TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"))
-
-
-def ds(*args, stage=1, procs=1, ok=True):
-    cmd = ["accelerate", "launch", "--use_deepspeed", "--deepspeed_config_file",
-           str(ROOT / "ds_configs" / f"zero{stage}.json"), "--num_processes", str(procs), "--num_machines", "1",
-           "--main_process_port", "0", str(ROOT / "train.py"), *FAST, *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=900)
-    assert (r.returncode == 0) == ok, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
-
-
 def plain(*args):
-    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, *args], capture_output=True, text=True,
-                       env=_env())
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *DS_RUN, *args], capture_output=True, text=True,
+                       env=deepspeed_env())
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -87,7 +69,7 @@ def exported_weights(ckpt, out):
     from safetensors.torch import load_file
 
     r = subprocess.run([sys.executable, "-m", "yxanul", "export", str(ckpt), str(out), "--dtype", "fp32"],
-                       capture_output=True, text=True, env=_env())
+                       capture_output=True, text=True, env=deepspeed_env())
     assert r.returncode == 0, r.stderr[-2000:]
     return load_file(str(out / "model.safetensors"))
 

@@ -17,13 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_run import FAST
 
 from yxanul.tracking import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--model", "nano", "--seq_length", "32", "--log_freq", "1", "--eval_freq", "0", "--eval_steps", "2",
-        "--sample_tokens", "0", "--warmup_steps", "4", "--max_lr", "2e-3", "--use_tensorboard", "false",
-        "--num_workers", "0", "--lr_decay_steps", "16"]
+ROOT = Path(__file__).resolve().parents[2]
+# the tiny run at the default micro-batch (8), warmup 4 of a 16-step decay
+RUN = [*FAST, "--micro_batch_size", "8", "--warmup_steps", "4", "--lr_decay_steps", "16"]
 TOL = 1e-3
 
 pytestmark = pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not on PATH")
@@ -35,7 +35,7 @@ def _env():
 
 def _launch_cmd(*args):
     return ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml"),
-            str(ROOT / "train.py"), *FAST, *args]
+            str(ROOT / "train.py"), *RUN, *args]
 
 
 def launch2(*args, cwd=ROOT, env=None):
@@ -45,7 +45,7 @@ def launch2(*args, cwd=ROOT, env=None):
 
 
 def single(*args):
-    cmd = [sys.executable, "-m", "yxanul", "train", *FAST, *args]
+    cmd = [sys.executable, "-m", "yxanul", "train", *RUN, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r

@@ -1,4 +1,4 @@
-"""StopRequest in one process (several: tests/test_distributed.py, through `accelerate launch`)."""
+"""StopRequest in one process (several: tests/training/test_distributed.py, through `accelerate launch`)."""
 
 import os
 import signal

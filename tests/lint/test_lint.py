@@ -17,7 +17,7 @@ from yxanul.lint import accelerate as R_acc
 from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
 from yxanul.lint import deepspeed as R_ds
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DS_FILES = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
 ACC_FILES = sorted(glob.glob(os.path.join(ROOT, "accelerate_configs", "*.yaml")))
 GOOD_DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",

@@ -10,7 +10,7 @@ import pytest
 from yxanul.errors import UserError
 from yxanul.tools.bench_decide import decide, fp8_threshold, main, parity_from_runs
 
-FIXTURES = Path(__file__).parent / "fixtures" / "bench"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "bench"
 PARITY_OK = {"model": "medium", "flags": "", "val_step": 250, "val_loss_bf16": 4.40, "val_loss_fp8": 4.41,
              "val_rel_diff": 0.01 / 4.40}
 

@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from tiny_run import FAST
 
 from yxanul.tracking import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU_YAML = str(ROOT / "accelerate_configs" / "cpu.yaml")
-FAST = ["--model", "nano", "--seq_length", "32", "--log_freq", "1", "--eval_freq", "0", "--eval_steps", "2",
-        "--sample_tokens", "0", "--warmup_steps", "2", "--max_lr", "2e-3", "--use_tensorboard", "false",
-        "--num_workers", "0", "--lr_decay_steps", "8", "--micro_batch_size", "2"]
+# the tiny run at micro-batch 2 with an 8-step decay
+RUN = [*FAST, "--lr_decay_steps", "8", "--micro_batch_size", "2"]
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")
 
@@ -47,13 +47,13 @@ def node(rank: int, port: int, *args) -> subprocess.Popen:
     """One node's launcher, in its own process group (a node's processes, as SLURM/k8s signal them)."""
     cmd = ["accelerate", "launch", "--config_file", CPU_YAML, "--num_machines", "2", "--num_processes", "2",
            "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
-           str(ROOT / "train.py"), *FAST, *args]
+           str(ROOT / "train.py"), *RUN, *args]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
                             start_new_session=True)
 
 
 def one_node(*args) -> str:
-    cmd = ["accelerate", "launch", "--config_file", CPU_YAML, str(ROOT / "train.py"), *FAST, *args]
+    cmd = ["accelerate", "launch", "--config_file", CPU_YAML, str(ROOT / "train.py"), *RUN, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout
@@ -193,7 +193,7 @@ def test_slurm_script_runs_two_nodes_through_a_stand_in_srun(tmp_path):
     env = _env(PATH=f"{bindir}:{os.environ['PATH']}", CALLS=str(calls), LOGS=str(logs), SLURM_JOB_ID="77",
                SLURM_JOB_NAME="t", SLURM_JOB_NODELIST="node[1-2]", SLURM_NNODES="2", GPUS_PER_NODE="1",
                ACCEL_CONFIG="accelerate_configs/cpu.yaml", MASTER_PORT=str(_port()))
-    rest = [*FAST[4:], "--max_steps", "100000", "--lr_decay_steps", "100000", "--checkpoint_freq", "0",
+    rest = [*RUN[4:], "--max_steps", "100000", "--lr_decay_steps", "100000", "--checkpoint_freq", "0",
             "--log_freq", "100000"]
     job = subprocess.Popen(["bash", str(ROOT / "examples" / "slurm" / "submit_fp8.sh"), "c.yaml", *rest],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -28,7 +28,7 @@ from yxanul.tools.bench_table import (
     render,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "bench"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "bench"
 DOC = f"# Benchmarks\n\nintro\n\n{START}\nold table\n{END}\n\n## after\ntext\n"
 
 
@@ -125,6 +125,6 @@ def test_the_device_script_runs_every_variant_of_the_table_in_its_order():
     """gpu_checks.sh's default FIRST_VARIANTS is the table's VARIANTS (the flags come from the table itself)."""
     import re
 
-    script = (Path(__file__).parents[1] / "scripts" / "device" / "gpu_checks.sh").read_text()
+    script = (Path(__file__).parents[2] / "scripts" / "device" / "gpu_checks.sh").read_text()
     default = re.search(r"local order=([a-z0-9,-]+)\n", script).group(1)
     assert default.split(",") == list(VARIANTS)

@@ -96,7 +96,7 @@ def test_cpu_vs_nanogpt_script_writes_both_rows(tmp_path, capsys):
     import math
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "cpu_vs_nanogpt.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "cpu_vs_nanogpt.py"
     spec = importlib.util.spec_from_file_location("cpu_vs_nanogpt", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -12,21 +12,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_run import FAST
+from tiny_run import yx as yxanul
 
 from yxanul.tracking import read_metrics
 
-# Small and fast on 2 cores; the bundled corpus and tokenizer (the real default data path).
-FAST = ["--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1",
-        "--eval_freq", "0", "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "1",
-        "--max_lr", "2e-3", "--use_tensorboard", "false", "--num_workers", "0"]
-
-
-def yxanul(*args, check=True, **kw):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "yxanul", *args], capture_output=True, text=True, env=env, **kw)
-    if check and r.returncode != 0:
-        raise AssertionError(f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}")
-    return r
+# The tiny run on the bundled corpus and tokenizer (the real default data path), with a one-step warmup.
+RUN = [*FAST, "--warmup_steps", "1"]
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -35,7 +27,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 def test_end_to_end_loss_falls_and_artifacts(tmp_path):
     out = tmp_path / "run"
-    r = yxanul("train", *FAST, "--max_steps", "40", "--output_dir", str(out), "--checkpoint_freq", "20",
+    r = yxanul("train", *RUN, "--max_steps", "40", "--output_dir", str(out), "--checkpoint_freq", "20",
                "--use_tensorboard", "true", "--eval_freq", "20", "--sample_tokens", "8")
     losses = train_losses(out)
     assert sorted(losses) == list(range(1, 41))
@@ -62,7 +54,7 @@ def test_end_to_end_loss_falls_and_artifacts(tmp_path):
 
 def test_resume_is_exact(tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    common = [*FAST, "--lr_decay_steps", "60", "--checkpoint_freq", "0"]
+    common = [*RUN, "--lr_decay_steps", "60", "--checkpoint_freq", "0"]
     yxanul("train", *common, "--max_steps", "60", "--output_dir", str(full))
     yxanul("train", *common, "--max_steps", "30", "--output_dir", str(part))
     r = yxanul("train", *common, "--max_steps", "60", "--output_dir", str(part), "--resume", "latest")
@@ -78,7 +70,7 @@ def test_stop_signal_saves_and_exits_zero(tmp_path, sig, workers, group):
     """group: SIGTERM to the whole process group, DataLoader workers included (torchrun's killpg, SLURM)."""
     out = tmp_path / "sig"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    p = subprocess.Popen([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "100000",
+    p = subprocess.Popen([sys.executable, "-m", "yxanul", "train", *RUN, "--max_steps", "100000",
                           "--checkpoint_freq", "0", "--output_dir", str(out), "--num_workers", workers],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=group)
     deadline = time.time() + 120
@@ -102,7 +94,7 @@ def test_wandb_offline_without_key(tmp_path):
     out = tmp_path / "wb"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HF_HUB_OFFLINE="1", HOME=str(tmp_path))  # no ~/.netrc, no API key
-    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "3", "--warmup_steps", "1",
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", *RUN, "--max_steps", "3", "--warmup_steps", "1",
                         "--output_dir", str(out),
                         "--use_wandb", "--checkpoint_freq", "0", "--save_final", "false"],
                        capture_output=True, text=True, env=env, timeout=300)
@@ -143,13 +135,13 @@ def test_every_update_applies_exactly_accum_micro_batches_when_accumulation_chan
     cfg = tmp_path / "c.yaml"  # 96 tokens per step: 4 x 24, then 3 x 32
     cfg.write_text("curriculum:\n  - {seq_length: 24, until_steps: 1}\n  - {seq_length: 32}\n"
                    "target_tokens_per_step: 96\n")
-    common = [*FAST, "--micro_batch_size", "1", "--eval_freq", "0", "--checkpoint_freq", "0"]
+    common = [*RUN, "--micro_batch_size", "1", "--eval_freq", "0", "--checkpoint_freq", "0"]
     assert _events("--config", str(cfg), *common, "--max_steps", "4", "--save_final", "false",
                    "--output_dir", str(tmp_path / "cur")) == "FFFFS" + "FFFS" * 3
     # resume with another accumulation (accelerate's load_state restores its old micro counter)
     run = ["--micro_batch_size", "2", "--output_dir", str(tmp_path / "res")]
-    assert _events(*FAST, *run, "--gradient_accumulation_steps", "3", "--max_steps", "3") == "FFFS" * 3
-    assert _events(*FAST, *run, "--gradient_accumulation_steps", "2", "--max_steps", "6",
+    assert _events(*RUN, *run, "--gradient_accumulation_steps", "3", "--max_steps", "3") == "FFFS" * 3
+    assert _events(*RUN, *run, "--gradient_accumulation_steps", "2", "--max_steps", "6",
                    "--resume", "latest") == "FFS" * 3
     rows = [r for r in read_metrics(tmp_path / "res" / "metrics.jsonl") if "loss" in r]
     assert [r["tokens_seen"] for r in rows] == [192, 384, 576, 704, 832, 960]  # 3 x 2 x 32, then 2 x 2 x 32
@@ -164,8 +156,8 @@ def test_divergence_stops_without_saving_over_good_checkpoints(tmp_path):
     from safetensors.torch import load_file
 
     out = tmp_path / "nan"
-    yxanul("train", *FAST, "--max_steps", "4", "--checkpoint_freq", "2", "--output_dir", str(out))
-    r = yxanul("train", *FAST, "--max_lr", "1e30", "--warmup_steps", "0", "--log_freq", "10", "--max_steps", "40",
+    yxanul("train", *RUN, "--max_steps", "4", "--checkpoint_freq", "2", "--output_dir", str(out))
+    r = yxanul("train", *RUN, "--max_lr", "1e30", "--warmup_steps", "0", "--log_freq", "10", "--max_steps", "40",
                "--checkpoint_freq", "1", "--keep_last", "2", "--output_dir", str(out), "--resume", "latest",
                check=False)
     assert r.returncode == 3 and r.stderr.startswith("error: step "), r.stderr[-2000:]
@@ -183,7 +175,7 @@ def test_divergence_stops_without_saving_over_good_checkpoints(tmp_path):
 
 def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
     out = tmp_path / "r"
-    short = [*FAST, "--warmup_steps", "1"]  # warmup must fit in max_steps
+    short = [*RUN, "--warmup_steps", "1"]  # warmup must fit in max_steps
     yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out))
     again = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), check=False)
     assert again.returncode == 2 and "already holds checkpoints (newest: step 2)" in again.stderr
@@ -204,7 +196,7 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path):
 def test_resume_latest_needs_a_checkpoint_and_auto_starts_fresh_once(tmp_path):
     """`--resume latest` into a directory without a checkpoint (a typo) is one line naming it, exit 2,
     before anything is built; `--resume auto` starts fresh there and resumes on the next start."""
-    short = [*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0"]
+    short = [*RUN, "--warmup_steps", "1", "--checkpoint_freq", "0"]
     for resume, where in [("latest", str(tmp_path / "typo")), (str(tmp_path / "typo" / "step_3"), "typo/step_3")]:
         r = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(tmp_path / "typo"), "--resume", resume,
                    check=False)
@@ -220,7 +212,7 @@ def test_resume_latest_needs_a_checkpoint_and_auto_starts_fresh_once(tmp_path):
 
 def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
     out = tmp_path / "v"
-    yxanul("train", *FAST, "--max_steps", "12", "--eval_freq", "6", "--checkpoint_freq", "4", "--keep_last", "5",
+    yxanul("train", *RUN, "--max_steps", "12", "--eval_freq", "6", "--checkpoint_freq", "4", "--keep_last", "5",
            "--output_dir", str(out))
     vals = {d.name: json.loads((d / "trainer_state.json").read_text())["val_loss"]
             for d in (out / "checkpoints").glob("step_*")}
@@ -232,7 +224,7 @@ def test_checkpoints_carry_only_a_val_loss_of_their_own_step(tmp_path):
 def _cfg(tmp_path, *extra):
     from yxanul.config import parse_args
 
-    return parse_args([*FAST, "--warmup_steps", "1", "--checkpoint_freq", "0", "--save_final", "false",
+    return parse_args([*RUN, "--warmup_steps", "1", "--checkpoint_freq", "0", "--save_final", "false",
                        "--output_dir", str(tmp_path / "run"), *extra])  # warmup must fit in the short runs
 
 
