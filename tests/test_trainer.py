@@ -382,6 +382,18 @@ def test_torch_compile_trains_on_cpu(tmp_path):
     assert "model.embed_tokens.weight" in names and not any("_orig_mod" in n for n in names)
 
 
+def test_torch_compile_with_fp8_is_a_one_line_config_error(tiny_config):
+    """TorchDynamo fails on TE's FP8 weights (seen on an H200): refused before anything is traced."""
+    from yxanul.errors import ConfigError
+    from yxanul.models import YxanulForCausalLM
+    from yxanul.training.runtime import compile_model
+
+    model = YxanulForCausalLM(tiny_config())
+    with pytest.raises(ConfigError, match="^config key 'torch_compile': expected false with FP8"):
+        compile_model(model, "cuda", fp8_enabled=True)
+    assert compile_model(model, "cpu") is not model  # without FP8: compiled (lazily: nothing traced yet)
+
+
 def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_config):
     """A model whose forward returns loss = lm_loss + penalty (as the penalty feature's will): the one
     step sums each over micro-batches, and validation uses the LM loss only. Accumulating 2 micro-

@@ -79,6 +79,13 @@ class PrecisionCallback(TrainerCallback):
                 self._whole_report(rep, state.global_step)
             self._logged_once, self._logged_with_readback = True, readback
 
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # a run shorter than logging_steps logs no training loss, so on_log never saw the read-back that the
+        # first forward recorded: the report on disk would still say "FP8?" (seen under DeepSpeed, 4 steps)
+        if model is not None and self.plan.readback is not None and not self._logged_with_readback:
+            self._write(args, state, model)
+            self._logged_with_readback = True
+
     def _whole_report(self, rep: dict, step: int) -> None:
         """The whole report, strings included, where a logger can hold it: TensorBoard text
         (``precision_report``), the W&B run config (``precision_report``)."""

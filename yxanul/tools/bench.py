@@ -214,7 +214,9 @@ def _build(config, plan, a: BenchArgs, device, notes: list):
     plan.prepare_model(model, say=notes.append)
     opt = build_optimizer(model, OptimArgs())
     if a.torch_compile:
-        model = torch.compile(model, backend="inductor" if device.type == "cuda" else "aot_eager")
+        from ..training.runtime import compile_model
+
+        model = compile_model(model, device.type, plan.fp8_enabled)
     return model, opt
 
 

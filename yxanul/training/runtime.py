@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
+
 
 def quiet(*args, **kwargs) -> None:
     """``say`` of the processes that don't print."""
@@ -107,11 +109,16 @@ def weights_sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def compile_model(model, device_type: str):
+def compile_model(model, device_type: str, fp8_enabled: bool = False):
     """``--torch_compile``. On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many
-    machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen."""
+    machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen.
+    Refused with FP8 on: TorchDynamo fails on TE's FP8 weight tensors ("Guard failed on the same frame it
+    was created" in QuantizedTensor.detach; TE 2.20.2, torch 2.11, an H200: docs/benchmarks.md)."""
     import torch
 
+    if fp8_enabled:
+        raise ConfigError("torch_compile", "false with FP8 (TorchDynamo cannot trace Transformer Engine's FP8 "
+                                           "weights: use --cuda_graphs for the launch overhead)", True)
     return torch.compile(model, backend="inductor" if device_type == "cuda" else "aot_eager")
 
 

@@ -116,7 +116,7 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
-            self.model = compile_model(self.model, acc.device.type)
+            self.model = compile_model(self.model, acc.device.type, self.plan.fp8_enabled)
         self.say(describe(self.mcfg))
         self.say(f"batch: {self.batch.line()}")
         if self.sharded and cfg.tracking.sample_tokens:
