@@ -10,6 +10,7 @@ import sys
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
+    "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
