@@ -84,8 +84,8 @@ def launch(launch_command, args, held: HeldRecords) -> int:
     try:
         launch_command(args)
         return 0
-    except ChildFailedError as e:  # torchrun: the first rank to fail is the cause, the others were stopped
-        return _failed(e.get_first_failure()[1].exitcode, held)
+    except ChildFailedError as e:  # torchrun: the exit code (or -signal) of each failed rank
+        return _failed(_user_error_or_first(e.failures), held)
     except subprocess.CalledProcessError as e:  # the one-process launcher (and DeepSpeed's multi-node one)
         return _failed(e.returncode, held)
     except SignalException as e:
@@ -93,6 +93,20 @@ def launch(launch_command, args, held: HeldRecords) -> int:
         print(f"launcher received {e.sigval.name}: forwarded to the workers (a training run saves a checkpoint "
               "before it stops)", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
+
+
+def _user_error_or_first(failures) -> int:
+    """2 when ranks exited 2 and the others were stopped by a signal (torchrun stops the rest of the job
+    when one rank exits), else the first failure's code. Global rank 0 prints a user error; when it was
+    stopped before it could (another rank failed first: multi-node, or a slow rank 0), one line says so."""
+    codes = {rank: f.exitcode for rank, f in failures.items()}
+    if UserError.exit_code not in codes.values() or any(c > 0 and c != UserError.exit_code for c in codes.values()):
+        return codes[min(failures, key=lambda r: failures[r].timestamp)]
+    if codes.get(0) != UserError.exit_code:
+        rank = min(r for r, c in codes.items() if c == UserError.exit_code)
+        print(f"error: rank {rank} stopped on a user error (exit code 2) before global rank 0 printed it; rank 0's "
+              "output says what (on node 0), as does `yxanul train` with the same flags", file=sys.stderr, flush=True)
+    return UserError.exit_code
 
 
 def _failed(worker_code: int, held: HeldRecords) -> int:

@@ -47,6 +47,33 @@ def test_a_user_error_is_one_line_and_exit_2_for_the_whole_job(tmp_path):
         assert not (tmp_path / "r").exists()
 
 
+RANKS_REFUSE = """import os, sys, time
+from yxanul.cli import run
+from yxanul.errors import UserError
+
+def refuse(argv):
+    if os.environ["RANK"] == "0":
+        time.sleep(float(sys.argv[1]))  # rank 0 reaches the same mistake later than rank 1
+    raise UserError("the same mistake on every rank")
+
+sys.exit(run(refuse, []))
+"""
+
+
+def test_rank_0_reports_a_user_error_though_another_rank_gets_there_first(tmp_path):
+    """Rank 1 refuses 1 s before rank 0: torchrun stops the job at the first exit, so rank 1 waits before
+    its quiet exit and rank 0's line is the one printed. A rank 0 that never reports (30 s late: stopped by
+    torchrun) still leaves one line, naming the rank that stopped the job."""
+    script = tmp_path / "refuse.py"
+    script.write_text(RANKS_REFUSE)
+    for delay, line in (("1", "error: the same mistake on every rank"),
+                        ("30", "error: rank 1 stopped on a user error (exit code 2) before global rank 0 printed it")):
+        r = _launch(*TWO, str(script), delay, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+        assert len(_error_lines(r)) == 1 and _error_lines(r)[0].startswith(line), r.stderr[-3000:]
+        assert not [s for s in LAUNCHER_RECORDS if s in r.stderr], r.stderr[-3000:]
+
+
 def test_any_other_failure_keeps_the_launchers_output_and_exit_code(tmp_path):
     """A worker that crashes (a bug, exit 1) is not a user error: torchrun's records and traceback stay,
     exit 1, as with `accelerate launch`."""
