@@ -121,8 +121,9 @@ def _failed(worker_code: int, held: HeldRecords) -> int:
 
 def forward_to_children(signum, _frame) -> None:
     """SIGTERM/SIGINT while the one-process launcher waits: passed on to its worker, which checkpoints and
-    exits (and the launcher with it). A SIGINT is not passed to a child in this process group: the terminal
-    already delivered it there. With no child yet, the signal stops the launcher."""
+    exits (and the launcher with it). A SIGINT is not passed to a child that the terminal's Ctrl-C already
+    reached (same process group, the terminal's foreground one): a second SIGINT would tell the trainer not
+    to wait for its checkpoint. With no child yet, the signal stops the launcher."""
     import psutil
 
     children = psutil.Process().children()
@@ -130,7 +131,16 @@ def forward_to_children(signum, _frame) -> None:
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
     for child in children:
         try:
-            if signum != signal.SIGINT or os.getpgid(child.pid) != os.getpgrp():
+            if signum != signal.SIGINT or not _terminal_interrupted(os.getpgid(child.pid)):
                 child.send_signal(signum)
         except (psutil.Error, OSError):  # already gone
             pass
+
+
+def _terminal_interrupted(pgid: int) -> bool:
+    """Whether a Ctrl-C reached process group ``pgid`` itself: it is this process's group and the
+    foreground group of the terminal on stdin."""
+    try:
+        return pgid == os.getpgrp() == os.tcgetpgrp(sys.stdin.fileno())
+    except (OSError, ValueError):  # no terminal: the signal came from kill, to this process alone
+        return False

@@ -94,8 +94,8 @@ def test_a_tiny_two_process_run_exits_0(tmp_path):
     assert (tmp_path / "r" / "checkpoints" / "latest").read_text().strip() == "step_2"
 
 
-def _sigterm_after_first_step(launcher, out, tmp_path):
-    """Starts a long run, sends SIGTERM to the `yxanul launch` process alone once step 1 is logged."""
+def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
+    """Starts a long run, sends ``sig`` to the `yxanul launch` process alone once step 1 is logged."""
     import psutil
 
     proc = subprocess.Popen(_cmd(*launcher, "-m", "yxanul", "train", *FAST, "--max_steps", "100000",
@@ -107,7 +107,7 @@ def _sigterm_after_first_step(launcher, out, tmp_path):
         while time.time() < deadline and proc.poll() is None and not (out / "metrics.jsonl").exists():
             time.sleep(0.2)
         tree = psutil.Process(proc.pid).children(recursive=True)  # to clean up if the launcher fails to
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=90)
     finally:
         for p in [*tree, proc]:
@@ -118,9 +118,9 @@ def _sigterm_after_first_step(launcher, out, tmp_path):
     return proc.returncode, stdout, stderr
 
 
-def _saved_step(stdout, out):
+def _saved_step(stdout, out, sig=signal.SIGTERM):
     step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
-    assert f"received SIGTERM: checkpoint saved at step {step}, exiting" in stdout, stdout
+    assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
     assert f"stopped at step {step} of 100000 (checkpoint saved; the same command with --resume continues)" in stdout
     return step
 
@@ -130,17 +130,19 @@ def test_sigterm_reaches_both_torchrun_workers_which_checkpoint(tmp_path):
     """torchrun forwards the launcher's SIGTERM to its workers: both stop on the same step after one
     checkpoint; the launcher ends with one line and 128 + SIGTERM, no traceback."""
     out = tmp_path / "r"
-    code, stdout, stderr = _sigterm_after_first_step(TWO, out, tmp_path)
+    code, stdout, stderr = _signal_after_first_step(TWO, out, tmp_path)
     assert code == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-3000:]
     assert _saved_step(stdout, out) >= 1
     assert stderr.count("launcher received SIGTERM: forwarded to the workers") == 1
     assert "Traceback" not in stderr and "SignalException" not in stderr
 
 
-def test_sigterm_reaches_the_one_process_launchers_worker(tmp_path):
-    """accelerate's one-process launcher forwards nothing: `yxanul launch` passes SIGTERM on, the worker
-    checkpoints and exits 0, and so does the launcher."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_reaches_the_one_process_launchers_worker(tmp_path, sig):
+    """accelerate's one-process launcher forwards nothing: `yxanul launch` passes SIGTERM (and a SIGINT
+    sent to it alone, not through a terminal) on, the worker checkpoints and exits 0, and so does the launcher."""
     out = tmp_path / "r"
-    code, stdout, stderr = _sigterm_after_first_step(ONE, out, tmp_path)
+    code, stdout, stderr = _signal_after_first_step(ONE, out, tmp_path, sig)
     assert code == 0, stdout[-2000:] + stderr[-3000:]
-    assert _saved_step(stdout, out) >= 1
+    assert _saved_step(stdout, out, sig) >= 1
