@@ -466,14 +466,17 @@ def test_a_run_longer_than_its_data_says_how_often_it_rereads_it(tmp_path, capsy
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the notice is DeepSpeed's CPU fallback")
-def test_deepspeeds_cpu_notice_is_not_printed_by_a_run():
+def test_deepspeeds_cpu_notice_is_not_printed_by_a_run(tmp_path):
     """accelerate imports DeepSpeed in every run (unwrap_model); on a CPU its import logs "Setting accelerator
-    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass."""
-    code = ("import logging, sys\nfrom yxanul.training.runtime import import_deepspeed_quietly\n"
-            "import_deepspeed_quietly()\nlogging.getLogger('DeepSpeed').warning('another warning')\n"
-            "print('deepspeed' in sys.modules)\n")
-    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass.
+    A real one-step run in a fresh process (DeepSpeed not imported yet), then a DeepSpeed warning."""
+    argv = ["train", *FAST, "--max_steps", "1", "--output_dir", str(tmp_path / "run")]
+    code = (f"import logging, sys\nfrom yxanul.cli import main\nrc = main({argv!r})\n"
+            "logging.getLogger('DeepSpeed').warning('another warning')\nprint('deepspeed' in sys.modules, rc)\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
     plain = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True, timeout=300)
     assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what a run printed before
+    assert "done: 1 steps" in quiet.stdout, quiet.stdout[-2000:] + quiet.stderr[-2000:]
     assert "Setting accelerator" not in quiet.stdout + quiet.stderr and "another warning" in quiet.stdout
-    assert quiet.stdout.strip().endswith("True"), quiet.stderr[-2000:]
+    assert quiet.stdout.strip().endswith("True 0"), quiet.stderr[-2000:]

@@ -6,10 +6,12 @@ import errno
 import importlib
 import os
 import sys
+import time
 
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
+    "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
@@ -92,6 +94,7 @@ def _usage() -> str:
 EXIT_BUG = 1
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `cmd | head` killed by the signal
 EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long whatever hangs
+QUIET_RANK_EXIT_S = 2.0  # a rank other than 0 exits this long after a user error that rank 0 reports
 
 
 def run(func, argv, *, process_exit: bool = False) -> int:
@@ -117,6 +120,7 @@ def _run(func, argv) -> int:
             return int(func(argv) or 0)
     except UserError as e:
         if not _reports_for_the_job():
+            _let_rank_0_fail_first()
             return e.exit_code  # the same line is printed by rank 0: one line per job, not per rank
         return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:
@@ -144,6 +148,18 @@ def _reports_for_the_job() -> bool:
         return True
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _let_rank_0_fail_first() -> None:
+    """Under a launcher (torchrun sets LOCAL_RANK), wait before the quiet exit: torchrun stops the whole job at
+    the first exit, which would cut off a rank 0 a little behind this one before it prints the line. Its
+    SIGTERM then ends this rank silently (the default action, not the trainer's handler)."""
+    if os.environ.get("LOCAL_RANK") is None:
+        return
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(QUIET_RANK_EXIT_S)
 
 
 def _disk_full_line(e: OSError) -> str:
