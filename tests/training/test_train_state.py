@@ -35,10 +35,11 @@ class _SetProbe:
             trainer.state.probe = self.value
 
 
-def test_a_field_added_to_train_state_survives_a_resume(tmp_path, monkeypatch):
+def test_a_field_added_to_train_state_survives_a_resume(tmp_path, monkeypatch, capsys):
     """A TrainState with one more field (as a future feature would add), through the real `train()`: its
     value is saved in trainer_state.json and a `--resume latest` run starts with it. Fails when resume
-    copies chosen fields instead of taking the saved state whole."""
+    copies chosen fields instead of taking the saved state whole. What is not progress comes from the
+    resumed run's own batch plan: accumulating 2 micro-batches, its step counts 256 tokens, not 128."""
     import yxanul.training.trainer as trainer_mod
 
     extended = dataclasses.make_dataclass("Extended", [("probe", int, dataclasses.field(default=0))],
@@ -49,8 +50,10 @@ def test_a_field_added_to_train_state_survives_a_resume(tmp_path, monkeypatch):
     assert json.loads((ckpt / "trainer_state.json").read_text())["probe"] == 41
 
     again = _SetProbe()
-    summary = train(_cfg(tmp_path, "--max_steps", "3", "--eval_freq", "0", "--resume", "latest"), callbacks=[again])
-    assert again.seen == 41 and summary["steps"] == 3
+    summary = train(_cfg(tmp_path, "--max_steps", "3", "--eval_freq", "0", "--resume", "latest",
+                         "--gradient_accumulation_steps", "2"), callbacks=[again])
+    assert again.seen == 41 and (summary["steps"], summary["tokens_seen"]) == (3, 2 * 128 + 256)
+    assert f"resumed from {ckpt} at step 2 (tokens_per_step: 128 -> 256)" in capsys.readouterr().out
 
 
 def test_a_checkpoint_in_the_version_2_format_resumes_exactly(tmp_path):

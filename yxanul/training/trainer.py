@@ -3,8 +3,8 @@
 `Trainer` keeps the run's progress in ``self.state`` (a :class:`TrainState`, what a resume restores,
 whole) and its batch plan in ``self.batch`` (the current stage's: micro-batch, accumulation, tokens per
 step); `fit()` is the loop and calls small methods: `setup()`, `resume()`, `advance()`, `log()`,
-`evaluate()`, `save()`, `enter_stage()`. `train(cfg)` is the entry point (`yxanul train`). Features plug in through
-callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
+`evaluate()`, `save()`, `enter_stage()`. `train(cfg)` is the entry point (`yxanul train`). Features plug
+in through callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
 """
 
 from __future__ import annotations
