@@ -271,12 +271,13 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     save + resume round trip continues with bit-identical losses."""
     import torch
 
-    from yxanul.training import Trainer, TrainState
+    from yxanul.training import Trainer
+    from yxanul.training.state import read_state_file
 
     t = Trainer(_cfg(tmp_path, "--max_steps", "4", "--sample_tokens", "6")).setup()
     assert t.resume() is None and t.state.step == 0
     before = [p.detach().clone() for p in t.model.parameters()]
-    out = t.train_step(t.next_batches())
+    out = t.advance(t.next_batches())
     assert (t.state.step, t.state.tokens_seen) == (1, 4 * 32) and out.accum == 1
     assert torch.equal(out.lm_loss, out.loss) and out.penalty.item() == 0.0  # no penalty: loss == LM loss
     assert abs(out.loss.item() - math.log(t.mcfg.vocab_size)) < 0.5  # the initial loss is ~ln V
@@ -284,22 +285,22 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     row = t.log(out)
     assert row["loss"] == pytest.approx(out.loss.item()) and read_metrics(t.run_dir / "metrics.jsonl")[-1] == row
     assert "lm_loss" not in row and "penalty" not in row  # the default line and metrics stay as they were
-    out = t.train_step(t.next_batches())
+    out = t.advance(t.next_batches())
     rng = torch.get_rng_state()
     ev = t.evaluate()
     assert torch.equal(rng, torch.get_rng_state())  # the sample forks the RNG: resume stays exact
     assert ev["sample"] and math.isfinite(ev["val_loss"]) and t.state.best_val_loss == ev["val_loss"]
     ckpt = t.save(out)
-    saved = TrainState.read(ckpt)
-    assert (saved.step, saved.val_loss, saved.best_val_loss, saved.tokens_per_step) == (2, ev["val_loss"],
-                                                                                         ev["val_loss"], 128)
-    reference = [t.train_step(t.next_batches()).loss for _ in range(2)]
+    saved, wrote = read_state_file(ckpt)
+    assert (saved.step, saved.val_loss, saved.best_val_loss, wrote.tokens_per_step) == (2, ev["val_loss"],
+                                                                                        ev["val_loss"], 128)
+    reference = [t.advance(t.next_batches()).loss for _ in range(2)]
     t.finish()
 
     r = Trainer(_cfg(tmp_path, "--max_steps", "4", "--resume", str(ckpt))).setup()
     assert r.resume() == ckpt and (r.state.step, r.state.tokens_seen) == (2, 256)
-    assert r.state.best_val_loss == ev["val_loss"] and r.evaluated_at == 2
-    resumed = [r.train_step(r.next_batches()).loss for _ in range(2)]
+    assert r.state.best_val_loss == ev["val_loss"] and r.state.evaluated_at == 2
+    resumed = [r.advance(r.next_batches()).loss for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
 
@@ -307,22 +308,28 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
 def test_train_state_schema_round_trip_and_one_line_errors(tmp_path):
     from yxanul.errors import UserError
     from yxanul.training import TrainState
+    from yxanul.training.state import RunInfo, parse_state_file, read_state_file, state_file_dict
 
-    st = TrainState(step=3, tokens_seen=96, data={"epoch": 0}, val_loss=None, best_val_loss=None)
-    assert TrainState.from_dict(st.to_dict()) == st
+    st, info = TrainState(step=3, tokens_seen=96, data={"epoch": 0}), RunInfo(world_size=2)
+    assert parse_state_file(state_file_dict(st, info)) == (st, info)
     st.record_eval(float("nan"))  # a NaN eval never becomes the best, and None never compares
     st.record_eval(2.5)
     st.record_eval(3.0)
-    assert st.best_val_loss == 2.5 and st.for_checkpoint(evaluated_at=2)["val_loss"] is None
-    v1 = {k: v for k, v in st.to_dict().items() if k not in ("version", "best_val_loss", "wandb_run_id")}
-    assert TrainState.from_dict(v1).version == 1  # checkpoints written before the schema had a version
+    assert st.best_val_loss == 2.5 and parse_state_file(state_file_dict(st, info))[0] == st
+    st.step += 1  # val_loss is saved only when it was measured at the saved step
+    back = parse_state_file(state_file_dict(st, info))[0]
+    assert (back.val_loss, back.evaluated_at, back.best_val_loss) == (None, None, 2.5)
+    d = state_file_dict(st, info)
+    v1 = {k: v for k, v in d.items() if k not in ("version", "best_val_loss", "wandb_run_id")}
+    assert parse_state_file(v1)[1].version == 1  # checkpoints written before the schema had a version
     with pytest.raises(UserError, match=r"^x/trainer_state.json: unknown field 'bogus'"):
-        TrainState.from_dict({**st.to_dict(), "bogus": 1}, source="x/trainer_state.json")
-    with pytest.raises(UserError, match=r"missing field 'data'"):
-        TrainState.from_dict({k: v for k, v in st.to_dict().items() if k != "data"})
+        parse_state_file({**d, "bogus": 1}, source="x/trainer_state.json")
+    for field in ("data", "world_size"):  # progress and run info alike
+        with pytest.raises(UserError, match=rf"missing field '{field}'"):
+            parse_state_file({k: v for k, v in d.items() if k != field})
     (tmp_path / "trainer_state.json").write_text("{not json")
     with pytest.raises(UserError, match="not a readable trainer state"):
-        TrainState.read(tmp_path)
+        read_state_file(tmp_path)
 
 
 def test_callbacks_get_eval_metrics_saves_and_the_end(tmp_path):
