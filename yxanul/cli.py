@@ -216,19 +216,29 @@ def _exit_watchdog(code: int) -> None:
     t.start()
 
 
+def _print_or_pipe_closed(text: str, code: int) -> int:
+    """`yxanul --help | head -1`: the reader may close the pipe before we write; exit as `cmd | head` does
+    (141, nothing on stderr), with stdout pointed at /dev/null so the interpreter's final flush stays quiet
+    (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    try:
+        print(text, flush=True)
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `yxanul` entry point. ``argv`` None: this process's own command line, and the process exits
     with the returned code (so the exit watchdog is armed on errors)."""
     process_exit = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
+        return _print_or_pipe_closed(_usage(), 0 if argv else 2)
     if argv[0] in ("-V", "--version"):
         from . import __version__
 
-        print(f"yxanul {__version__}")
-        return 0
+        return _print_or_pipe_closed(f"yxanul {__version__}", 0)
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"error: unknown command '{name}' (expected one of: {', '.join(COMMANDS)})", file=sys.stderr)
