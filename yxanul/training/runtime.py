@@ -78,20 +78,27 @@ def import_deepspeed_quietly() -> None:
         ds_logger.removeFilter(drop)
 
 
-def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
+def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=None):
     """The run's Accelerator: the precision plan's kwargs, gradient accumulation, the trackers the
-    config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in."""
+    config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in; under an
+    FSDP profile yxanul's FSDP2 plugin for ``model`` (training/fsdp.py)."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
     from ..tracking import tracker_names
+    from .fsdp import describe as describe_fsdp
+    from .fsdp import fsdp_plugin, shard_on_cpu
 
     import_deepspeed_quietly()
+    plugin = fsdp_plugin(plan, model) if model is not None else None
     acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
                       log_with=tracker_names(cfg.tracking) or None,
                       project_config=ProjectConfiguration(project_dir=str(run_dir),
                                                           logging_dir=str(run_dir / "tensorboard")),
-                      step_scheduler_with_optimizer=False, cpu=cpu)
+                      step_scheduler_with_optimizer=False, cpu=cpu, fsdp_plugin=plugin)
+    shard_on_cpu(acc, plugin)
+    if acc.is_fsdp2:
+        say(describe_fsdp(acc))
     configure_deepspeed(acc, cfg, batch.micro_batch, batch.grad_accum, say)
     return acc
 
