@@ -38,9 +38,9 @@ def _env():
     return dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1")
 
 
-def launch(profile, procs, *args, ok=True):
+def launch(profile, procs, *args, ok=True, extra=()):
     cmd = ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / profile),
-           "--mixed_precision", "no", "--num_processes", str(procs), "--main_process_port", "0",
+           "--mixed_precision", "no", "--num_processes", str(procs), "--main_process_port", "0", *extra,
            str(ROOT / "train.py"), *FAST, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
     assert (r.returncode == 0) == ok, r.stdout[-3000:] + r.stderr[-3000:]
@@ -74,6 +74,8 @@ def test_fsdp2_matches_ddp_shards_each_rank_resumes_exactly_and_exports(tmp_path
     fsdp, ddp, res = tmp_path / "fsdp", tmp_path / "ddp", tmp_path / "res"
     r = launch("fsdp2.yaml", 2, "--max_steps", "20", "--checkpoint_freq", "10", "--output_dir", str(fsdp))
     assert "FSDP2 (fully_shard): sharded over 2 processes, one unit per YxanulDecoderLayer" in r.stdout
+    rep = json.loads((fsdp / "precision_report.json").read_text())
+    assert rep["sharding"]["strategy"] == "fsdp2" and rep["sharding"]["shard"] == 2 and not rep["fp8_weight_cache"]
     launch("cpu.yaml", 2, "--max_steps", "20", "--checkpoint_freq", "20", "--output_dir", str(ddp))
     a, b = losses(fsdp), losses(ddp)
     assert sorted(a) == sorted(b) == list(range(1, 21))
@@ -103,9 +105,11 @@ def test_fsdp2_matches_ddp_shards_each_rank_resumes_exactly_and_exports(tmp_path
 
 
 @pytest.mark.slow
-def test_fsdp2_resumes_at_another_world_size(tmp_path):
+def test_fsdp2_resumes_at_another_world_size_checkpoints_activations_and_hsdp(tmp_path):
     """torch.distributed.checkpoint reshards on load: a 2-process checkpoint resumes in 1 FSDP2 process
-    (accumulation 2, the same windows per step) and a 1-process one in 2, continuing the 2-process losses."""
+    (accumulation 2, the same windows per step) and a 1-process one in 2, continuing the 2-process losses.
+    With fsdp_activation_checkpointing the 2-process losses are the same; HSDP (2 x 2 processes) continues
+    them within the other-arrangement tolerance (its gradient sums have 4 terms)."""
     two, one, down, up = (tmp_path / n for n in ("two", "one", "down", "up"))
     launch("fsdp2.yaml", 2, "--max_steps", "12", "--checkpoint_freq", "6", "--output_dir", str(two))
     launch("fsdp2.yaml", 1, "--gradient_accumulation_steps", "2", "--max_steps", "6", "--checkpoint_freq", "6",
@@ -122,6 +126,22 @@ def test_fsdp2_resumes_at_another_world_size(tmp_path):
     for run in (down, up):
         c = losses(run)
         assert sorted(c) == list(range(7, 13)) and max(abs(a[s] - c[s]) for s in c) < OTHER_WORLD_TOL
+    # activation checkpointing (accelerate's checkpoint_wrapper per decoder layer) recomputes the same
+    # forward: the same losses as without it
+    ac = tmp_path / "ac"
+    r = launch("fsdp2.yaml", 2, "--max_steps", "6", "--checkpoint_freq", "0", "--save_final", "false",
+               "--output_dir", str(ac), extra=["--fsdp_activation_checkpointing", "true"])
+    assert "activation checkpointing on" in r.stdout
+    c = losses(ac)
+    assert sorted(c) == list(range(1, 7)) and max(abs(a[s] - c[s]) for s in c) < 1e-5
+    # HSDP on one machine: 4 processes, replicated over 2 x sharded over 2, the same 4 windows per step
+    hsdp = tmp_path / "hsdp"
+    r = launch("fsdp2_hsdp.yaml", 4, "--micro_batch_size", "1", "--max_steps", "6", "--checkpoint_freq", "6",
+               "--output_dir", str(hsdp), extra=["--num_machines", "1", "--parallelism_config_dp_replicate_size", "2",
+                                                 "--parallelism_config_dp_shard_size", "2"])
+    assert "HSDP: replicated over 2 x sharded over 2 processes" in r.stdout
+    c = losses(hsdp)
+    assert sorted(c) == list(range(1, 7)) and max(abs(a[s] - c[s]) for s in c) < OTHER_WORLD_TOL
 
 
 @pytest.mark.gpu
@@ -145,11 +165,12 @@ def test_fsdp2_fp8_one_gpu_runs_the_configured_recipe(tmp_path, recipe):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FSDP2 (fully_shard): sharded over 1 processes, one unit per TEDecoderLayer" in r.stdout
-    assert "params bfloat16, reduce float32" in r.stdout
+    assert "all-gather bfloat16, reduce float32" in r.stdout
     rep = json.loads((out / "precision_report.json").read_text())
     rb = rep["te_readback"]
     assert rep["fp8"] and rb["fp8_confirmed"] and rb["module_recipes"] == [rb["recipe"]]
     assert rb["recipe"] == {"delayed": "DelayedScaling", "current": "Float8CurrentScaling"}[recipe]
+    assert rep["sharding"]["weight_all_gather"] == "bfloat16" and rep["sharding"]["gradient_reduce"] == "float32"
     assert all(r["precision"] == "FP8" for r in read_metrics(out / "metrics.jsonl") if "loss" in r)
     assert (out / "checkpoints" / "step_4" / "pytorch_model_fsdp_0" / "__0_0.distcp").is_file()
 

@@ -158,6 +158,7 @@ class PrecisionPlan:
         # False when the weights are sharded (ZeRO-3, FSDP2): TE's FP8 weight cache would keep an
         # unsharded FP8 copy of every layer on every GPU between micro-batches
         self.cache_fp8_weights = True
+        self.sharding: dict | None = None  # FSDP2: mesh and gather/reduce dtypes (training/fsdp.py)
 
     @property
     def label(self) -> str:

@@ -20,6 +20,7 @@ shard per rank) -- is accelerate's GPU code path, unchanged. That is how the CPU
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from ..errors import UserError
@@ -58,10 +59,27 @@ def fsdp_plugin(plan, model):
     return plugin
 
 
-def shard_on_cpu(accelerator, plugin) -> None:
-    """On a CPU (gloo) process group, turn FSDP on the way accelerate does for GPU groups (module doc)."""
+@contextlib.contextmanager
+def mesh_after_fsdp_on_cpu(plugin, cpu: bool):
+    """Around ``Accelerator(...)`` on CPU under an HSDP profile: yields whether accelerate's
+    ``ACCELERATE_USE_PARALLELISM_CONFIG`` was hidden from it. accelerate validates the parallelism config
+    inside ``Accelerator.__init__`` and refuses it for a MULTI_CPU state, before `shard_on_cpu` can set
+    FSDP; `shard_on_cpu` then builds the same config and mesh, after FSDP is on."""
+    key = "ACCELERATE_USE_PARALLELISM_CONFIG"
+    hide = plugin is not None and cpu and os.environ.get(key, "false").lower() == "true"
+    saved = os.environ.pop(key) if hide else None
+    try:
+        yield hide
+    finally:
+        if saved is not None:
+            os.environ[key] = saved
+
+
+def shard_on_cpu(accelerator, plugin, deferred_mesh: bool = False) -> None:
+    """On a CPU (gloo) process group, turn FSDP on the way accelerate does for GPU groups (module doc);
+    ``deferred_mesh``: then build the HSDP mesh as ``Accelerator.__init__`` does (`mesh_after_fsdp_on_cpu`)."""
     from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
+    from accelerate.utils import DistributedType, ParallelismConfig
 
     if plugin is None or accelerator.distributed_type != DistributedType.MULTI_CPU:
         return
@@ -69,24 +87,42 @@ def shard_on_cpu(accelerator, plugin) -> None:
     state.fsdp_plugin = plugin
     state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # what AcceleratorState.__init__ sets
+    if deferred_mesh:
+        pc = ParallelismConfig()  # from PARALLELISM_CONFIG_*, as Accelerator.__init__ builds it
+        state.parallelism_config = pc
+        state.device_mesh = pc.get_device_mesh(accelerator.device.type)
+        pc._validate_accelerator(accelerator)
 
 
 def _dtype(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def describe(accelerator) -> str:
-    """One start-up line: what is sharded over what, and with which settings."""
+def sharding_facts(accelerator) -> dict:
+    """What the precision report records of an FSDP2 run: the mesh and the dtypes the weights are
+    all-gathered and the gradients reduce-scattered in (FP8 all-gather is not wired: TE quantizes the
+    gathered bf16 weights in each GEMM)."""
     plugin, pc = accelerator.state.fsdp_plugin, accelerator.parallelism_config
-    mesh = (f"HSDP: replicated over {pc.dp_replicate_size} x sharded over {pc.dp_shard_size}"
-            if pc is not None and pc.dp_replicate_enabled else f"sharded over {accelerator.num_processes}")
     mp = plugin.mixed_precision_policy
-    dtypes = (f"params {_dtype(mp.param_dtype)}, reduce {_dtype(mp.reduce_dtype)}"
-              if mp is not None and mp.param_dtype is not None else "fp32 throughout")
-    units = ", ".join(plugin.transformer_cls_names_to_wrap or ["(none)"])
-    return (f"FSDP2 (fully_shard): {mesh} processes, one unit per {units} + root | {dtypes} | "
-            f"reshard_after_forward {plugin.reshard_after_forward} | activation checkpointing "
-            f"{'on' if plugin.activation_checkpointing else 'off'} | checkpoints: one shard per rank")
+    hsdp = pc is not None and pc.dp_replicate_enabled
+    gathered = _dtype(mp.param_dtype) if mp is not None and mp.param_dtype is not None else "float32"
+    return {"strategy": "hsdp" if hsdp else "fsdp2", "processes": accelerator.num_processes,
+            "replicate": pc.dp_replicate_size if hsdp else 1,
+            "shard": pc.dp_shard_size if hsdp else accelerator.num_processes,
+            "units": list(plugin.transformer_cls_names_to_wrap or []), "weight_all_gather": gathered,
+            "gradient_reduce": _dtype(mp.reduce_dtype) if mp is not None and mp.reduce_dtype is not None
+            else gathered, "reshard_after_forward": bool(plugin.reshard_after_forward),
+            "activation_checkpointing": bool(plugin.activation_checkpointing)}
+
+
+def describe(facts: dict) -> str:
+    """One start-up line of `sharding_facts`."""
+    mesh = (f"HSDP: replicated over {facts['replicate']} x sharded over {facts['shard']}"
+            if facts["strategy"] == "hsdp" else f"sharded over {facts['shard']}")
+    return (f"FSDP2 (fully_shard): {mesh} processes, one unit per {', '.join(facts['units']) or '(none)'} + root"
+            f" | all-gather {facts['weight_all_gather']}, reduce {facts['gradient_reduce']}"
+            f" | reshard_after_forward {facts['reshard_after_forward']} | activation checkpointing "
+            f"{'on' if facts['activation_checkpointing'] else 'off'} | checkpoints: one shard per rank")
 
 
 def is_sharded_checkpoint(ckpt) -> bool:

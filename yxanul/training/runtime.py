@@ -87,18 +87,20 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=Non
 
     from ..tracking import tracker_names
     from .fsdp import describe as describe_fsdp
-    from .fsdp import fsdp_plugin, shard_on_cpu
+    from .fsdp import fsdp_plugin, mesh_after_fsdp_on_cpu, shard_on_cpu, sharding_facts
 
     import_deepspeed_quietly()
     plugin = fsdp_plugin(plan, model) if model is not None else None
-    acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
-                      log_with=tracker_names(cfg.tracking) or None,
-                      project_config=ProjectConfiguration(project_dir=str(run_dir),
-                                                          logging_dir=str(run_dir / "tensorboard")),
-                      step_scheduler_with_optimizer=False, cpu=cpu, fsdp_plugin=plugin)
-    shard_on_cpu(acc, plugin)
+    with mesh_after_fsdp_on_cpu(plugin, cpu) as deferred_mesh:
+        acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
+                          log_with=tracker_names(cfg.tracking) or None,
+                          project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                                              logging_dir=str(run_dir / "tensorboard")),
+                          step_scheduler_with_optimizer=False, cpu=cpu, fsdp_plugin=plugin)
+    shard_on_cpu(acc, plugin, deferred_mesh)
     if acc.is_fsdp2:
-        say(describe_fsdp(acc))
+        plan.sharding = sharding_facts(acc)  # into the precision report
+        say(describe_fsdp(plan.sharding))
     configure_deepspeed(acc, cfg, batch.micro_batch, batch.grad_accum, say)
     return acc
 
