@@ -104,6 +104,19 @@ def test_fsdp2_matches_ddp_shards_each_rank_resumes_exactly_and_exports(tmp_path
     assert torch.equal(llama["model.embed_tokens.weight"], w["model.embed_tokens.weight"])
 
 
+def test_fsdp1_is_refused_in_one_line_before_anything_is_built(tmp_path):
+    """fsdp_version 1 (accelerate's default when the key is missing): the workers stop with exit code 2 and
+    rank 0's one line names the variable and the fix; no run directory is created."""
+    run = tmp_path / "v1"
+    r = launch("fsdp2.yaml", 2, "--max_steps", "2", "--output_dir", str(run), ok=False,
+               extra=["--fsdp_version", "1"])
+    out = r.stdout + r.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "FSDP_VERSION: 1" in errors[0] and "fsdp_version: 2" in errors[0], out[-2000:]
+    # a user error, not a crash: exit code 2 (the other rank may be stopped by torchrun first), no yxanul frame
+    assert "exitcode  : 2" in out and str(ROOT / "yxanul") not in out and not run.exists()
+
+
 @pytest.mark.slow
 def test_fsdp2_resumes_at_another_world_size_checkpoints_activations_and_hsdp(tmp_path):
     """torch.distributed.checkpoint reshards on load: a 2-process checkpoint resumes in 1 FSDP2 process
