@@ -70,7 +70,7 @@ def test_fsdp2_matches_ddp_shards_each_rank_resumes_exactly_and_exports(tmp_path
     """20 steps of FSDP2 on 2 processes against DDP on 2 processes (cpu.yaml), the same windows per step.
     The checkpoint holds one model and one optimizer shard per rank (torch.distributed.checkpoint), every
     file in the manifest; resuming it at 2 processes continues the same losses; `yxanul export` joins the
-    shards into a Llama folder with DDP's weights."""
+    shards into a Llama folder with DDP's weights, and ``--init_from`` loads them."""
     fsdp, ddp, res = tmp_path / "fsdp", tmp_path / "ddp", tmp_path / "res"
     r = launch("fsdp2.yaml", 2, "--max_steps", "20", "--checkpoint_freq", "10", "--output_dir", str(fsdp))
     assert "FSDP2 (fully_shard): sharded over 2 processes, one unit per YxanulDecoderLayer" in r.stdout
@@ -100,6 +100,11 @@ def test_fsdp2_matches_ddp_shards_each_rank_resumes_exactly_and_exports(tmp_path
     v = read_checkpoint_weights(ddp / "checkpoints" / "step_20")
     v.setdefault("lm_head.weight", v["model.embed_tokens.weight"])  # the DDP save drops the tied copy
     assert sorted(w) == sorted(v) and max((w[k] - v[k]).abs().max().item() for k in w) < 1e-6
+    from yxanul.models.args import ModelArgs, build_model, load_weights  # --init_from a sharded checkpoint
+
+    fresh = build_model(ModelArgs(model="nano", seq_length=32), vocab_size=w["model.embed_tokens.weight"].shape[0])
+    load_weights(fresh, str(fsdp / "checkpoints" / "step_20"))
+    assert all(torch.equal(t, w[k]) for k, t in fresh.state_dict().items() if k in w)
     llama = exported(fsdp / "checkpoints" / "step_20", tmp_path / "ex")
     assert torch.equal(llama["model.embed_tokens.weight"], w["model.embed_tokens.weight"])
 
