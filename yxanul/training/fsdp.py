@@ -26,7 +26,6 @@ import os
 from ..errors import UserError
 
 SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + model index, a DCP folder
-SHARDED_OPTIM_DIR = "optimizer_0"
 
 
 def fsdp_requested(env=os.environ) -> bool:
