@@ -25,10 +25,8 @@ MAX_MICRO = 4096
 
 # strategy -> accelerate profile (accelerate_configs/)
 PROFILES = {"single": "single_gpu_fp8.yaml", "ddp": "multi_gpu_fp8.yaml", "zero1": "deepspeed_zero1_fp8.yaml",
-            "zero2": "deepspeed_zero2_fp8.yaml", "zero3": "deepspeed_zero3_fp8.yaml"}
-# planned, not launchable: accelerate 1.15 turns FSDP on only for GPU process groups and yxanul ships no
-# FSDP2 profile yet, so these rows show the memory and are never chosen
-NOT_LAUNCHABLE = ("fsdp2", "hsdp")
+            "zero2": "deepspeed_zero2_fp8.yaml", "zero3": "deepspeed_zero3_fp8.yaml", "fsdp2": "fsdp2.yaml",
+            "hsdp": "fsdp2_hsdp.yaml"}
 MULTI_NODE_DDP = "multi_node_fp8.yaml"
 
 
@@ -121,7 +119,7 @@ def plan(a: PlanArgs) -> dict:
                    "max_micro_batch": max_micro(at, a.budget),
                    "comm_bytes": comm_bytes(s, shapes.params, a.world, a.gpus)}
             rows.append(row)
-            if choice is None and row["fits"] and s not in NOT_LAUNCHABLE:
+            if choice is None and row["fits"]:
                 choice = row
     return {"preset": a.preset, "params": shapes.params, "flops_per_token": config.flops_per_token(a.seq_length),
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
@@ -139,6 +137,8 @@ def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
         parts += [f"--num_machines {a.nodes}", f"--num_processes {a.world}"]
     if a.nodes > 1:
         parts += ["--machine_rank $NODE_RANK", "--main_process_ip $MAIN_IP", "--main_process_port 29500"]
+    if strategy == "hsdp":  # replicate over the nodes, shard over the GPUs of each (the profile says 2 x 8)
+        parts += [f"--parallelism_config_dp_replicate_size {a.nodes}", f"--parallelism_config_dp_shard_size {a.gpus}"]
     parts += ["train.py", f"--config {a.config}", f"--model {a.preset}", f"--seq_length {a.seq_length}",
               f"--micro_batch_size {a.micro_batch_size}"]
     if checkpointing:
@@ -162,11 +162,9 @@ def table(p: dict) -> str:
         cells = (r["strategy"], "yes" if r["checkpointing"] else "no", r["shard"], *map(_gib, (
                  r["weights"], r["gradients"], r["optimizer"], r["buffers"], r["weight_casts"], r["activations"],
                  r["total"])),
-                 ("yes" if r["fits"] else "NO") + ("*" if r["strategy"] in NOT_LAUNCHABLE else ""),
+                 "yes" if r["fits"] else "NO",
                  r["max_micro_batch"], f"{r['comm_bytes'] / 1e9:.1f}")
         lines.append("  ".join(f"{c:>8}" for c in cells))
-    if any(r["strategy"] in NOT_LAUNCHABLE for r in p["rows"]):
-        lines.append("* planned only: yxanul ships no FSDP2/HSDP profile yet (docs/distributed.md)")
     c = p["choice"]
     if c is None:
         lines.append("nothing fits: more GPUs, a shorter seq_length, or a smaller micro-batch")

@@ -104,7 +104,8 @@ class Trainer:
         from ..optim import build_optimizer
 
         cfg = self.cfg
-        self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say)
+        self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say,
+                                                  model=model)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.run_dir / "config.yaml")
