@@ -25,19 +25,16 @@ import os
 
 from transformers import TrainerCallback
 
+from ..tracking import flat_tracker_config
+
 REPORT = "precision_report.json"
 
 
 def flat_numbers(d: dict, prefix: str) -> dict[str, float]:
-    """Nested dict -> {"prefix/a/b": float} for its numbers and booleans (strings and None left out)."""
-    out: dict[str, float] = {}
-    for k, v in d.items():
-        key = f"{prefix}/{k}"
-        if isinstance(v, dict):
-            out.update(flat_numbers(v, key))
-        elif isinstance(v, (bool, int, float)):
-            out[key] = float(v)
-    return out
+    """Nested dict -> {"prefix/a/b": float} for its numbers and booleans (strings, lists and None left out:
+    a Trainer log takes scalars only). The flattening is the trackers' own (`flat_tracker_config`)."""
+    return {k: float(v) for k, v in flat_tracker_config(d, prefix + "/").items()
+            if isinstance(v, (bool, int, float))}
 
 
 class PrecisionCallback(TrainerCallback):
