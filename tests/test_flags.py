@@ -1,0 +1,92 @@
+"""Every command's ``--help`` keeps every flag it had: the flag names each one lists are a committed list.
+
+A flag that disappears (a field renamed, dropped or moved to another dataclass by mistake) fails here
+with the command and the flag named. A flag added on purpose: regenerate the list with
+``python tests/test_flags.py`` and commit it with the change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+from yxanul.cli import COMMANDS, main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "cli_flags.json"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# commands run as a module or a script, besides `yxanul <command>`
+MODULES = ["yxanul.tools.bench_table", "yxanul.tools.bench_decide"]
+SCRIPTS = ["trainer_fp8.py"]
+# an option line of argparse's help: two spaces, then `-x, --name METAVAR` up to the help column
+_OPTION_LINE = re.compile(r"^ {2}(-[^ ].*?)(?: {2,}|$)")
+
+
+def flags_in(help_text: str) -> list[str]:
+    """The ``--name`` flags (aliases included) that argparse's help lists, sorted."""
+    flags: set[str] = set()
+    for line in help_text.splitlines():
+        m = _OPTION_LINE.match(line)
+        if m:
+            flags.update(re.findall(r"(?:^|[ ,])(--[\w-]+)", m.group(1)))
+    return sorted(flags)
+
+
+def _help_of(call, argv: list[str]) -> str:
+    out, saved = io.StringIO(), sys.argv
+    sys.argv = argv  # accelerate's --help shows the groups of the flags on the command line
+    with contextlib.redirect_stdout(out):
+        try:
+            code = call()
+        except SystemExit as e:  # argparse's --help
+            code = e.code
+        finally:
+            sys.argv = saved
+    assert not code, out.getvalue()
+    return out.getvalue()
+
+
+def _script(path: Path):
+    """A script as a module (its dataclasses need a module in sys.modules for their type hints)."""
+    name = f"example_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def help_texts() -> dict[str, str]:
+    texts = {}
+    for argv in [[name, "--help"] for name in COMMANDS] + [["tokenizer", "train", "--help"]]:
+        texts[" ".join(["yxanul", *argv[:-1]])] = _help_of(lambda a=argv: main(a), ["yxanul", *argv])
+    for module in MODULES:
+        texts[f"python -m {module}"] = _help_of(lambda m=module: importlib.import_module(m).main(["--help"]),
+                                                [module, "--help"])
+    for script in SCRIPTS:
+        texts[f"examples/{script}"] = _help_of(lambda s=script: _script(EXAMPLES / s).main(["--help"]),
+                                               [script, "--help"])
+    return texts
+
+
+def test_every_help_keeps_every_flag():
+    expected = json.loads(FIXTURE.read_text())
+    now = {cmd: flags_in(text) for cmd, text in help_texts().items()}
+    assert set(now) >= set(expected), f"commands gone: {sorted(set(expected) - set(now))}"
+    lost = {cmd: sorted(set(flags) - set(now[cmd])) for cmd, flags in expected.items()}
+    assert not {cmd: gone for cmd, gone in lost.items() if gone}, "flags no longer in --help"
+    assert all(len(flags) >= 2 for flags in now.values())  # --help itself and at least one own flag
+
+
+def test_flags_in_reads_options_and_aliases_only():
+    text = ("usage: x [--a A]\n\noptions:\n  -h, --help  show\n  --max_lr MAX_LR, --lr MAX_LR\n"
+            "                        peak lr (see --warmup_steps)\n  --fp8_format {hybrid,e4m3}\n")
+    assert flags_in(text) == ["--fp8_format", "--help", "--lr", "--max_lr"]
+
+
+if __name__ == "__main__":  # regenerate the committed list after adding a flag on purpose
+    FIXTURE.write_text(json.dumps({cmd: flags_in(t) for cmd, t in help_texts().items()}, indent=1) + "\n")
+    print(f"wrote {FIXTURE}")
