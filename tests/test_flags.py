@@ -15,7 +15,12 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from yxanul.cli import COMMANDS, main
+from yxanul.config import load_yaml, resolve
+from yxanul.errors import ConfigError
+from yxanul.flags import merge
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cli_flags.json"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -90,3 +95,34 @@ def test_flags_in_reads_options_and_aliases_only():
 if __name__ == "__main__":  # regenerate the committed list after adding a flag on purpose
     FIXTURE.write_text(json.dumps({cmd: flags_in(t) for cmd, t in help_texts().items()}, indent=1) + "\n")
     print(f"wrote {FIXTURE}")
+
+
+def test_merge_strict_refuses_an_unknown_yaml_key_in_one_line():
+    types_ = {"max_lr": float, "max_steps": int}
+    with pytest.raises(ConfigError, match="max_lrr.*did you mean 'max_lr'") as e:
+        merge(types_, {"max_lrr": 1e-3}, {}, mode="strict")
+    assert "\n" not in str(e.value)
+
+
+def test_merge_subset_ignores_other_sections_keys_and_flags_win():
+    types_ = {"dataset": str | None, "datasets": list[dict] | None, "seq_length": int}
+    yaml_values = {"max_lr": 1e-3, "datasets": [{"name": "a"}], "seq_length": "256"}
+    assert merge(types_, yaml_values, {"seq_length": "128"}, mode="subset") == {
+        "datasets": [{"name": "a"}], "seq_length": 128}
+    # a flag replaces the file's value of its twin in the other unit; unset (None) it replaces nothing
+    assert merge(types_, yaml_values, {"dataset": "x"}, mode="subset", replaces={"dataset": "datasets"}) == {
+        "dataset": "x", "seq_length": 256}
+    assert "datasets" in merge(types_, yaml_values, {"dataset": None}, mode="subset",
+                               replaces={"dataset": "datasets"})
+    with pytest.raises(ConfigError, match="seq_length"):
+        merge(types_, {"seq_length": "long"}, {}, mode="subset")
+
+
+def test_train_and_plot_lr_share_the_merge(tmp_path):
+    """A train config whose keys plot-lr does not use, and a flag in the other warmup unit than the file's."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max_steps: 200\nwarmup_steps: 20\ntarget_tokens_per_step: 1000\nuse_wandb: false\n")
+    with pytest.raises(ConfigError, match="max_stepz"):
+        resolve({"max_stepz": 1})
+    c = resolve(load_yaml(str(cfg)) | {"not_a_key": 1}, {"warmup_tokens": 5000}, mode="subset")
+    assert (c.optim.warmup_steps, c.train.max_steps) == (5, 200)

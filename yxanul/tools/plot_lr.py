@@ -52,18 +52,17 @@ def _values(a: PlotLRArgs) -> dict:
     these flags, as the values `schedule` reads; prints the lines the trainer prints for it (an adapted
     warmup). ``--tokens_per_step`` stands for the run's target_tokens_per_step."""
     from ..cli import DEFAULT_CONFIG
-    from ..config import _fields, load_yaml, resolve, tokens_per_step_of
+    from ..config import load_yaml, resolve, tokens_per_step_of
 
     path = a.config or DEFAULT_CONFIG
-    known = _fields()
-    raw = {k: v for k, v in load_yaml(path).items() if k in known}  # other keys: ignored, as documented
+    raw = load_yaml(path)
     flags = {k: getattr(a, k) for k in _SCHEDULE_KEYS if getattr(a, k) is not None}
     if a.tokens_per_step is not None:
         raw.pop("target_effective_batch_size", None)
         flags["target_tokens_per_step"] = a.tokens_per_step
-    if "warmup_steps" in flags and "warmup_tokens" not in flags:
-        raw.pop("warmup_tokens", None)  # a flag replaces the file's warmup in the other unit (as in train)
-    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)))
+    # keys not used here are ignored, as documented; a flag replaces the file's warmup in the other unit
+    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)),
+                  mode="subset")
     for line in cfg.notes:
         print(line)
     values = {k: getattr(cfg.optim if k != "max_steps" else cfg.train, k) for k in _SCHEDULE_KEYS}
