@@ -126,3 +126,37 @@ def test_train_and_plot_lr_share_the_merge(tmp_path):
         resolve({"max_stepz": 1})
     c = resolve(load_yaml(str(cfg)) | {"not_a_key": 1}, {"warmup_tokens": 5000}, mode="subset")
     assert (c.optim.warmup_steps, c.train.max_steps) == (5, 200)
+
+
+def test_command_fields_reuse_the_section_field_help_default_and_check():
+    from yxanul.evaluation.run import EvalCommand
+    from yxanul.models.args import ModelArgs
+    from yxanul.optim import OptimArgs
+    from yxanul.tools.bench import BenchCommand
+    from yxanul.tools.plot_lr import PlotLRCommand
+
+    bench, plot = BenchCommand.__dataclass_fields__, PlotLRCommand.__dataclass_fields__
+    for name in ("loss_impl", "cuda_graphs", "backend"):
+        assert bench[name].metadata["help"] == ModelArgs.__dataclass_fields__[name].metadata["help"]
+        assert bench[name].default == ModelArgs.__dataclass_fields__[name].default
+    assert plot["max_lr"].metadata["help"].startswith(OptimArgs.__dataclass_fields__["max_lr"].metadata["help"])
+    assert plot["max_lr"].default is None  # unset: the config's value
+    # the section's own cross-check, the same one line as `yxanul train`'s
+    with pytest.raises(ConfigError, match="cuda_graphs.*gradient_checkpointing"):
+        BenchCommand(cuda_graphs=True, gradient_checkpointing=True)
+    with pytest.raises(ConfigError, match="eval_steps"):
+        EvalCommand(model="x", eval_steps=0)
+
+
+def test_same_as_refuses_another_type():
+    import dataclasses
+
+    from yxanul.flags import fields_of, same_as
+    from yxanul.optim import OptimArgs
+
+    @dataclasses.dataclass
+    class Wrong:
+        max_lr: int = same_as(OptimArgs, "max_lr")
+
+    with pytest.raises(TypeError, match="Wrong.max_lr"):
+        fields_of(Wrong)

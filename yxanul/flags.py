@@ -9,6 +9,9 @@ Types: int, float, str, bool (a bare ``--flag`` means true; ``--flag false`` wor
 ``list[dict]``/``dict`` (YAML only). Every mistake is one line (a :class:`~yxanul.errors.UserError`,
 exit code 2) naming the flag and what was expected, with "did you mean" for misspelt flags.
 
+A command's field that is a config key reuses the section's field (:func:`same_as`); YAML + flags are
+merged by :func:`merge` (modes ``strict`` and ``subset``).
+
 Why not ``HfArgumentParser``: it cannot merge a YAML file under CLI overrides, has no YAML-only fields,
 and prints argparse's multi-line usage on errors. ``yxanul train`` uses the same pieces over all the
 config sections (:mod:`yxanul.config`).
@@ -158,6 +161,38 @@ def unknown_key(key: str, known, where: str = "see --help") -> ConfigError:
     return ConfigError(key, f"a known config key ({hint})")
 
 
+# --------------------------------------------------------------------------- command fields
+_UNSET: Any = dataclasses.MISSING
+
+
+def same_as(section: type, name: str, default: Any = _UNSET) -> Any:
+    """A command's field that is the config section's field ``name`` (``--max_lr`` of `yxanul plot-lr` is
+    OptimArgs's ``max_lr``): the section's help and default, one place to change them. Annotate it with the
+    section's type, or ``X | None`` with ``default=None`` for "the config's value" (the help says so).
+    The section's check runs on the value where the command builds that section, or at parse time through
+    :func:`check_same_as`. :func:`fields_of` refuses a type that is not the section's."""
+    f = section.__dataclass_fields__[name]
+    meta = dict(f.metadata, same_as=(section, name))
+    if default is not _UNSET:
+        meta["help"] = f"{meta.get('help', '')} Unset: the config's value."
+        return dataclasses.field(default=default, metadata=meta)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return dataclasses.field(default_factory=f.default_factory, metadata=meta)  # type: ignore[misc]
+    return dataclasses.field(default=f.default, metadata=meta)
+
+
+def check_same_as(command) -> None:
+    """Build each section a command's :func:`same_as` fields come from, with their values (None: the
+    config's, left out): the section's own checks, the same one-line errors as `yxanul train`'s."""
+    values: dict[type, dict[str, Any]] = {}
+    for f in dataclasses.fields(command):
+        if "same_as" in f.metadata and getattr(command, f.name) is not None:
+            section, name = f.metadata["same_as"]
+            values.setdefault(section, {})[name] = getattr(command, f.name)
+    for section, kw in values.items():
+        section(**kw)
+
+
 # --------------------------------------------------------------------------- YAML + flags
 MERGE_MODES = ("strict", "subset")
 
@@ -242,6 +277,13 @@ def bare_booleans(argv: list[str], bool_flags: set[str]) -> list[str]:
 
 def fields_of(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "same_as" in f.metadata:
+            section, name = f.metadata["same_as"]
+            theirs = typing.get_type_hints(section)[name]
+            if hints[f.name] not in (theirs, theirs | None):
+                raise TypeError(f"{cls.__name__}.{f.name}: typed {hints[f.name]}, but the same_as field "
+                                f"{section.__name__}.{name} is {theirs} (use that, or it | None)")
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
 
 

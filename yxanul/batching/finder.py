@@ -143,7 +143,7 @@ def plan_curriculum(cfg, batch: BatchPlan, tokens_per_step: int, world_size: int
 
 # ---------------------------------------------------------------------------- CLI
 @dataclass
-class FindBatchArgs:
+class FindBatchCommand:
     """find-batch's own flags (every `yxanul train` flag is accepted as well)."""
 
     world_size: int = field(default_factory=lambda: int(os.environ.get("WORLD_SIZE", 1)),
@@ -165,11 +165,11 @@ def _parse(argv: list[str] | None):
     from ..flags import bare_booleans, build_parser, coerce, fields_of
 
     prog = "yxanul find-batch"
-    fields = fields_of(FindBatchArgs)
-    ours, rest = build_parser(FindBatchArgs, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
+    fields = fields_of(FindBatchCommand)
+    ours, rest = build_parser(FindBatchCommand, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
     from ..cli import with_default_config
 
-    own = FindBatchArgs(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
+    own = FindBatchCommand(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
@@ -177,7 +177,7 @@ def _print_help() -> None:
     from ..flags import build_parser
 
     print(main.__doc__ + "\n")
-    build_parser(FindBatchArgs, "yxanul find-batch").print_help()
+    build_parser(FindBatchCommand, "yxanul find-batch").print_help()
     print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
 
 

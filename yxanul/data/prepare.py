@@ -386,7 +386,7 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
 
 
 @dataclass
-class PrepareArgs(DataArgs):
+class PrepareCommand(DataArgs):
     """Tokenize and pack a dataset into token shards (docs/data.md)."""
 
     config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
@@ -399,7 +399,7 @@ def parse_prepare_args(argv: list[str] | None) -> DataArgs:
     from ..flags import fields_of, merge, parse_command
 
     argv = list(argv or [])
-    cli = parse_command(PrepareArgs, argv, prog="yxanul prepare")
+    cli = parse_command(PrepareCommand, argv, prog="yxanul prepare")
     data_fields = fields_of(DataArgs)
     given = {k for k in data_fields for a in argv if a == f"--{k}" or a.startswith(f"--{k}=")}
     # only the data keys of the file: a training config can be prepared ahead of `yxanul train`

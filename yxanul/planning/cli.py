@@ -33,7 +33,7 @@ MULTI_NODE_DDP = "multi_node_fp8.yaml"
 
 
 @dataclass
-class PlanArgs:
+class PlanCommand:
     """Plan the memory per GPU of a training run and the strategy to launch it with."""
 
     preset: str = field(default="7b", metadata={"help": "Model preset: " + ", ".join(PRESETS) + ".",
@@ -71,7 +71,7 @@ class PlanArgs:
         return int(self.gpu_memory * GiB * (1 - self.headroom)) - CUDA_CONTEXT
 
 
-def candidates(a: PlanArgs) -> list[str]:
+def candidates(a: PlanCommand) -> list[str]:
     if a.world == 1:
         return ["single"]
     return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or a.nodes > 1)]
@@ -104,7 +104,7 @@ def max_micro(fit, budget: int) -> int:
     return lo
 
 
-def plan(a: PlanArgs) -> dict:
+def plan(a: PlanCommand) -> dict:
     """The whole plan as plain data (what --json prints)."""
     from ..models.configuration_yxanul import config_from_preset
 
@@ -131,7 +131,7 @@ def plan(a: PlanArgs) -> dict:
                                   "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
 
 
-def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
+def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
     """The exact `accelerate launch` command (run on every node with its own NODE_RANK)."""
     profile = MULTI_NODE_DDP if strategy == "ddp" and a.nodes > 1 else PROFILES[strategy]
     parts = ["accelerate launch", f"--config_file accelerate_configs/{profile}"]
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
     from ..flags import parse_command
 
-    a = parse_command(PlanArgs, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
+    a = parse_command(PlanCommand, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
     p = plan(a)
     print(json.dumps(p, indent=2) if a.json else table(p))
     return 0 if p["choice"] else 1
