@@ -160,3 +160,14 @@ def test_same_as_refuses_another_type():
 
     with pytest.raises(TypeError, match="Wrong.max_lr"):
         fields_of(Wrong)
+
+
+def test_config_fields_are_typed_with_their_section():
+    import typing
+
+    from yxanul.config import Config, _sections
+
+    sections = dict(_sections())
+    hints = typing.get_type_hints(Config, localns={cls.__name__: cls for cls in sections.values()})
+    for name, cls in sections.items():
+        assert hints[name] in (cls, cls | None), (name, hints[name])

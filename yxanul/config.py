@@ -14,12 +14,24 @@ import dataclasses
 import os
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .errors import ConfigError, UserError
 from .flags import OneLineParser, add_field, bare_booleans, merge, parse_known, strip_optional
+
+if TYPE_CHECKING:  # for editors and type checkers; at run time `_sections` imports them when first needed
+    from .batching.args import BatchArgs
+    from .checkpoint import CheckpointArgs
+    from .data.args import DataArgs
+    from .evaluation.args import EvalTaskArgs
+    from .hub.args import HubArgs
+    from .models.args import ModelArgs
+    from .optim import OptimArgs
+    from .precision.args import PrecisionArgs
+    from .tracking import TrackingArgs
+    from .training.args import TrainArgs
 
 
 def _sections() -> list[tuple[str, type]]:
@@ -45,18 +57,18 @@ def _sections() -> list[tuple[str, type]]:
 
 @dataclasses.dataclass
 class Config:
-    """The resolved configuration: one attribute per component."""
+    """The resolved configuration: one attribute per component, typed with its section (``cfg.optim.max_lr``)."""
 
-    train: Any
-    model: Any
-    data: Any
-    batch: Any
-    optim: Any
-    precision: Any
-    checkpoint: Any
-    tracking: Any
-    hub: Any = None    # HubArgs (yxanul/hub/args.py)
-    tasks: Any = None  # EvalTaskArgs (yxanul/evaluation/args.py)
+    train: TrainArgs
+    model: ModelArgs
+    data: DataArgs
+    batch: BatchArgs
+    optim: OptimArgs
+    precision: PrecisionArgs
+    checkpoint: CheckpointArgs
+    tracking: TrackingArgs
+    hub: HubArgs | None = None
+    tasks: EvalTaskArgs | None = None
     source: str | None = None  # the YAML file it came from, if any
     notes: list = dataclasses.field(default_factory=list)  # defaults adapted to the user's values, one line each
 
