@@ -168,13 +168,15 @@ _UNSET: Any = dataclasses.MISSING
 def same_as(section: type, name: str, default: Any = _UNSET) -> Any:
     """A command's field that is the config section's field ``name`` (``--max_lr`` of `yxanul plot-lr` is
     OptimArgs's ``max_lr``): the section's help and default, one place to change them. Annotate it with the
-    section's type, or ``X | None`` with ``default=None`` for "the config's value" (the help says so).
+    section's type, or ``X | None`` with ``default=None`` for "the config's value" (the help says so);
+    another ``default`` is the command's own (`yxanul plan` plans a 2048-token run).
     The section's check runs on the value where the command builds that section, or at parse time through
     :func:`check_same_as`. :func:`fields_of` refuses a type that is not the section's."""
     f = section.__dataclass_fields__[name]
     meta = dict(f.metadata, same_as=(section, name))
     if default is not _UNSET:
-        meta["help"] = f"{meta.get('help', '')} Unset: the config's value."
+        if default is None:
+            meta["help"] = f"{meta.get('help', '')} Unset: the config's value."
         return dataclasses.field(default=default, metadata=meta)
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         return dataclasses.field(default_factory=f.default_factory, metadata=meta)  # type: ignore[misc]

@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..batching.args import BatchArgs
 from ..errors import ConfigError
+from ..flags import check_same_as, same_as
+from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from .memory import STRATEGIES, Memory, memory, model_shapes
 
@@ -38,8 +41,8 @@ class PlanCommand:
 
     preset: str = field(default="7b", metadata={"help": "Model preset: " + ", ".join(PRESETS) + ".",
                                                 "aliases": ["--model"]})
-    seq_length: int = field(default=2048, metadata={"help": "Tokens per sequence."})
-    micro_batch_size: int = field(default=1, metadata={"help": "Sequences per GPU per forward/backward."})
+    seq_length: int = same_as(ModelArgs, "seq_length", default=2048)
+    micro_batch_size: int = same_as(BatchArgs, "micro_batch_size", default=1)
     gpu_memory: float = field(default=80.0, metadata={"help": "Memory of one GPU in GiB (an H100 80GB has 79.2)."})
     gpus: int = field(default=8, metadata={"help": "GPUs per node."})
     nodes: int = field(default=1, metadata={"help": "Nodes."})
@@ -53,7 +56,8 @@ class PlanCommand:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ConfigError("preset", "one of " + ", ".join(PRESETS), self.preset)
-        for key in ("seq_length", "micro_batch_size", "gpus", "nodes", "vocab_size"):
+        check_same_as(self)
+        for key in ("gpus", "nodes", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         if not self.gpu_memory > 0:
