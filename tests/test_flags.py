@@ -171,3 +171,12 @@ def test_config_fields_are_typed_with_their_section():
     hints = typing.get_type_hints(Config, localns={cls.__name__: cls for cls in sections.values()})
     for name, cls in sections.items():
         assert hints[name] in (cls, cls | None), (name, hints[name])
+
+
+def test_find_batch_takes_its_own_flags_and_hands_the_rest_to_train():
+    from yxanul.batching.finder import _parse
+
+    own, cfg = _parse(["--no_cache", "--max_steps", "50", "--world_size", "2", "--seq_length", "64"])
+    assert (own.no_cache, own.world_size, cfg.train.max_steps, cfg.model.seq_length) == (True, 2, 50, 64)
+    with pytest.raises(ConfigError, match="world_size"):
+        _parse(["--world_size", "0"])

@@ -316,9 +316,24 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
 
 def parse_command(cls: type[T], argv: list[str] | None, prog: str, description: str | None = None) -> T:
     """Parse ``argv`` into an instance of the dataclass ``cls`` (its ``__post_init__`` validates)."""
+    return _parse_command(cls, argv, prog, description, keep_rest=False)[0]
+
+
+def parse_command_and_rest(cls: type[T], argv: list[str] | None, prog: str) -> tuple[T, list[str]]:
+    """:func:`parse_command` of the command's own flags; the other arguments are returned for another
+    parser (`yxanul find-batch` hands them to `yxanul train`'s)."""
+    return _parse_command(cls, argv, prog, None, keep_rest=True)
+
+
+def _parse_command(cls, argv, prog: str, description: str | None, keep_rest: bool):
     fields = fields_of(cls)
     bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool and not f.metadata.get("positional")}
     parser = build_parser(cls, prog, description)
-    ns = parse_known(parser, bare_booleans(list(argv or []), bools), [n for n in fields])
+    argv = bare_booleans(list(argv or []), bools)
+    if keep_rest:
+        parsed, rest = parser.parse_known_args(argv)
+        ns = vars(parsed)
+    else:
+        ns, rest = parse_known(parser, argv, [n for n in fields]), []
     values = {k: coerce(k, fields[k][1], v, from_cli=True) for k, v in ns.items()}
-    return cls(**values)
+    return cls(**values), rest

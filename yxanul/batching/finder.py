@@ -161,15 +161,12 @@ class FindBatchCommand:
 
 def _parse(argv: list[str] | None):
     """find-batch's own flags with the one CLI builder, the rest as `yxanul train` flags."""
+    from ..cli import with_default_config
     from ..config import parse_args
-    from ..flags import bare_booleans, build_parser, coerce, fields_of
+    from ..flags import parse_command_and_rest
 
     prog = "yxanul find-batch"
-    fields = fields_of(FindBatchCommand)
-    ours, rest = build_parser(FindBatchCommand, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
-    from ..cli import with_default_config
-
-    own = FindBatchCommand(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
+    own, rest = parse_command_and_rest(FindBatchCommand, argv, prog)
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
