@@ -14,12 +14,24 @@ import dataclasses
 import os
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from .errors import ConfigError, UserError
-from .flags import OneLineParser, add_field, bare_booleans, coerce, parse_known, strip_optional, unknown_key
+from .flags import OneLineParser, add_field, bare_booleans, merge, parse_known, strip_optional
+
+if TYPE_CHECKING:  # for editors and type checkers; at run time `_sections` imports them when first needed
+    from .batching.args import BatchArgs
+    from .checkpoint import CheckpointArgs
+    from .data.args import DataArgs
+    from .evaluation.args import EvalTaskArgs
+    from .hub.args import HubArgs
+    from .models.args import ModelArgs
+    from .optim import OptimArgs
+    from .precision.args import PrecisionArgs
+    from .tracking import TrackingArgs
+    from .training.args import TrainArgs
 
 
 def _sections() -> list[tuple[str, type]]:
@@ -45,18 +57,18 @@ def _sections() -> list[tuple[str, type]]:
 
 @dataclasses.dataclass
 class Config:
-    """The resolved configuration: one attribute per component."""
+    """The resolved configuration: one attribute per component, typed with its section (``cfg.optim.max_lr``)."""
 
-    train: Any
-    model: Any
-    data: Any
-    batch: Any
-    optim: Any
-    precision: Any
-    checkpoint: Any
-    tracking: Any
-    hub: Any = None    # HubArgs (yxanul/hub/args.py)
-    tasks: Any = None  # EvalTaskArgs (yxanul/evaluation/args.py)
+    train: TrainArgs
+    model: ModelArgs
+    data: DataArgs
+    batch: BatchArgs
+    optim: OptimArgs
+    precision: PrecisionArgs
+    checkpoint: CheckpointArgs
+    tracking: TrackingArgs
+    hub: HubArgs | None = None
+    tasks: EvalTaskArgs | None = None
     source: str | None = None  # the YAML file it came from, if any
     notes: list = dataclasses.field(default_factory=list)  # defaults adapted to the user's values, one line each
 
@@ -140,23 +152,21 @@ def load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+# a flag replaces the file's warmup in the other unit (later wins)
+WARMUP_REPLACES = {"warmup_steps": "warmup_tokens", "warmup_tokens": "warmup_steps"}
+
+
 def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any] | None = None,
-            source: str | None = None, user_keys: set[str] | None = None) -> Config:
-    """Merge defaults < YAML < CLI, validate every value, build each section's dataclass.
-    ``user_keys``: the keys the user chose (default: every key given here); a default that conflicts
-    with them adapts (`_adapt_defaults`) instead of being refused."""
+            source: str | None = None, user_keys: set[str] | None = None, mode: str = "strict") -> Config:
+    """Merge defaults < YAML < CLI (:func:`yxanul.flags.merge`, ``mode`` strict or subset), validate every
+    value, build each section's dataclass. ``user_keys``: the keys the user chose (default: every key
+    given here); a default that conflicts with them adapts (`_adapt_defaults`) instead of being refused."""
     fields = _fields()
+    if mode == "subset":  # the file's other keys are not the user's choice of anything here
+        yaml_values = {k: v for k, v in (yaml_values or {}).items() if k in fields}
     user_keys = set(yaml_values or {}) | set(cli_values or {}) if user_keys is None else user_keys
-    merged: dict[str, Any] = {}
-    for origin, values in (("yaml", yaml_values or {}), ("cli", cli_values or {})):
-        for key, value in values.items():
-            if key not in fields:
-                raise unknown_key(key, fields, where="see `yxanul train --help`")
-            merged[key] = coerce(key, fields[key][2], value, from_cli=(origin == "cli"))
-        if origin == "cli":  # a flag replaces the file's warmup in the other unit (later wins)
-            for one, other in (("warmup_steps", "warmup_tokens"), ("warmup_tokens", "warmup_steps")):
-                if one in values and other not in values and other in (yaml_values or {}):
-                    merged.pop(other, None)
+    merged = merge({k: tp for k, (_, _, tp) in fields.items()}, yaml_values, cli_values, mode=mode,
+                   replaces=WARMUP_REPLACES)
     notes = _adapt_defaults(merged, user_keys, fields)
     per_section: dict[str, dict[str, Any]] = {name: {} for name, _ in _sections()}
     for key, value in merged.items():

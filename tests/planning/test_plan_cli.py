@@ -6,7 +6,7 @@ import pytest
 
 from yxanul.cli import main
 from yxanul.models import config_from_preset
-from yxanul.planning.cli import PROFILES, PlanArgs, plan
+from yxanul.planning.cli import PROFILES, PlanCommand, plan
 from yxanul.planning.memory import STRATEGIES, memory, model_shapes
 
 GiB = 2**30
@@ -63,7 +63,7 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
 
 
 def test_max_micro_batch_is_the_largest_that_fits():
-    a = PlanArgs(preset="3b", seq_length=2048, gpus=8, nodes=1, gpu_memory=80)
+    a = PlanCommand(preset="3b", seq_length=2048, gpus=8, nodes=1, gpu_memory=80)
     p = plan(a)
     c = config_from_preset("3b", 50257, 2048, backend="torch")
     s = model_shapes(c)

@@ -143,7 +143,7 @@ def plan_curriculum(cfg, batch: BatchPlan, tokens_per_step: int, world_size: int
 
 # ---------------------------------------------------------------------------- CLI
 @dataclass
-class FindBatchArgs:
+class FindBatchCommand:
     """find-batch's own flags (every `yxanul train` flag is accepted as well)."""
 
     world_size: int = field(default_factory=lambda: int(os.environ.get("WORLD_SIZE", 1)),
@@ -161,15 +161,12 @@ class FindBatchArgs:
 
 def _parse(argv: list[str] | None):
     """find-batch's own flags with the one CLI builder, the rest as `yxanul train` flags."""
+    from ..cli import with_default_config
     from ..config import parse_args
-    from ..flags import bare_booleans, build_parser, coerce, fields_of
+    from ..flags import parse_command_and_rest
 
     prog = "yxanul find-batch"
-    fields = fields_of(FindBatchArgs)
-    ours, rest = build_parser(FindBatchArgs, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
-    from ..cli import with_default_config
-
-    own = FindBatchArgs(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
+    own, rest = parse_command_and_rest(FindBatchCommand, argv, prog)
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
@@ -177,7 +174,7 @@ def _print_help() -> None:
     from ..flags import build_parser
 
     print(main.__doc__ + "\n")
-    build_parser(FindBatchArgs, "yxanul find-batch").print_help()
+    build_parser(FindBatchCommand, "yxanul find-batch").print_help()
     print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
 
 

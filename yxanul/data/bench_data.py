@@ -27,7 +27,7 @@ from .sources import BUNDLED_CORPUS
 
 
 @dataclass
-class BenchDataArgs:
+class BenchDataCommand:
     """Measure tokenizer and `yxanul prepare` throughput on the same documents (docs/data.md)."""
 
     dataset: str | None = field(default=None, metadata={"help": "A .jsonl file with a 'text' column (default: the "
@@ -53,7 +53,7 @@ class BenchDataArgs:
             raise ConfigError("prepare_backend", "one of tokenizers, tiktoken, auto", self.prepare_backend)
 
 
-def _documents(args: BenchDataArgs, tmp: Path) -> tuple[Path, list[str]]:
+def _documents(args: BenchDataCommand, tmp: Path) -> tuple[Path, list[str]]:
     if args.dataset:
         try:
             docs = [json.loads(line)["text"] for line in Path(args.dataset).read_text().splitlines() if line.strip()]
@@ -98,7 +98,7 @@ def _raw_measurements(tok, docs: list[str]) -> dict:
     return out
 
 
-def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int) -> tuple[float, float]:
+def _pipeline(args: BenchDataCommand, path: Path, tmp: Path, procs: int, trial: int) -> tuple[float, float]:
     """(end-to-end seconds, packing-phase seconds) of one `prepare()`."""
     from . import tokenize
     from .args import DataArgs
@@ -116,7 +116,7 @@ def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int
     return dt, meta["stats"]["pack_seconds"], sum(s["tokens"] for s in meta["splits"].values())
 
 
-def run(args: BenchDataArgs, say=print) -> dict:
+def run(args: BenchDataCommand, say=print) -> dict:
     from .prepare import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
@@ -158,7 +158,7 @@ def run(args: BenchDataArgs, say=print) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from ..flags import parse_command
 
-    args = parse_command(BenchDataArgs, argv, prog="yxanul bench-data")
+    args = parse_command(BenchDataCommand, argv, prog="yxanul bench-data")
     result = run(args)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

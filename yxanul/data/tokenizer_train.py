@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, DataError
+from ..flags import same_as
+from .args import DataArgs
 
 
 @dataclass
-class TokenizerTrainArgs:
+class TokenizerTrainCommand:
     """Train a byte-level BPE tokenizer (docs/data.md, "Tokenizers")."""
 
     action: Literal["train"] = field(metadata={"help": "What to do: train.", "positional": True})
@@ -42,9 +44,9 @@ class TokenizerTrainArgs:
     held_out_documents: int = field(default=200, metadata={"help": "Documents after the sample used for the "
                                                                    "bytes/token report."})
     min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub config name."})
-    dataset_split: str = field(default="train", metadata={"help": "Split to read."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+    dataset_name: str | None = same_as(DataArgs, "dataset_name")
+    dataset_split: str = same_as(DataArgs, "dataset_split")
+    text_column: str = same_as(DataArgs, "text_column")
 
     def __post_init__(self):
         if not self.out:
@@ -59,7 +61,7 @@ class TokenizerTrainArgs:
                               (self.sample_bytes, self.held_out_documents, self.min_frequency))
 
 
-def _documents(args: TokenizerTrainArgs):
+def _documents(args: TokenizerTrainCommand):
     from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
 
     src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
@@ -71,7 +73,7 @@ def _documents(args: TokenizerTrainArgs):
             yield row["text"]
 
 
-def sample_and_held_out(args: TokenizerTrainArgs) -> tuple[list[str], list[str]]:
+def sample_and_held_out(args: TokenizerTrainCommand) -> tuple[list[str], list[str]]:
     """The training sample (up to ``sample_bytes``) and the next ``held_out_documents`` documents."""
     sample, held, size = [], [], 0
     for text in _documents(args):
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..flags import parse_command
 
-    args = parse_command(TokenizerTrainArgs, argv, prog="yxanul tokenizer")
+    args = parse_command(TokenizerTrainCommand, argv, prog="yxanul tokenizer")
     t0 = time.time()
     sample, held = sample_and_held_out(args)
     tok = train_bpe(sample, args.vocab_size, args.special_tokens, args.min_frequency)

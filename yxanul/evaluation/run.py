@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, DataError, UserError
+from ..flags import check_same_as, same_as
+from ..tracking import TrackingArgs
 
 
 @torch.no_grad()
@@ -77,7 +79,7 @@ class EvalCommand:
     seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
                                                                    "max_position_embeddings)."})
     batch_size: int = field(default=8, metadata={"help": "Validation windows per forward pass."})
-    eval_steps: int = field(default=20, metadata={"help": "Validation batches."})
+    eval_steps: int = same_as(TrackingArgs, "eval_steps")
     device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu or cuda[:N]."})
     output: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
 
@@ -88,7 +90,8 @@ class EvalCommand:
             v = getattr(self, key)
             if v is not None and v < 1:
                 raise ConfigError(key, "an integer >= 1", v)
-        for key in ("batch_size", "eval_steps"):
+        check_same_as(self)
+        for key in ("batch_size",):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
 

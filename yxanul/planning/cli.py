@@ -15,7 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..batching.args import BatchArgs
 from ..errors import ConfigError
+from ..flags import check_same_as, same_as
+from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from .memory import STRATEGIES, Memory, memory, model_shapes
 
@@ -31,13 +34,13 @@ MULTI_NODE_DDP = "multi_node_fp8.yaml"
 
 
 @dataclass
-class PlanArgs:
+class PlanCommand:
     """Plan the memory per GPU of a training run and the strategy to launch it with."""
 
     preset: str = field(default="7b", metadata={"help": "Model preset: " + ", ".join(PRESETS) + ".",
                                                 "aliases": ["--model"]})
-    seq_length: int = field(default=2048, metadata={"help": "Tokens per sequence."})
-    micro_batch_size: int = field(default=1, metadata={"help": "Sequences per GPU per forward/backward."})
+    seq_length: int = same_as(ModelArgs, "seq_length", default=2048)
+    micro_batch_size: int = same_as(BatchArgs, "micro_batch_size", default=1)
     gpu_memory: float = field(default=80.0, metadata={"help": "Memory of one GPU in GiB (an H100 80GB has 79.2)."})
     gpus: int = field(default=8, metadata={"help": "GPUs per node."})
     nodes: int = field(default=1, metadata={"help": "Nodes."})
@@ -51,7 +54,8 @@ class PlanArgs:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ConfigError("preset", "one of " + ", ".join(PRESETS), self.preset)
-        for key in ("seq_length", "micro_batch_size", "gpus", "nodes", "vocab_size"):
+        check_same_as(self)
+        for key in ("gpus", "nodes", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         if not self.gpu_memory > 0:
@@ -69,7 +73,7 @@ class PlanArgs:
         return int(self.gpu_memory * GiB * (1 - self.headroom)) - CUDA_CONTEXT
 
 
-def candidates(a: PlanArgs) -> list[str]:
+def candidates(a: PlanCommand) -> list[str]:
     if a.world == 1:
         return ["single"]
     return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or a.nodes > 1)]
@@ -102,7 +106,7 @@ def max_micro(fit, budget: int) -> int:
     return lo
 
 
-def plan(a: PlanArgs) -> dict:
+def plan(a: PlanCommand) -> dict:
     """The whole plan as plain data (what --json prints)."""
     from ..models.configuration_yxanul import config_from_preset
 
@@ -129,7 +133,7 @@ def plan(a: PlanArgs) -> dict:
                                   "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
 
 
-def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
+def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
     """The exact `accelerate launch` command (run on every node with its own NODE_RANK)."""
     profile = MULTI_NODE_DDP if strategy == "ddp" and a.nodes > 1 else PROFILES[strategy]
     parts = ["accelerate launch", f"--config_file accelerate_configs/{profile}"]
@@ -180,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
     from ..flags import parse_command
 
-    a = parse_command(PlanArgs, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
+    a = parse_command(PlanCommand, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
     p = plan(a)
     print(json.dumps(p, indent=2) if a.json else table(p))
     return 0 if p["choice"] else 1

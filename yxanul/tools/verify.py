@@ -19,6 +19,8 @@ from typing import Literal
 import torch
 
 from ..errors import ConfigError
+from ..flags import same_as
+from ..precision.args import PrecisionArgs
 
 RECIPES = ("delayed", "current", "block", "mxfp8")
 
@@ -155,16 +157,15 @@ def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
 
 
 @dataclass
-class VerifyArgs:
+class VerifyCommand:
     """Check the FP8 stack (GPU, CUDA, TE, accelerate)."""
 
-    require_fp8: bool = field(default=False, metadata={"help": "Fail (exit 1) unless FP8 works here."})
+    require_fp8: bool = same_as(PrecisionArgs, "require_fp8")
     json: bool = field(default=False, metadata={"help": "Print JSON instead of a table."})
     model: str = field(default="yxanul-0.6b", metadata={
         "help": "Preset whose FP8 precision report to show (yxanul-0.6b: the smallest preset whose layers pass "
                 "the default small-GEMM policy)."})
-    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed", metadata={
-        "help": "FP8 recipe to check."})
+    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = same_as(PrecisionArgs, "fp8_recipe")
 
     def __post_init__(self):
         from ..models.presets import PRESETS
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..flags import parse_command
     from ..precision import format_report
 
-    a = parse_command(VerifyArgs, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
+    a = parse_command(VerifyCommand, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
     rows = collect(require_fp8=a.require_fp8, recipe=a.fp8_recipe)
     report = model_report(a.model, a.fp8_recipe)
     rb = report.get("te_readback") or {}
