@@ -33,7 +33,7 @@ CPU_PRESET = "nano"  # the 5M-parameter CPU preset
 
 
 @dataclass
-class ExampleArgs:
+class ExampleCommand:
     """Trainer + yxanul model + prepared shards + FP8 (falls back with one line where FP8 is impossible)."""
 
     model: str = field(default=CPU_PRESET, metadata={"help": "yxanul preset (docs/models.md)."})
@@ -59,7 +59,7 @@ class ExampleArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_command(ExampleArgs, argv, prog="examples/trainer_fp8.py")
+    a = parse_command(ExampleCommand, argv, prog="examples/trainer_fp8.py")
     # New: yxanul's data: prepared once, then fixed-length windows in `yxanul train`'s order
     data_dir = ensure_prepared(DataArgs(data_dir=a.data_dir))
     vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]

@@ -4,9 +4,10 @@
     python scripts/loss_baseline.py --write    # re-record it: first steps + the whole default `yxanul train`
                                                # (README's numbers) + the dependency set it ran with
 
-The first steps run the default config (`yxanul train` with no flags) through the real Trainer and its
-`train_step`, in-process, then one validation loss at that step. tests/test_loss_baseline.py calls
-`first_steps()` and compares with the committed file; README quotes `default_run`.
+The first steps run the default config (`yxanul train` with no flags) through the real Trainer's
+`advance` (`training.step.train_step` at the scheduled LR), in-process, then one validation loss at that
+step. tests/test_loss_baseline.py calls `first_steps()` and compares with the committed file; README
+quotes `default_run`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def first_steps(n: int, output_dir: str) -> dict:
     cfg = parse_args(["--config", DEFAULT_CONFIG, "--output_dir", output_dir, *QUIET])
     t = Trainer(cfg, callbacks=[]).setup()
     t.model.train()
-    losses = [t._mean(t.train_step(t.next_batches()).loss) for _ in range(n)]  # the logged loss of each step
+    losses = [t._mean(t.advance(t.next_batches()).loss) for _ in range(n)]  # the logged loss of each step
     val_loss = evaluate_loss(t.model, t.val, t.plan, t.accelerator)
     t.finish()
     return {"steps": n, "losses": losses, "val_loss": val_loss}

@@ -91,6 +91,7 @@ def test_k8s_structure():
     assert "JOB_COMPLETION_INDEX" in cmd and "--rdzv_backend c10d" in cmd and "--resume auto" in cmd
     assert f"{job['metadata']['name']}-0.{svc['metadata']['name']}" in cmd
     accel = cmd.split("--config_file ")[1].split()[0]
+    accel = env["ACCEL_CONFIG"] if accel == '"$ACCEL_CONFIG"' else accel  # the profile is chosen by env
     assert os.path.isfile(os.path.join(ROOT, accel))
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}

@@ -246,7 +246,10 @@ def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path,
 
 
 def test_a_preset_in_the_wrong_case_gets_a_suggestion():
-    with pytest.raises(ConfigError, match=r"\(did you mean 'nano'\?\), got 'Nano'"):
-        parse_args(["--model", "Nano"])
+    """A case-only difference names that preset even where difflib alone finds none (all capitals) or another
+    one ('XLarge' is closer to 'large' by difflib's ratio)."""
+    for typed, preset in (("Nano", "nano"), ("NANO", "nano"), ("XLarge", "xlarge")):
+        with pytest.raises(ConfigError, match=rf"\(did you mean '{preset}'\?\), got '{typed}'"):
+            parse_args(["--model", typed])
     with pytest.raises(ConfigError, match=r"\(did you mean 'gpt2-124m'\?\)"):
         parse_args(["--model", "gpt2-124"])

@@ -6,6 +6,7 @@ import errno
 import importlib
 import os
 import sys
+import time
 
 from . import __version__
 from .checkpoint import format_table, run_dir_of
@@ -16,6 +17,7 @@ from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
+    "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
     "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
@@ -84,6 +86,7 @@ def _usage() -> str:
 EXIT_BUG = 1
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `cmd | head` killed by the signal
 EXIT_GRACE_S = 20.0     # after an error, the process is gone within this long whatever hangs
+QUIET_RANK_EXIT_S = 2.0  # a rank other than 0 exits this long after a user error that rank 0 reports
 
 
 def run(func, argv, *, process_exit: bool = False) -> int:
@@ -106,6 +109,7 @@ def _run(func, argv) -> int:
             return int(func(argv) or 0)
     except UserError as e:
         if not _reports_for_the_job():
+            _let_rank_0_fail_first()
             return e.exit_code  # the same line is printed by rank 0: one line per job, not per rank
         return _fail(f"error: {e}", e.exit_code)
     except KeyboardInterrupt:
@@ -133,6 +137,18 @@ def _reports_for_the_job() -> bool:
         return True
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _let_rank_0_fail_first() -> None:
+    """Under a launcher (torchrun sets LOCAL_RANK), wait before the quiet exit: torchrun stops the whole job at
+    the first exit, which would cut off a rank 0 a little behind this one before it prints the line. Its
+    SIGTERM then ends this rank silently (the default action, not the trainer's handler)."""
+    if os.environ.get("LOCAL_RANK") is None:
+        return
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(QUIET_RANK_EXIT_S)
 
 
 def _disk_full_line(e: OSError) -> str:
@@ -187,17 +203,27 @@ def _exit_watchdog(code: int) -> None:
     t.start()
 
 
+def _print_or_pipe_closed(text: str, code: int) -> int:
+    """`yxanul --help | head -1`: the reader may close the pipe before we write; exit as `cmd | head` does
+    (141, nothing on stderr), with stdout pointed at /dev/null so the interpreter's final flush stays quiet
+    (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    try:
+        print(text, flush=True)
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `yxanul` entry point. ``argv`` None: this process's own command line, and the process exits
     with the returned code (so the exit watchdog is armed on errors)."""
     process_exit = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0 if argv else 2
+        return _print_or_pipe_closed(_usage(), 0 if argv else 2)
     if argv[0] in ("-V", "--version"):
-        print(f"yxanul {__version__}")
-        return 0
+        return _print_or_pipe_closed(f"yxanul {__version__}", 0)
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"error: unknown command '{name}' (expected one of: {', '.join(COMMANDS)})", file=sys.stderr)

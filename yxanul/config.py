@@ -26,11 +26,10 @@ from .flags import (
     OneLineParser,
     add_field,
     bare_booleans,
-    coerce,
     load_yaml,
+    merge,
     parse_known,
     strip_optional,
-    unknown_key,
 )
 from .hub.args import HubArgs
 from .models.args import ModelArgs
@@ -52,8 +51,7 @@ def with_default_config(argv: list[str]) -> list[str]:
     return ["--config", DEFAULT_CONFIG, *argv]
 
 def _sections() -> list[tuple[str, type]]:
-    # Imported lazily so `yxanul --help` stays fast and each component owns its dataclass.
-    # None of these modules imports torch (tests/test_config.py checks it).
+    # Each component owns its dataclass; none of these modules imports torch (tests/test_config.py checks it).
 
     return [
         ("train", TrainArgs), ("model", ModelArgs), ("data", DataArgs), ("batch", BatchArgs),
@@ -64,18 +62,18 @@ def _sections() -> list[tuple[str, type]]:
 
 @dataclasses.dataclass
 class Config:
-    """The resolved configuration: one attribute per component."""
+    """The resolved configuration: one attribute per component, typed with its section (``cfg.optim.max_lr``)."""
 
-    train: Any
-    model: Any
-    data: Any
-    batch: Any
-    optim: Any
-    precision: Any
-    checkpoint: Any
-    tracking: Any
-    hub: Any = None    # HubArgs (yxanul/hub/args.py)
-    tasks: Any = None  # EvalTaskArgs (yxanul/evaluation/args.py)
+    train: TrainArgs
+    model: ModelArgs
+    data: DataArgs
+    batch: BatchArgs
+    optim: OptimArgs
+    precision: PrecisionArgs
+    checkpoint: CheckpointArgs
+    tracking: TrackingArgs
+    hub: HubArgs | None = None
+    tasks: EvalTaskArgs | None = None
     source: str | None = None  # the YAML file it came from, if any
     notes: list = dataclasses.field(default_factory=list)  # defaults adapted to the user's values, one line each
 
@@ -119,23 +117,21 @@ def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
     return parser
 
 
+# a flag replaces the file's warmup in the other unit (later wins)
+WARMUP_REPLACES = {"warmup_steps": "warmup_tokens", "warmup_tokens": "warmup_steps"}
+
+
 def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any] | None = None,
-            source: str | None = None, user_keys: set[str] | None = None) -> Config:
-    """Merge defaults < YAML < CLI, validate every value, build each section's dataclass.
-    ``user_keys``: the keys the user chose (default: every key given here); a default that conflicts
-    with them adapts (`_adapt_defaults`) instead of being refused."""
+            source: str | None = None, user_keys: set[str] | None = None, mode: str = "strict") -> Config:
+    """Merge defaults < YAML < CLI (:func:`yxanul.flags.merge`, ``mode`` strict or subset), validate every
+    value, build each section's dataclass. ``user_keys``: the keys the user chose (default: every key
+    given here); a default that conflicts with them adapts (`_adapt_defaults`) instead of being refused."""
     fields = _fields()
+    if mode == "subset":  # the file's other keys are not the user's choice of anything here
+        yaml_values = {k: v for k, v in (yaml_values or {}).items() if k in fields}
     user_keys = set(yaml_values or {}) | set(cli_values or {}) if user_keys is None else user_keys
-    merged: dict[str, Any] = {}
-    for origin, values in (("yaml", yaml_values or {}), ("cli", cli_values or {})):
-        for key, value in values.items():
-            if key not in fields:
-                raise unknown_key(key, fields, where="see `yxanul train --help`")
-            merged[key] = coerce(key, fields[key][2], value, from_cli=(origin == "cli"))
-        if origin == "cli":  # a flag replaces the file's warmup in the other unit (later wins)
-            for one, other in (("warmup_steps", "warmup_tokens"), ("warmup_tokens", "warmup_steps")):
-                if one in values and other not in values and other in (yaml_values or {}):
-                    merged.pop(other, None)
+    merged = merge({k: tp for k, (_, _, tp) in fields.items()}, yaml_values, cli_values, mode=mode,
+                   replaces=WARMUP_REPLACES)
     notes = _adapt_defaults(merged, user_keys, fields)
     per_section: dict[str, dict[str, Any]] = {name: {} for name, _ in _sections()}
     for key, value in merged.items():

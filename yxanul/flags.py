@@ -9,6 +9,9 @@ Types: int, float, str, bool (a bare ``--flag`` means true; ``--flag false`` wor
 ``list[dict]``/``dict`` (YAML only). Every mistake is one line (a :class:`~yxanul.errors.UserError`,
 exit code 2) naming the flag and what was expected, with "did you mean" for misspelt flags.
 
+A command's field that is a config key reuses the section's field (:func:`same_as`); YAML + flags are
+merged by :func:`merge` (modes ``strict`` and ``subset``).
+
 Why not ``HfArgumentParser``: it cannot merge a YAML file under CLI overrides, has no YAML-only fields,
 and prints argparse's multi-line usage on errors. ``yxanul train`` uses the same pieces over all the
 config sections (:mod:`yxanul.config`).
@@ -161,6 +164,71 @@ def unknown_key(key: str, known, where: str = "see --help") -> ConfigError:
     return ConfigError(key, f"a known config key ({hint})")
 
 
+# --------------------------------------------------------------------------- command fields
+_UNSET: Any = dataclasses.MISSING
+
+
+def same_as(section: type, name: str, default: Any = _UNSET) -> Any:
+    """A command's field that is the config section's field ``name`` (``--max_lr`` of `yxanul plot-lr` is
+    OptimArgs's ``max_lr``): the section's help and default, one place to change them. Annotate it with the
+    section's type, or ``X | None`` with ``default=None`` for "the config's value" (the help says so);
+    another ``default`` is the command's own (`yxanul plan` plans a 2048-token run).
+    The section's check runs on the value where the command builds that section, or at parse time through
+    :func:`check_same_as`. :func:`fields_of` refuses a type that is not the section's."""
+    f = section.__dataclass_fields__[name]
+    meta = dict(f.metadata, same_as=(section, name))
+    if default is not _UNSET:
+        if default is None:
+            meta["help"] = f"{meta.get('help', '')} Unset: the config's value."
+        return dataclasses.field(default=default, metadata=meta)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return dataclasses.field(default_factory=f.default_factory, metadata=meta)  # type: ignore[misc]
+    return dataclasses.field(default=f.default, metadata=meta)
+
+
+def check_same_as(command) -> None:
+    """Build each section a command's :func:`same_as` fields come from, with their values (None: the
+    config's, left out): the section's own checks, the same one-line errors as `yxanul train`'s."""
+    values: dict[type, dict[str, Any]] = {}
+    for f in dataclasses.fields(command):
+        if "same_as" in f.metadata and getattr(command, f.name) is not None:
+            section, name = f.metadata["same_as"]
+            values.setdefault(section, {})[name] = getattr(command, f.name)
+    for section, kw in values.items():
+        section(**kw)
+
+
+# --------------------------------------------------------------------------- YAML + flags
+MERGE_MODES = ("strict", "subset")
+
+
+def merge(types_: dict[str, Any], yaml_values: dict[str, Any] | None, cli_values: dict[str, Any] | None,
+          mode: str = "strict", replaces: dict[str, str] | None = None,
+          where: str = "see `yxanul train --help`") -> dict[str, Any]:
+    """The one YAML + flags merge: the values given, later wins (YAML file < flags), each checked against
+    its field's type (``types_``: key -> type; :func:`coerce`). Defaults are the dataclass's own.
+
+    ``mode="strict"``: a YAML key that is no field is a one-line ConfigError with the closest key.
+    ``mode="subset"``: the command reads only these fields of a larger config (a `yxanul train` config given
+    to prepare or plot-lr): the file's other keys are ignored. A flag is always a field (argparse refused
+    any other). ``replaces``: flag -> the key in the other unit that it replaces (``--warmup_steps`` drops
+    the file's ``warmup_tokens``): a flag set to a value drops the file's value of that key."""
+    if mode not in MERGE_MODES:
+        raise ValueError(f"merge mode {mode!r}: expected one of {MERGE_MODES}")
+    merged: dict[str, Any] = {}
+    for values, from_cli in ((yaml_values or {}), False), ((cli_values or {}), True):
+        for key, value in values.items():
+            if key not in types_:
+                if mode == "subset" and not from_cli:
+                    continue
+                raise unknown_key(key, types_, where=where)
+            merged[key] = coerce(key, types_[key], value, from_cli=from_cli)
+    for flag, other in (replaces or {}).items():
+        if (cli_values or {}).get(flag) is not None and other not in (cli_values or {}):
+            merged.pop(other, None)
+    return merged
+
+
 # --------------------------------------------------------------------------- the parser
 class OneLineParser(argparse.ArgumentParser):
     """argparse that raises a one-line :class:`UserError` instead of printing usage and exiting."""
@@ -214,6 +282,13 @@ def bare_booleans(argv: list[str], bool_flags: set[str]) -> list[str]:
 
 def fields_of(cls) -> dict[str, tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if "same_as" in f.metadata:
+            section, name = f.metadata["same_as"]
+            theirs = typing.get_type_hints(section)[name]
+            if hints[f.name] not in (theirs, theirs | None):
+                raise TypeError(f"{cls.__name__}.{f.name}: typed {hints[f.name]}, but the same_as field "
+                                f"{section.__name__}.{name} is {theirs} (use that, or it | None)")
     return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
 
 
@@ -244,12 +319,27 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
 
 def parse_command(cls: type[T], argv: list[str] | None, prog: str, description: str | None = None) -> T:
     """Parse ``argv`` into an instance of the dataclass ``cls`` (its ``__post_init__`` validates)."""
+    return _parse_command(cls, argv, prog, description, keep_rest=False)[0]
+
+
+def parse_command_and_rest(cls: type[T], argv: list[str] | None, prog: str) -> tuple[T, list[str]]:
+    """:func:`parse_command` of the command's own flags; the other arguments are returned for another
+    parser (`yxanul find-batch` hands them to `yxanul train`'s)."""
+    return _parse_command(cls, argv, prog, None, keep_rest=True)
+
+
+def _parse_command(cls, argv, prog: str, description: str | None, keep_rest: bool):
     fields = fields_of(cls)
     bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool and not f.metadata.get("positional")}
     parser = build_parser(cls, prog, description)
-    ns = parse_known(parser, bare_booleans(list(argv or []), bools), [n for n in fields])
+    argv = bare_booleans(list(argv or []), bools)
+    if keep_rest:
+        parsed, rest = parser.parse_known_args(argv)
+        ns = vars(parsed)
+    else:
+        ns, rest = parse_known(parser, argv, [n for n in fields]), []
     values = {k: coerce(k, fields[k][1], v, from_cli=True) for k, v in ns.items()}
-    return cls(**values)
+    return cls(**values), rest
 
 
 class _StrictLoader(yaml.SafeLoader):

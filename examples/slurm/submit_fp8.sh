@@ -4,6 +4,8 @@
 #   sbatch examples/slurm/submit_fp8.sh examples/configs/xlarge_8gpu_fp8.yaml            # 1 node x 8 GPUs
 #   sbatch --nodes=4 examples/slurm/submit_fp8.sh examples/configs/xlarge_8gpu_fp8.yaml  # 4 nodes
 #   ACCEL_CONFIG=accelerate_configs/deepspeed_zero1_fp8.yaml sbatch examples/slurm/submit_fp8.sh CONFIG
+#   ACCEL_CONFIG=accelerate_configs/fsdp2.yaml sbatch --nodes=2 examples/slurm/submit_fp8.sh CONFIG       # FSDP2
+#   ACCEL_CONFIG=accelerate_configs/fsdp2_hsdp.yaml sbatch --nodes=2 examples/slurm/submit_fp8.sh CONFIG  # HSDP
 #
 # Preemption: SLURM sends SIGUSR1 to this batch shell 120 s before the time limit (--signal=B:...).
 # The trap forwards it to srun, srun to `accelerate launch` (which is torchrun's agent), and the agent
@@ -35,6 +37,11 @@ if [[ -z "${ACCEL_CONFIG:-}" ]]; then
   if (( NNODES > 1 )); then ACCEL_CONFIG=accelerate_configs/multi_node_fp8.yaml
   else ACCEL_CONFIG=accelerate_configs/multi_gpu_fp8.yaml; fi
 fi
+# HSDP profiles (a parallelism_config): replicate over the nodes, shard over the GPUs of each node
+PARALLEL=""
+if grep -qs '^parallelism_config:' "$ACCEL_CONFIG"; then
+  PARALLEL="--parallelism_config_dp_replicate_size $NNODES --parallelism_config_dp_shard_size $GPUS_PER_NODE"
+fi
 # not `scontrol ... | head -n 1`: under pipefail, head closing the pipe early can fail the job with SIGPIPE (141)
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD_NODE=${NODES[0]}
@@ -63,15 +70,16 @@ forward_signal() {
 trap forward_signal USR1
 
 # One task per node; $SLURM_NODEID is expanded inside each task (single quotes), so every node
-# gets its own --machine_rank. No --kill-on-bad-exit: after SIGUSR1 the agents exit non-zero one
-# node at a time, and killing the slower nodes could cut their checkpoint writes short.
+# gets its own --machine_rank ($7, the HSDP sizes, is left unquoted: split into its flags on purpose).
+# No --kill-on-bad-exit: after SIGUSR1 the agents exit non-zero one node at a time, and killing the
+# slower nodes could cut their checkpoint writes short.
 # shellcheck disable=SC2016  # expanded by the inner bash on each node, on purpose
 srun --ntasks-per-node=1 --nodes="$NNODES" bash -c '
   exec accelerate launch --config_file "$0" \
     --num_machines "$1" --num_processes "$(( $1 * $2 ))" --machine_rank "$SLURM_NODEID" \
-    --main_process_ip "$3" --main_process_port "$4" \
-    train.py --config "$5" --output_dir "$6" --resume auto "${@:7}"
-' "$ACCEL_CONFIG" "$NNODES" "$GPUS_PER_NODE" "$HEAD_NODE_IP" "$MASTER_PORT" "$CONFIG" "$OUTPUT_DIR" "$@" &
+    --main_process_ip "$3" --main_process_port "$4" $7 \
+    train.py --config "$5" --output_dir "$6" --resume auto "${@:8}"
+' "$ACCEL_CONFIG" "$NNODES" "$GPUS_PER_NODE" "$HEAD_NODE_IP" "$MASTER_PORT" "$CONFIG" "$OUTPUT_DIR" "$PARALLEL" "$@" &
 SRUN_PID=$!
 
 # `wait` returns early when the trapped signal arrives: keep waiting until srun is gone.

@@ -104,11 +104,20 @@ first() {
   left=$(( ${FIRST_TESTS_S:-150} - (SECONDS - tests_t0) ))
   if (( left >= 10 )); then
     step gpu-tests capped "$left" "${PYTEST[@]}" -m "(gpu or te) and not slow" \
-      --ignore=tests/integrations/test_trainer_gpu.py --junitxml="$WORK/gpu.xml"
+      --ignore=tests/integrations/test_trainer_gpu.py --ignore=tests/integrations/test_trl_fp8_gpu.py \
+      --junitxml="$WORK/gpu.xml"
   else
     echo "=== gpu-tests: not started (FIRST_TESTS_S spent)" | tee -a "$log"; status=1
   fi
-  step junit python3 -m yxanul.tools.bench_table junit "$WORK/trainer.xml" "$WORK/gpu.xml" --out "$OUT/tests.xml"
+  left=$(( ${FIRST_TESTS_S:-150} - (SECONDS - tests_t0) ))  # TRL under FP8 last: the newest, the least central
+  if (( left >= 10 )); then
+    step trl-gpu-tests capped "$left" "${PYTEST[@]}" tests/integrations/test_trl_fp8_gpu.py -m "gpu or te" \
+      --junitxml="$WORK/trl.xml"
+  else
+    echo "=== trl-gpu-tests: not started (FIRST_TESTS_S spent; later: gpu_checks.sh tests)" | tee -a "$log"; status=1
+  fi
+  step junit python3 -m yxanul.tools.bench_table junit "$WORK/trainer.xml" "$WORK/gpu.xml" "$WORK/trl.xml" \
+    --out "$OUT/tests.xml"
   left=$(( ${FIRST_BUDGET:-400} - (SECONDS - t0) - 10 ))
   speed_variants "$(( left < ${FIRST_SPEED_S:-240} ? left : ${FIRST_SPEED_S:-240} ))"
   { echo; echo "Steps of this call (exit code, seconds):"

@@ -22,6 +22,8 @@ DS_FILES = sorted(glob.glob(os.path.join(ROOT, "ds_configs", "*.json")))
 ACC_FILES = sorted(glob.glob(os.path.join(ROOT, "accelerate_configs", "*.yaml")))
 GOOD_DS = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
            "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 1}}
+FSDP2 = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
+         "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
 GOOD_ACC = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU",
             "num_processes": 8, "mixed_precision": "fp8", "fp8_config": {"backend": "TE"}}
 
@@ -107,6 +109,21 @@ ACC_CASES = [
                             "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero1.json",
                                                  "gradient_clipping": 1.0}},
      "deepspeed_config.gradient_clipping", "error"),
+    ("fsdp1", {"distributed_type": "FSDP", "fsdp_config": {**FSDP2, "fsdp_version": 1}},
+     "fsdp_config.fsdp_version", "error"),
+    ("fsdp_version_unset", {"distributed_type": "FSDP",
+                            "fsdp_config": {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP"}},
+     "fsdp_config.fsdp_version", "error"),
+    ("fsdp_offload", {"distributed_type": "FSDP", "fsdp_config": {**FSDP2, "fsdp_offload_params": True}},
+     "fsdp_config.fsdp_offload_params", "warning"),
+    ("fsdp_no_reshard", {"distributed_type": "FSDP", "fsdp_config": {**FSDP2, "fsdp_reshard_after_forward": False}},
+     "fsdp_config.fsdp_reshard_after_forward", "warning"),
+    ("fsdp_no_wrap", {"distributed_type": "FSDP", "fsdp_config": {**FSDP2, "fsdp_auto_wrap_policy": "NO_WRAP"}},
+     "fsdp_config.fsdp_auto_wrap_policy", "warning"),
+    ("fsdp_full_state_dict", {"distributed_type": "FSDP",
+                              "fsdp_config": {**FSDP2, "fsdp_state_dict_type": "FULL_STATE_DICT"}},
+     "fsdp_config.fsdp_state_dict_type", "warning"),
+    ("fsdp_config_without_fsdp", {"fsdp_config": FSDP2}, "fsdp_config", "warning"),
     ("zero3_init_flag_no_effect", {"distributed_type": "DEEPSPEED", "mixed_precision": None, "fp8_config": None,
                                    "deepspeed_config": {"deepspeed_config_file": "ds_configs/zero3.json",
                                                         "zero3_init_flag": True}},
@@ -220,14 +237,15 @@ def _launch_env(config_file):
     import accelerate.utils.launch as L
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    args = launch_command_parser().parse_args(["--config_file", config_file, "train.py"])
+    extra = ["--main_process_ip", "10.0.0.1"] if "hsdp" in config_file else []  # the launchers pass it
+    args = launch_command_parser().parse_args(["--config_file", config_file, *extra, "train.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
     with mock.patch.object(L, "is_fp8_available", return_value=True):
         if args.use_deepspeed:
             fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
             args.deepspeed_fields_from_accelerate_config = ",".join(fields)
             return args, L.prepare_deepspeed_cmd_env(args)[1]
-        if args.multi_gpu:
+        if args.multi_gpu or args.use_fsdp:  # launch_command: FSDP goes to the torchrun launcher too
             return args, L.prepare_multi_gpu_env(args)
         return args, L.prepare_simple_launcher_cmd_env(args)[1]
 
@@ -245,6 +263,11 @@ def test_shipped_yaml_through_accelerates_own_loader_and_launcher(path, monkeypa
         assert env["ACCELERATE_MIXED_PRECISION"] == "fp8" and env["ACCELERATE_FP8_BACKEND"] == "TE"
     if name == "cpu.yaml":
         assert args.multi_gpu and args.nproc_per_node == "2"  # torchrun with 2 processes
+    if name.startswith("fsdp2"):  # what yxanul's FSDP2 plugin reads (training/fsdp.py)
+        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+        assert env["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+    if name == "fsdp2_hsdp.yaml":  # 2 nodes x 8: replicate over the nodes, shard inside one
+        assert (env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"], env["PARALLELISM_CONFIG_DP_SHARD_SIZE"]) == ("2", "8")
     assert [p for p in check_launch_environment(env, cuda_available=True) if p.severity == "error"] == []
     if "deepspeed" in name:
         stage = name.split("zero")[1][0]  # deepspeed_zeroN_fp8.yaml -> ds_configs/zeroN.json
@@ -353,10 +376,19 @@ def test_zero3_fp8_rules(tmp_path, zero, key):
         assert key not in _keys(lint_file(z2, use_fp8=True))
 
 
-def test_fsdp_without_cuda_warns_that_it_is_plain_data_parallel():
-    """accelerate 1.15 sets DistributedType.FSDP only from a MULTI_GPU-type state: two CPU processes
-    launched with an FSDP profile train as DDP (checked: their checkpoint is model.safetensors +
-    optimizer.bin, not FSDP's sharded folders)."""
-    env = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "ACCELERATE_USE_CPU": "1"}
-    assert "ACCELERATE_USE_FSDP" in _keys(check_launch_environment(env, cuda_available=False), "warning")
-    assert check_launch_environment(env, cuda_available=True) == []
+def test_fsdp_launch_environment_and_hsdp_sizes(tmp_path):
+    """The FSDP rules on what `accelerate launch` exported (FSDP_*), on CPU too (the trainer shards over
+    gloo); HSDP's replicate x shard sizes must multiply to num_processes (accelerate's ParallelismConfig)."""
+    env = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_OFFLOAD_PARAMS": "true",
+           "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_AUTO_WRAP_POLICY": "NO_WRAP",
+           "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "ACCELERATE_USE_CPU": "1"}
+    problems = check_launch_environment(env, use_fp8=True, cuda_available=False)
+    assert _keys(problems, "error") == {"FSDP_VERSION"}
+    assert _keys(problems, "warning") == {"FSDP_OFFLOAD_PARAMS", "FSDP_RESHARD_AFTER_FORWARD", "FSDP_AUTO_WRAP_POLICY"}
+    good = {**env, "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "false", "FSDP_RESHARD_AFTER_FORWARD": "true",
+            "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}
+    assert check_launch_environment(good, use_fp8=False, cuda_available=False) == []
+    hsdp = yaml.safe_load(open(os.path.join(ROOT, "accelerate_configs", "fsdp2_hsdp.yaml")))
+    hsdp["parallelism_config"]["parallelism_config_dp_shard_size"] = 4  # 2 x 4 != 16 processes
+    assert "parallelism_config" in _keys(lint_file(_write(tmp_path, "h.yaml", hsdp)), "error")

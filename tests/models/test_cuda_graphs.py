@@ -66,7 +66,11 @@ def test_graphed_blocks_train_like_eager_ones(precision, master):
         pytest.skip(f"{precision} not available on this GPU")
     eager, *_ = _losses(False, args)
     graphed, model, opt, plan = _losses(True, args)
-    assert graphed == pytest.approx(eager, rel=1e-3 if precision.startswith("fp8") else 1e-4), (graphed, eager)
+    # Same math, not the same bits: under capture cuBLAS/cuDNN may pick other kernels, and the attention
+    # backward accumulates atomically, so the losses drift apart by BF16 rounding (seen on an H200: 1.8e-4
+    # relative in BF16, 1.2e-3 in FP8 by step 3). One BF16 ulp (2^-8) relative bounds that; a graph that
+    # replays stale weights or drops gradients is off by > 5 % from step 3 on (the loss falls 6.99 -> 6.41).
+    assert graphed == pytest.approx(eager, rel=2**-8), (graphed, eager)
     assert graphed[-1] < graphed[0]
     from yxanul.training.step import train_step
 

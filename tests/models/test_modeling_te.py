@@ -42,6 +42,21 @@ def test_te_tree_has_the_torch_twins_names_and_shapes(build, preset):
     assert type(te_model.model.layers[0]).__name__ == "TEDecoderLayer"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_te_tree_takes_the_dtype_the_torch_twin_takes(build, dtype):
+    """`from_pretrained(..., dtype=torch.bfloat16)` builds under that default dtype: the TE blocks follow it
+    as the embedding does (a TE tree left in fp32 beside a BF16 embedding broke generate() on the torch twin,
+    i.e. every GRPO rollout, outside autocast: seen on an H200)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        te_model, ref = build(), build(backend="torch")
+    finally:
+        torch.set_default_dtype(old)
+    got = {k: v.dtype for k, v in te_model.state_dict().items() if not k.endswith("_extra_state")}
+    assert got == {k: v.dtype for k, v in ref.state_dict().items()} and set(got.values()) == {dtype}
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_te_tree_ties_the_head_as_configured(build, tied):
     m = build(tie_word_embeddings=tied)

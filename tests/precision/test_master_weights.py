@@ -198,18 +198,18 @@ def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp
     t = Trainer(cfg()).setup()
     t.resume()
     assert {p.dtype for p in t.unwrapped_model.parameters()} == {torch.bfloat16}
-    out = [t.train_step(t.next_batches()) for _ in range(2)][-1]
+    out = [t.advance(t.next_batches()) for _ in range(2)][-1]
     ckpt = t.save(out)
     saved = load_file(str(ckpt / "model.safetensors"))
     masters = {k: v for k, v in t.unwrapped_model.state_dict().items()}
     assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.float32}
     assert all(torch.equal(v, masters[k]) for k, v in saved.items())
-    reference = [t.train_step(t.next_batches()).loss for _ in range(3)]
+    reference = [t.advance(t.next_batches()).loss for _ in range(3)]
     t.finish()
 
     r = Trainer(cfg("--resume", str(ckpt))).setup()
     assert r.resume() == ckpt
-    resumed = [r.train_step(r.next_batches()).loss for _ in range(3)]
+    resumed = [r.advance(r.next_batches()).loss for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
 

@@ -44,6 +44,17 @@ def test_closed_stdout_with_workers_exits_with_one_line(tmp_path):
         os.killpg(p.pid, signal.SIGKILL) if p.poll() is None else None
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["train", "--help"]])
+def test_help_into_a_closed_pipe_exits_quietly(args):
+    """`yxanul --help | head -1`: the reader is gone before the usage is written: no traceback, exit 141
+    (as `cmd | head` reports a writer killed by SIGPIPE) or 0 where the text fit before the close."""
+    p = subprocess.Popen([sys.executable, "-m", "yxanul", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env(), text=True)
+    p.stdout.close()  # long before the interpreter has started and imported yxanul
+    stderr = p.stderr.read()
+    assert p.wait(timeout=EXIT_BOUND_S) in (0, 141) and "Traceback" not in stderr and "Error" not in stderr, stderr
+
+
 _RAISES = """
 import sys
 from torch.optim.optimizer import register_optimizer_step_post_hook

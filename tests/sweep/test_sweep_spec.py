@@ -10,7 +10,7 @@ import yaml
 from yxanul.cli import main as cli_main
 from yxanul.config import _fields
 from yxanul.errors import UserError
-from yxanul.sweep import SweepArgs, is_offline, split_argv
+from yxanul.sweep import SweepCommand, is_offline, split_argv
 from yxanul.sweep.spec import load_spec, plan_trials, trial_flags
 from yxanul.sweep.trial import launch_command, make_trial
 
@@ -140,13 +140,13 @@ def test_offline_decision(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    args = SweepArgs(file=TINY)
+    args = SweepCommand(file=TINY)
     assert is_offline(args) == (True, "WANDB_MODE=offline")
     monkeypatch.delenv("WANDB_MODE")
     assert is_offline(args)[0] and "no W&B API key" in is_offline(args)[1]
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     assert is_offline(args) == (False, "")
-    assert is_offline(SweepArgs(file=TINY, offline=True)) == (True, "--offline")
+    assert is_offline(SweepCommand(file=TINY, offline=True)) == (True, "--offline")
 
 
 def test_sweep_id_offline_and_missing_file_are_user_errors(tmp_path, capsys):

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from yxanul.errors import ConfigError
-from yxanul.tools.bench import BenchArgs, cases, main, markdown, run
+from yxanul.tools.bench import BenchCommand, cases, main, markdown, run
 
 SMALL = dict(presets="nano", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
 
 
 def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
-    rows, env = run(BenchArgs(precisions="fp32,bf16,fp8-delayed,fp8-mxfp8", **SMALL), say=lambda *a: None)
+    rows, env = run(BenchCommand(precisions="fp32,bf16,fp8-delayed,fp8-mxfp8", **SMALL), say=lambda *a: None)
     assert [(r["precision"], r["status"]) for r in rows] == [
         ("fp32", "ok"), ("bf16", "ok"), ("fp8-delayed", "skipped"), ("fp8-mxfp8", "skipped")]
     ok = rows[0]
@@ -26,11 +26,11 @@ def test_rows_for_every_case_with_fp8_skipped_with_a_reason():
 
 
 def test_same_micro_batch_for_every_precision_and_order():
-    a = BenchArgs(presets="nano,gpt2-124m", seq_lengths="1024,2048", precisions="bf16,fp8-current")
+    a = BenchCommand(presets="nano,gpt2-124m", seq_lengths="1024,2048", precisions="bf16,fp8-current")
     got = list(cases(a))
     assert got[:2] == [("nano", 1024, 16, "bf16"), ("nano", 1024, 16, "fp8-current")]
     assert ("gpt2-124m", 2048, 8, "fp8-current") in got and len(got) == 8
-    assert {m for _, _, m, _ in cases(BenchArgs(micro_batch_size=3))} == {3}
+    assert {m for _, _, m, _ in cases(BenchCommand(micro_batch_size=3))} == {3}
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
@@ -55,13 +55,13 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
 def test_rows_are_handed_over_as_they_come():
     """bench.json is rewritten after every case: a run cut off by a timeout keeps what it finished."""
     seen = []
-    rows, _ = run(BenchArgs(precisions="fp32,fp8-delayed", **SMALL), say=lambda *a: None,
+    rows, _ = run(BenchCommand(precisions="fp32,fp8-delayed", **SMALL), say=lambda *a: None,
                   on_row=lambda rows, env: seen.append([r["precision"] for r in rows]))
     assert seen == [["fp32"], ["fp32", "fp8-delayed"]]
 
 
 def test_time_limit_skips_the_rest():
-    rows, _ = run(BenchArgs(precisions="fp32,fp32", time_limit=1e-9, **SMALL), say=lambda *a: None)
+    rows, _ = run(BenchCommand(precisions="fp32,fp32", time_limit=1e-9, **SMALL), say=lambda *a: None)
     assert rows[0]["status"] == "ok" and rows[1]["status"] == "skipped" and "time limit" in rows[1]["reason"]
 
 
@@ -70,7 +70,7 @@ def test_time_limit_skips_the_rest():
                                     ({"backend": "jax"}, "backend")])
 def test_bad_arguments_are_one_line_errors(kw, key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
-        BenchArgs(**kw)
+        BenchCommand(**kw)
 
 
 def test_speed_variants_master_weights_and_cuda_graphs():
@@ -78,13 +78,13 @@ def test_speed_variants_master_weights_and_cuda_graphs():
     skipped), CUDA graphs are a skipped row with the one-line reason where TE blocks on CUDA are missing."""
     import torch
 
-    a = BenchArgs(precisions="fp32,bf16", master_weights="fp32", **SMALL)
+    a = BenchCommand(precisions="fp32,bf16", master_weights="fp32", **SMALL)
     rows, env = run(a, say=lambda *x: None)
     assert [(r["precision"], r["status"]) for r in rows] == [("fp32", "skipped"), ("bf16", "ok")]
     assert rows[1]["variant"] == "master=fp32" and rows[1]["finite"] and rows[1]["loss_first"] > 5.0
     assert "bf16 (master=fp32)" in markdown(rows, env)
     if not torch.cuda.is_available():
-        rows, _ = run(BenchArgs(precisions="bf16", cuda_graphs=True, **SMALL), say=lambda *x: None)
+        rows, _ = run(BenchCommand(precisions="bf16", cuda_graphs=True, **SMALL), say=lambda *x: None)
         assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "graphs"
         assert rows[0]["reason"].startswith("config key 'cuda_graphs'")
 

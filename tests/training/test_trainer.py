@@ -263,12 +263,13 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     save + resume round trip continues with bit-identical losses."""
     import torch
 
-    from yxanul.training import Trainer, TrainState
+    from yxanul.training import Trainer
+    from yxanul.training.state import read_state_file
 
     t = Trainer(_cfg(tmp_path, "--max_steps", "4", "--sample_tokens", "6")).setup()
     assert t.resume() is None and t.state.step == 0
     before = [p.detach().clone() for p in t.model.parameters()]
-    out = t.train_step(t.next_batches())
+    out = t.advance(t.next_batches())
     assert (t.state.step, t.state.tokens_seen) == (1, 4 * 32) and out.accum == 1
     assert torch.equal(out.lm_loss, out.loss) and out.penalty.item() == 0.0  # no penalty: loss == LM loss
     assert abs(out.loss.item() - math.log(t.mcfg.vocab_size)) < 0.5  # the initial loss is ~ln V
@@ -276,22 +277,22 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     row = t.log(out)
     assert row["loss"] == pytest.approx(out.loss.item()) and read_metrics(t.run_dir / "metrics.jsonl")[-1] == row
     assert "lm_loss" not in row and "penalty" not in row  # the default line and metrics stay as they were
-    out = t.train_step(t.next_batches())
+    out = t.advance(t.next_batches())
     rng = torch.get_rng_state()
     ev = t.evaluate()
     assert torch.equal(rng, torch.get_rng_state())  # the sample forks the RNG: resume stays exact
     assert ev["sample"] and math.isfinite(ev["val_loss"]) and t.state.best_val_loss == ev["val_loss"]
     ckpt = t.save(out)
-    saved = TrainState.read(ckpt)
-    assert (saved.step, saved.val_loss, saved.best_val_loss, saved.tokens_per_step) == (2, ev["val_loss"],
-                                                                                         ev["val_loss"], 128)
-    reference = [t.train_step(t.next_batches()).loss for _ in range(2)]
+    saved, wrote = read_state_file(ckpt)
+    assert (saved.step, saved.val_loss, saved.best_val_loss, wrote.tokens_per_step) == (2, ev["val_loss"],
+                                                                                        ev["val_loss"], 128)
+    reference = [t.advance(t.next_batches()).loss for _ in range(2)]
     t.finish()
 
     r = Trainer(_cfg(tmp_path, "--max_steps", "4", "--resume", str(ckpt))).setup()
     assert r.resume() == ckpt and (r.state.step, r.state.tokens_seen) == (2, 256)
-    assert r.state.best_val_loss == ev["val_loss"] and r.evaluated_at == 2
-    resumed = [r.train_step(r.next_batches()).loss for _ in range(2)]
+    assert r.state.best_val_loss == ev["val_loss"] and r.state.evaluated_at == 2
+    resumed = [r.advance(r.next_batches()).loss for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
 
@@ -299,22 +300,28 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
 def test_train_state_schema_round_trip_and_one_line_errors(tmp_path):
     from yxanul.errors import UserError
     from yxanul.training import TrainState
+    from yxanul.training.state import RunInfo, parse_state_file, read_state_file, state_file_dict
 
-    st = TrainState(step=3, tokens_seen=96, data={"epoch": 0}, val_loss=None, best_val_loss=None)
-    assert TrainState.from_dict(st.to_dict()) == st
+    st, info = TrainState(step=3, tokens_seen=96, data={"epoch": 0}), RunInfo(world_size=2)
+    assert parse_state_file(state_file_dict(st, info)) == (st, info)
     st.record_eval(float("nan"))  # a NaN eval never becomes the best, and None never compares
     st.record_eval(2.5)
     st.record_eval(3.0)
-    assert st.best_val_loss == 2.5 and st.for_checkpoint(evaluated_at=2)["val_loss"] is None
-    v1 = {k: v for k, v in st.to_dict().items() if k not in ("version", "best_val_loss", "wandb_run_id")}
-    assert TrainState.from_dict(v1).version == 1  # checkpoints written before the schema had a version
+    assert st.best_val_loss == 2.5 and parse_state_file(state_file_dict(st, info))[0] == st
+    st.step += 1  # val_loss is saved only when it was measured at the saved step
+    back = parse_state_file(state_file_dict(st, info))[0]
+    assert (back.val_loss, back.evaluated_at, back.best_val_loss) == (None, None, 2.5)
+    d = state_file_dict(st, info)
+    v1 = {k: v for k, v in d.items() if k not in ("version", "best_val_loss", "wandb_run_id")}
+    assert parse_state_file(v1)[1].version == 1  # checkpoints written before the schema had a version
     with pytest.raises(UserError, match=r"^x/trainer_state.json: unknown field 'bogus'"):
-        TrainState.from_dict({**st.to_dict(), "bogus": 1}, source="x/trainer_state.json")
-    with pytest.raises(UserError, match=r"missing field 'data'"):
-        TrainState.from_dict({k: v for k, v in st.to_dict().items() if k != "data"})
+        parse_state_file({**d, "bogus": 1}, source="x/trainer_state.json")
+    for field in ("data", "world_size"):  # progress and run info alike
+        with pytest.raises(UserError, match=rf"missing field '{field}'"):
+            parse_state_file({k: v for k, v in d.items() if k != field})
     (tmp_path / "trainer_state.json").write_text("{not json")
     with pytest.raises(UserError, match="not a readable trainer state"):
-        TrainState.read(tmp_path)
+        read_state_file(tmp_path)
 
 
 def test_callbacks_get_eval_metrics_saves_and_the_end(tmp_path):
@@ -372,6 +379,18 @@ def test_torch_compile_trains_on_cpu(tmp_path):
 
     names = load_file(tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").keys()
     assert "model.embed_tokens.weight" in names and not any("_orig_mod" in n for n in names)
+
+
+def test_torch_compile_with_fp8_is_a_one_line_config_error(tiny_config):
+    """TorchDynamo fails on TE's FP8 weights (seen on an H200): refused before anything is traced."""
+    from yxanul.errors import ConfigError
+    from yxanul.models import YxanulForCausalLM
+    from yxanul.training.runtime import compile_model
+
+    model = YxanulForCausalLM(tiny_config())
+    with pytest.raises(ConfigError, match="^config key 'torch_compile': expected false with FP8"):
+        compile_model(model, "cuda", fp8_enabled=True)
+    assert compile_model(model, "cpu") is not model  # without FP8: compiled (lazily: nothing traced yet)
 
 
 def test_train_step_accumulates_and_reports_lm_loss_and_penalty_apart(tiny_config):
@@ -446,14 +465,17 @@ def test_a_run_longer_than_its_data_says_how_often_it_rereads_it(tmp_path, capsy
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the notice is DeepSpeed's CPU fallback")
-def test_deepspeeds_cpu_notice_is_not_printed_by_a_run():
+def test_deepspeeds_cpu_notice_is_not_printed_by_a_run(tmp_path):
     """accelerate imports DeepSpeed in every run (unwrap_model); on a CPU its import logs "Setting accelerator
-    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass."""
-    code = ("import logging, sys\nfrom yxanul.training.runtime import import_deepspeed_quietly\n"
-            "import_deepspeed_quietly()\nlogging.getLogger('DeepSpeed').warning('another warning')\n"
-            "print('deepspeed' in sys.modules)\n")
-    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass.
+    A real one-step run in a fresh process (DeepSpeed not imported yet), then a DeepSpeed warning."""
+    argv = ["train", *RUN, "--max_steps", "1", "--output_dir", str(tmp_path / "run")]
+    code = (f"import logging, sys\nfrom yxanul.cli import main\nrc = main({argv!r})\n"
+            "logging.getLogger('DeepSpeed').warning('another warning')\nprint('deepspeed' in sys.modules, rc)\n")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
     plain = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True, timeout=300)
     assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what a run printed before
+    assert "done: 1 steps" in quiet.stdout, quiet.stdout[-2000:] + quiet.stderr[-2000:]
     assert "Setting accelerator" not in quiet.stdout + quiet.stderr and "another warning" in quiet.stdout
-    assert quiet.stdout.strip().endswith("True"), quiet.stderr[-2000:]
+    assert quiet.stdout.strip().endswith("True 0"), quiet.stderr[-2000:]

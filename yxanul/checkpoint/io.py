@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..errors import UserError
 
+SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + model index, a DCP folder
+
 
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -148,3 +150,20 @@ def _check_random_states(ckpt) -> None:
             raise UserError(f"resume '{ckpt}': {f.name} is unreadable ({type(e).__name__}); the run cannot resume "
                             "exactly from it") from None
 
+
+def is_sharded_checkpoint(ckpt) -> bool:
+    """An FSDP2 checkpoint: accelerate saved the model as torch.distributed.checkpoint shards."""
+    return (Path(ckpt) / SHARDED_MODEL_DIR).is_dir()
+
+
+def read_sharded_weights(ckpt) -> dict:
+    """The full model state dict of a sharded (FSDP2, torch.distributed.checkpoint) checkpoint, read in
+    this one process without a process group (accelerate's own merge reader)."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint.format_utils as fmt
+
+    state: dict = {}
+    # as accelerate.utils.fsdp_utils._distributed_checkpoint_to_merged_weights reads it
+    fmt._load_state_dict(state, storage_reader=dcp.FileSystemReader(str(Path(ckpt) / SHARDED_MODEL_DIR)),
+                         planner=fmt._EmptyStateDictLoadPlanner(), no_dist=True)
+    return state.get("model", state)

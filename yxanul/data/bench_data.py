@@ -30,7 +30,7 @@ from .tiktoken_path import build_encoding, tiktoken_spec
 
 
 @dataclass
-class BenchDataArgs:
+class BenchDataCommand:
     """Measure tokenizer and `yxanul prepare` throughput on the same documents (docs/data.md)."""
 
     dataset: str | None = field(default=None, metadata={"help": "A .jsonl file with a 'text' column (default: the "
@@ -54,7 +54,7 @@ class BenchDataArgs:
             raise ConfigError("prepare_backend", "one of tokenizers, tiktoken, auto", self.prepare_backend)
 
 
-def _documents(args: BenchDataArgs, tmp: Path) -> tuple[Path, list[str]]:
+def _documents(args: BenchDataCommand, tmp: Path) -> tuple[Path, list[str]]:
     if args.dataset:
         try:
             docs = [json.loads(line)["text"] for line in Path(args.dataset).read_text().splitlines() if line.strip()]
@@ -98,7 +98,7 @@ def _raw_measurements(tok, docs: list[str]) -> dict:
     return out
 
 
-def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int) -> tuple[float, float]:
+def _pipeline(args: BenchDataCommand, path: Path, tmp: Path, procs: int, trial: int) -> tuple[float, float]:
     """(end-to-end seconds, packing-phase seconds) of one `prepare()`."""
     from . import tokenize  # numpy: --help stays light
     from .prepare import prepare, read_meta  # numpy: --help stays light
@@ -115,7 +115,7 @@ def _pipeline(args: BenchDataArgs, path: Path, tmp: Path, procs: int, trial: int
     return dt, meta["stats"]["pack_seconds"], sum(s["tokens"] for s in meta["splits"].values())
 
 
-def run(args: BenchDataArgs, say=print) -> dict:
+def run(args: BenchDataCommand, say=print) -> dict:
     from .prepare import load_tokenizer  # numpy: --help stays light
 
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
@@ -155,7 +155,7 @@ def run(args: BenchDataArgs, say=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_command(BenchDataArgs, argv, prog="yxanul bench-data")
+    args = parse_command(BenchDataCommand, argv, prog="yxanul bench-data")
     result = run(args)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

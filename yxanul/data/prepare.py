@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import DataError, is_no_space
-from ..flags import coerce, fields_of, load_yaml, parse_command
+from ..flags import fields_of, load_yaml, merge, parse_command
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
@@ -379,7 +379,7 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
 
 
 @dataclass
-class PrepareArgs(DataArgs):
+class PrepareCommand(DataArgs):
     """Tokenize and pack a dataset into token shards (docs/data.md)."""
 
     config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
@@ -389,16 +389,12 @@ class PrepareArgs(DataArgs):
 def parse_prepare_args(argv: list[str] | None) -> DataArgs:
     """Flags (yxanul.flags.parse_command) over the data keys of ``--config``."""
     argv = list(argv or [])
-    cli = parse_command(PrepareArgs, argv, prog="yxanul prepare")
+    cli = parse_command(PrepareCommand, argv, prog="yxanul prepare")
     data_fields = fields_of(DataArgs)
     given = {k for k in data_fields for a in argv if a == f"--{k}" or a.startswith(f"--{k}=")}
-    values = {}
-    if cli.config:  # only the data keys: a training config can be prepared ahead of `yxanul train`
-        values = {k: coerce(k, data_fields[k][1], v, from_cli=False) for k, v in load_yaml(cli.config).items()
-                  if k in data_fields}
-    values |= {k: getattr(cli, k) for k in given}
-    if "dataset" in given and cli.dataset is not None:
-        values.pop("datasets", None)  # a flag replaces the file's mixture
+    # only the data keys of the file: a training config can be prepared ahead of `yxanul train`
+    values = merge({k: tp for k, (_, tp) in data_fields.items()}, load_yaml(cli.config) if cli.config else {},
+                   {k: getattr(cli, k) for k in given}, mode="subset", replaces={"dataset": "datasets"})
     return DataArgs(**values)
 
 

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, DataError
-from ..flags import parse_command
+from ..flags import parse_command, same_as
+from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
 
 
 @dataclass
-class TokenizerTrainArgs:
+class TokenizerTrainCommand:
     """Train a byte-level BPE tokenizer (docs/data.md, "Tokenizers")."""
 
     action: Literal["train"] = field(metadata={"help": "What to do: train.", "positional": True})
@@ -44,9 +45,9 @@ class TokenizerTrainArgs:
     held_out_documents: int = field(default=200, metadata={"help": "Documents after the sample used for the "
                                                                    "bytes/token report."})
     min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub config name."})
-    dataset_split: str = field(default="train", metadata={"help": "Split to read."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the text."})
+    dataset_name: str | None = same_as(DataArgs, "dataset_name")
+    dataset_split: str = same_as(DataArgs, "dataset_split")
+    text_column: str = same_as(DataArgs, "text_column")
 
     def __post_init__(self):
         if not self.out:
@@ -61,7 +62,7 @@ class TokenizerTrainArgs:
                               (self.sample_bytes, self.held_out_documents, self.min_frequency))
 
 
-def _documents(args: TokenizerTrainArgs):
+def _documents(args: TokenizerTrainCommand):
     src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
                          args.dataset_name)
     check_source(src)
@@ -71,7 +72,7 @@ def _documents(args: TokenizerTrainArgs):
             yield row["text"]
 
 
-def sample_and_held_out(args: TokenizerTrainArgs) -> tuple[list[str], list[str]]:
+def sample_and_held_out(args: TokenizerTrainCommand) -> tuple[list[str], list[str]]:
     """The training sample (up to ``sample_bytes``) and the next ``held_out_documents`` documents."""
     sample, held, size = [], [], 0
     for text in _documents(args):
@@ -127,7 +128,7 @@ def compare(tok, held: list[str]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     import time
 
-    args = parse_command(TokenizerTrainArgs, argv, prog="yxanul tokenizer")
+    args = parse_command(TokenizerTrainCommand, argv, prog="yxanul tokenizer")
     t0 = time.time()
     sample, held = sample_and_held_out(args)
     tok = train_bpe(sample, args.vocab_size, args.special_tokens, args.min_frequency)

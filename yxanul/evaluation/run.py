@@ -20,9 +20,10 @@ from ..data.args import DataArgs
 from ..data.loader import eval_batches
 from ..data.prepare import target_dir
 from ..errors import ConfigError, DataError, UserError
-from ..flags import parse_command
+from ..flags import check_same_as, parse_command, same_as
 from ..hub.loading import is_export, load_model
 from ..integrations.causal_lm import as_llama, with_pad_token
+from ..tracking import TrackingArgs
 from .harness import evaluate_harness, headline, split_tasks, task_manager
 from .tasks import load_task, score_task, task_name
 
@@ -79,7 +80,7 @@ class EvalCommand:
     seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
                                                                    "max_position_embeddings)."})
     batch_size: int = field(default=8, metadata={"help": "Validation windows per forward pass."})
-    eval_steps: int = field(default=20, metadata={"help": "Validation batches."})
+    eval_steps: int = same_as(TrackingArgs, "eval_steps")
     device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu or cuda[:N]."})
     output: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
 
@@ -90,7 +91,8 @@ class EvalCommand:
             v = getattr(self, key)
             if v is not None and v < 1:
                 raise ConfigError(key, "an integer >= 1", v)
-        for key in ("batch_size", "eval_steps"):
+        check_same_as(self)
+        for key in ("batch_size",):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
 

@@ -19,8 +19,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..data.args import DataArgs
 from ..errors import ConfigError, UserError
-from ..flags import parse_command
+from ..flags import parse_command, same_as
 from .qa import answer_reward, format_reward, grpo_dataset, load_qa, prompt_of, sft_dataset
 
 
@@ -32,7 +33,7 @@ class GrpoCommand:
     dataset: str = field(default="usmle_mini", metadata={
         "help": "usmle_mini (bundled, 32 USMLE-style items), a .jsonl/.json/.parquet file, or a Hub dataset with "
                 "MedQA's columns, e.g. GBaker/MedQA-USMLE-4-options."})
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset config name."})
+    dataset_name: str | None = same_as(DataArgs, "dataset_name")
     split: str = field(default="train", metadata={"help": "Split of a Hub dataset."})
     limit: int | None = field(default=None, metadata={"help": "Use only the first N rows."})
     output_dir: str = field(default="runs/grpo", metadata={"help": "Output folder (new or empty)."})

@@ -27,7 +27,7 @@ class HubArgs:
     push_to_hub: bool = field(default=False, metadata={
         "help": "Push the exported model (Llama format), trainer_state, config, metrics and a model card to "
                 "--hub_model_id in a background thread (token: HF_TOKEN or `hf auth login`)."})
-    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository, ORG/NAME."})
+    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository, ORG/NAME (created if missing)."})
     hub_strategy: Literal["every_save", "best", "end"] = field(default="every_save", metadata={
         "help": "When to push: every checkpoint save, only a save that is the new best by val loss, or "
                 "once at the end of training."})

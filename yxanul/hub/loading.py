@@ -2,8 +2,9 @@
 
 A MODEL argument (``yxanul export|push|generate|eval``) is one of:
   - a run directory (``RUN/checkpoints/best``, else ``latest``, else the newest ``step_N``);
-  - a checkpoint folder ``RUN/checkpoints/step_N`` (accelerate's ``model.safetensors``, or DeepSpeed's
-    ``pytorch_model/`` folder of a ZeRO run); extra files (optimizer, RNG, FP8 state, manifests) are ignored;
+  - a checkpoint folder ``RUN/checkpoints/step_N`` (accelerate's ``model.safetensors``, FSDP2's sharded
+    ``pytorch_model_fsdp_0/``, or DeepSpeed's ``pytorch_model/`` folder of a ZeRO run); extra files
+    (optimizer, RNG, FP8 state, manifests) are ignored;
   - an export (a folder with ``config.json``: ``yxanul export`` in either format, or any HF causal LM).
 """
 
@@ -18,6 +19,7 @@ import torch
 import yaml
 
 from ..checkpoint import STATE_FILE, read_state, verified_checkpoint
+from ..checkpoint.io import SHARDED_MODEL_DIR, is_sharded_checkpoint, read_sharded_weights
 from ..data.args import DataArgs
 from ..data.prepare import load_prepared_tokenizer, target_dir
 from ..errors import UserError
@@ -54,8 +56,10 @@ def is_export(path: str | Path) -> bool:
 def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     """The model weights of a checkpoint in fp32, TE's ``*_extra_state`` dropped.
 
-    accelerate writes ``model.safetensors``; under DeepSpeed, accelerate's ``save_state`` writes the engine's
-    own ``pytorch_model/`` folder, whose fp32 master weights DeepSpeed's ``zero_to_fp32`` rebuilds (ZeRO 1-3)."""
+    accelerate writes ``model.safetensors``; under FSDP2 one ``torch.distributed.checkpoint`` shard per rank
+    in ``pytorch_model_fsdp_0/`` (joined here without a process group); under DeepSpeed, accelerate's
+    ``save_state`` writes the engine's own ``pytorch_model/`` folder, whose fp32 master weights DeepSpeed's
+    ``zero_to_fp32`` rebuilds (ZeRO 1-3)."""
     files = sorted(ckpt.glob("model*.safetensors"))
     if files:
         from safetensors.torch import load_file
@@ -63,6 +67,8 @@ def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
+    elif is_sharded_checkpoint(ckpt):  # FSDP2: torch.distributed.checkpoint shards, read in one process
+        state = read_sharded_weights(ckpt)
     elif (ckpt / "pytorch_model").is_dir():
         try:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -71,7 +77,8 @@ def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
                             f"(pip install yxanul[deepspeed]): {e}") from None
         state = dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="pytorch_model"))
     else:
-        raise UserError(f"checkpoint '{ckpt}': no model*.safetensors and no DeepSpeed pytorch_model/ folder")
+        raise UserError(f"checkpoint '{ckpt}': no model*.safetensors, no FSDP {SHARDED_MODEL_DIR}/ and no "
+                        "DeepSpeed pytorch_model/ folder")
     return {k: v.float() for k, v in state.items() if not k.endswith("_extra_state")}
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, UserError
-from ..flags import parse_command
-from .args import check_repo_id
+from ..flags import check_same_as, parse_command, same_as
+from .args import HubArgs, check_repo_id
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class PushCommand:
     to the Hugging Face Hub. The token comes from HF_TOKEN or `hf auth login`."""
 
     model: str = field(metadata={"positional": True, "help": "Run directory, checkpoint folder or export folder."})
-    hub_model_id: str | None = field(default=None, metadata={"help": "Hub repository, ORG/NAME (created if "
-                                                                   "missing). Required."})
+    hub_model_id: str | None = same_as(HubArgs, "hub_model_id")  # required here
     private: bool = field(default=False, metadata={"help": "Create the repository as private."})
     revision: str | None = field(default=None, metadata={"help": "Branch to push to (created if missing)."})
     commit_message: str | None = field(default=None, metadata={"help": "Commit message."})
@@ -83,7 +82,7 @@ class PushCommand:
     def __post_init__(self):
         if not self.hub_model_id:
             raise ConfigError("hub_model_id", "ORG/NAME (`yxanul push MODEL --hub_model_id ORG/NAME`)")
-        check_repo_id("hub_model_id", self.hub_model_id)
+        check_same_as(self)
 
 
 def main(argv: list[str] | None = None, api=None) -> int:

@@ -28,20 +28,16 @@ from transformers import TrainerCallback
 from ..checkpoint.io import write_atomic
 from ..checkpoint.manifest import write_manifest
 from ..precision import format_report, precision_report
+from ..tracking import flat_tracker_config
 
 REPORT = "precision_report.json"
 
 
 def flat_numbers(d: dict, prefix: str) -> dict[str, float]:
-    """Nested dict -> {"prefix/a/b": float} for its numbers and booleans (strings and None left out)."""
-    out: dict[str, float] = {}
-    for k, v in d.items():
-        key = f"{prefix}/{k}"
-        if isinstance(v, dict):
-            out.update(flat_numbers(v, key))
-        elif isinstance(v, (bool, int, float)):
-            out[key] = float(v)
-    return out
+    """Nested dict -> {"prefix/a/b": float} for its numbers and booleans (strings, lists and None left out:
+    a Trainer log takes scalars only). The flattening is the trackers' own (`flat_tracker_config`)."""
+    return {k: float(v) for k, v in flat_tracker_config(d, prefix + "/").items()
+            if isinstance(v, (bool, int, float))}
 
 
 class PrecisionCallback(TrainerCallback):
@@ -81,6 +77,13 @@ class PrecisionCallback(TrainerCallback):
                 self._whole_report(rep, state.global_step)
             self._logged_once, self._logged_with_readback = True, readback
 
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # a run shorter than logging_steps logs no training loss, so on_log never saw the read-back that the
+        # first forward recorded: the report on disk would still say "FP8?" (seen under DeepSpeed, 4 steps)
+        if model is not None and self.plan.readback is not None and not self._logged_with_readback:
+            self._write(args, state, model)
+            self._logged_with_readback = True
+
     def _whole_report(self, rep: dict, step: int) -> None:
         """The whole report, strings included, where a logger can hold it: TensorBoard text
         (``precision_report``), the W&B run config (``precision_report``)."""
@@ -105,7 +108,7 @@ class PrecisionCallback(TrainerCallback):
 
 
 class ManifestCallback(TrainerCallback):
-    """Last at every save: ``manifest.json`` (sizes and sha256 of every file, yxanul.checkpoint.manifest) into
+    """Last at every save: ``manifest.json`` (sizes and sha256 of every file, yxanul's manifest.py) into
     Trainer's ``checkpoint-N``, so that a resume verifies it as yxanul's own checkpoints are verified."""
 
     def on_save(self, args, state, control, **kwargs):

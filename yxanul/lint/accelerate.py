@@ -1,10 +1,12 @@
-"""accelerate 1.15 YAML rules: ClusterConfig fields, what reads ACCELERATE_FP8_<KEY>, DeepSpeed-plugin conflicts."""
+"""accelerate 1.15 YAML rules: ClusterConfig fields, what reads ACCELERATE_FP8_<KEY>, DeepSpeed-plugin conflicts;
+the FSDP rules live in fsdp.py."""
 
 from __future__ import annotations
 
 import os
 
 from .common import ERROR, WARNING, Problem, collector, truthy
+from .fsdp import fix_fsdp, lint_fsdp_yaml
 
 ACC_KEYS = {  # BaseConfig + ClusterConfig fields (+ "fp16"/"dynamo_backend", converted on load)
     "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
@@ -86,6 +88,7 @@ def lint_accelerate(cfg: dict, file: str, use_fp8: bool | None = None,
     _check_processes(cfg, dt, add)
     if dt == "DEEPSPEED":
         _check_deepspeed_plugin(cfg, mp, ds_file_exists, add)
+    lint_fsdp_yaml(cfg, dt, use_fp8 if use_fp8 is not None else (mp == "fp8" if mp else None), add)
     if not (dt == "DEEPSPEED" and mp is None):
         found = precision_mismatch(mp, use_fp8, source="accelerate config")
         if found:
@@ -227,6 +230,7 @@ def fix_accelerate(cfg: dict) -> dict:
         cfg["fp8_config"] = new
     if dt == "MULTI_CPU" and (cfg.get("num_processes") or 1) > 1 and not cfg.get("mpirun_config"):
         cfg["distributed_type"], cfg["use_cpu"] = "MULTI_GPU", True
+    fix_fsdp(cfg)
     if dt == "DEEPSPEED":
         ds = cfg.get("deepspeed_config") or {}
         for key in set(ds) - DS_YAML_KEYS:

@@ -116,7 +116,7 @@ def _read_use_fp8(path: str) -> bool:
 
 
 @dataclass
-class LintArgs:
+class LintCommand:
     """Lint DeepSpeed JSON and accelerate YAML configs; exit 1 if any error (2 with --strict and warnings)."""
 
     files: list[str] = field(metadata={"positional": True, "metavar": "FILE",
@@ -133,7 +133,7 @@ class LintArgs:
                                                           "errors, which exit 1 anyway)."})
 
 
-def _fix_one(path: str, args: LintArgs, use_fp8) -> None:
+def _fix_one(path: str, args: LintCommand, use_fp8) -> None:
     stem, ext = os.path.splitext(os.path.basename(path))
     out = os.path.join(args.out, stem + ext) if args.out else os.path.join(os.path.dirname(path), f"{stem}.fixed{ext}")
     if os.path.abspath(out) == os.path.abspath(path):
@@ -145,7 +145,7 @@ def _fix_one(path: str, args: LintArgs, use_fp8) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N] [--strict]`."""
-    args = parse_command(LintArgs, argv, prog="yxanul lint-config")
+    args = parse_command(LintCommand, argv, prog="yxanul lint-config")
     use_fp8 = _read_use_fp8(args.train_config) if args.train_config else None
     n_err = n_warn = 0
     for path in args.files:

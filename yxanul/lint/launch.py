@@ -8,6 +8,7 @@ import os
 from .accelerate import fp8_key_problem, precision_mismatch
 from .common import ERROR, WARNING, Problem, collector, truthy
 from .files import lint_file
+from .fsdp import lint_fsdp_env
 
 
 def _int(value, default: int | None) -> int | None:
@@ -60,10 +61,8 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_avai
             add("ACCELERATE_MIXED_PRECISION", WARNING, *found)
     if deepspeed:
         P.extend(_deepspeed_problems(env, add, use_fp8))
-    if truthy(env.get("ACCELERATE_USE_FSDP")) and cuda_available is False:
-        add("ACCELERATE_USE_FSDP", WARNING, "no CUDA: accelerate turns FSDP on only for a GPU-type process group "
-            "(AcceleratorState, state.py), so this run is plain data parallel with the whole model in every "
-            "process and checkpoints unsharded", "run FSDP on GPUs; on CPU use accelerate_configs/cpu.yaml")
+    if truthy(env.get("ACCELERATE_USE_FSDP")):  # on CPU too: the trainer shards over gloo (training/fsdp.py)
+        lint_fsdp_env(env, use_fp8, add)
     world = _int(env.get("WORLD_SIZE", "1"), 1)
     if cuda_available is False and world > 1 and "LOCAL_RANK" in env and not truthy(env.get("ACCELERATE_USE_CPU")) \
             and not (deepspeed or forces_cpu):

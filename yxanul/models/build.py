@@ -7,6 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from ..checkpoint.io import is_sharded_checkpoint, read_sharded_weights
 from ..checkpoint.save import verified_weights_dir
 from ..errors import UserError
 from .args import ModelArgs
@@ -32,13 +33,14 @@ def build_model(args: ModelArgs, vocab_size: int):
 
 
 def load_weights(model, path: str) -> None:
-    """Load ``path/model*.safetensors`` into ``model`` (strict apart from TE's ``*_extra_state`` and a
-    tied LM head that a save dropped as a duplicate). Mismatches raise a one-line UserError."""
+    """Load ``path/model*.safetensors`` (or an FSDP2 checkpoint's shards) into ``model`` (strict apart from
+    TE's ``*_extra_state`` and a tied LM head that a save dropped as a duplicate). Mismatches raise a
+    one-line UserError."""
     verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
-    if not files:
-        raise UserError(f"init_from '{path}': no model*.safetensors in that folder")
-    state = {}
+    if not files and not is_sharded_checkpoint(path):
+        raise UserError(f"init_from '{path}': no model*.safetensors (nor FSDP2 shards) in that folder")
+    state = {} if files else read_sharded_weights(path)  # FSDP2: the shards joined in this process
     for f in files:
         state.update(load_file(str(f)))
     if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names

@@ -50,6 +50,14 @@ def _device() -> str:
     return "meta" if default.type == "meta" else "cuda"
 
 
+def _params_dtype() -> torch.dtype:
+    """The dtype the torch twin's parameters get: torch's default (fp32 in `yxanul train`; BF16 under
+    ``from_pretrained(..., dtype=torch.bfloat16)``, which sets the default while the model is built). Not a
+    fixed fp32: the embedding follows the default, and a TE tree in fp32 beside a BF16 embedding breaks
+    every forward run outside autocast (generation on the torch twin, GRPO rollouts)."""
+    return torch.get_default_dtype()
+
+
 def init_methods(config):
     """(init_method, output_layer_init_method) matching `_init_weights` of the torch backend."""
     std = config.initializer_range
@@ -76,7 +84,7 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             layer_number=layer_idx + 1, self_attn_mask_type="causal", normalization="RMSNorm",
             activation="swiglu", bias=False, attn_input_format="bshd",
             fuse_qkv_params=config.fuse_qkv_params, qkv_weight_interleaved=False,  # fused rows: cat[q, k, v]
-            params_dtype=torch.float32, device=_device(),
+            params_dtype=_params_dtype(), device=_device(),
         )
         self.layer_idx = layer_idx
         no_pickled_extra_state(self)
@@ -100,7 +108,7 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
 
 def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only
     """The final norm (`te.RMSNorm`, parameter `weight`, fp32)."""
-    norm = te.RMSNorm(hidden_size, eps=eps, dtype=torch.float32, device=_device())
+    norm = te.RMSNorm(hidden_size, eps=eps, dtype=_params_dtype(), device=_device())
     no_pickled_extra_state(norm)
     return norm
 

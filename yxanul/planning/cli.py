@@ -16,8 +16,10 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..flags import parse_command
+from ..flags import check_same_as, parse_command, same_as
+from ..models.args import ModelArgs
 from ..models.presets import PRESETS
+from ..training.batching.args import BatchArgs
 from .memory import STRATEGIES, Memory, memory, model_shapes
 
 GiB = 2**30
@@ -26,21 +28,19 @@ MAX_MICRO = 4096
 
 # strategy -> accelerate profile (accelerate_configs/)
 PROFILES = {"single": "single_gpu_fp8.yaml", "ddp": "multi_gpu_fp8.yaml", "zero1": "deepspeed_zero1_fp8.yaml",
-            "zero2": "deepspeed_zero2_fp8.yaml", "zero3": "deepspeed_zero3_fp8.yaml"}
-# planned, not launchable: accelerate 1.15 turns FSDP on only for GPU process groups and yxanul ships no
-# FSDP2 profile yet, so these rows show the memory and are never chosen
-NOT_LAUNCHABLE = ("fsdp2", "hsdp")
+            "zero2": "deepspeed_zero2_fp8.yaml", "zero3": "deepspeed_zero3_fp8.yaml", "fsdp2": "fsdp2.yaml",
+            "hsdp": "fsdp2_hsdp.yaml"}
 MULTI_NODE_DDP = "multi_node_fp8.yaml"
 
 
 @dataclass
-class PlanArgs:
+class PlanCommand:
     """Plan the memory per GPU of a training run and the strategy to launch it with."""
 
     preset: str = field(default="7b", metadata={"help": "Model preset: " + ", ".join(PRESETS) + ".",
                                                 "aliases": ["--model"]})
-    seq_length: int = field(default=2048, metadata={"help": "Tokens per sequence."})
-    micro_batch_size: int = field(default=1, metadata={"help": "Sequences per GPU per forward/backward."})
+    seq_length: int = same_as(ModelArgs, "seq_length", default=2048)
+    micro_batch_size: int = same_as(BatchArgs, "micro_batch_size", default=1)
     gpu_memory: float = field(default=80.0, metadata={"help": "Memory of one GPU in GiB (an H100 80GB has 79.2)."})
     gpus: int = field(default=8, metadata={"help": "GPUs per node."})
     nodes: int = field(default=1, metadata={"help": "Nodes."})
@@ -54,7 +54,8 @@ class PlanArgs:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ConfigError("preset", "one of " + ", ".join(PRESETS), self.preset)
-        for key in ("seq_length", "micro_batch_size", "gpus", "nodes", "vocab_size"):
+        check_same_as(self)
+        for key in ("gpus", "nodes", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         if not self.gpu_memory > 0:
@@ -72,7 +73,7 @@ class PlanArgs:
         return int(self.gpu_memory * GiB * (1 - self.headroom)) - CUDA_CONTEXT
 
 
-def candidates(a: PlanArgs) -> list[str]:
+def candidates(a: PlanCommand) -> list[str]:
     if a.world == 1:
         return ["single"]
     return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or a.nodes > 1)]
@@ -105,7 +106,7 @@ def max_micro(fit, budget: int) -> int:
     return lo
 
 
-def plan(a: PlanArgs) -> dict:
+def plan(a: PlanCommand) -> dict:
     """The whole plan as plain data (what --json prints)."""
     from ..models.configuration_yxanul import config_from_preset  # transformers: --help stays light
 
@@ -122,7 +123,7 @@ def plan(a: PlanArgs) -> dict:
                    "max_micro_batch": max_micro(at, a.budget),
                    "comm_bytes": comm_bytes(s, shapes.params, a.world, a.gpus)}
             rows.append(row)
-            if choice is None and row["fits"] and s not in NOT_LAUNCHABLE:
+            if choice is None and row["fits"]:
                 choice = row
     return {"preset": a.preset, "params": shapes.params, "flops_per_token": config.flops_per_token(a.seq_length),
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
@@ -132,7 +133,7 @@ def plan(a: PlanArgs) -> dict:
                                   "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
 
 
-def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
+def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
     """The exact `accelerate launch` command (run on every node with its own NODE_RANK)."""
     profile = MULTI_NODE_DDP if strategy == "ddp" and a.nodes > 1 else PROFILES[strategy]
     parts = ["accelerate launch", f"--config_file accelerate_configs/{profile}"]
@@ -140,6 +141,8 @@ def launch_line(a: PlanArgs, strategy: str, checkpointing: bool) -> str:
         parts += [f"--num_machines {a.nodes}", f"--num_processes {a.world}"]
     if a.nodes > 1:
         parts += ["--machine_rank $NODE_RANK", "--main_process_ip $MAIN_IP", "--main_process_port 29500"]
+    if strategy == "hsdp":  # replicate over the nodes, shard over the GPUs of each (the profile says 2 x 8)
+        parts += [f"--parallelism_config_dp_replicate_size {a.nodes}", f"--parallelism_config_dp_shard_size {a.gpus}"]
     parts += ["train.py", f"--config {a.config}", f"--model {a.preset}", f"--seq_length {a.seq_length}",
               f"--micro_batch_size {a.micro_batch_size}"]
     if checkpointing:
@@ -163,11 +166,9 @@ def table(p: dict) -> str:
         cells = (r["strategy"], "yes" if r["checkpointing"] else "no", r["shard"], *map(_gib, (
                  r["weights"], r["gradients"], r["optimizer"], r["buffers"], r["weight_casts"], r["activations"],
                  r["total"])),
-                 ("yes" if r["fits"] else "NO") + ("*" if r["strategy"] in NOT_LAUNCHABLE else ""),
+                 "yes" if r["fits"] else "NO",
                  r["max_micro_batch"], f"{r['comm_bytes'] / 1e9:.1f}")
         lines.append("  ".join(f"{c:>8}" for c in cells))
-    if any(r["strategy"] in NOT_LAUNCHABLE for r in p["rows"]):
-        lines.append("* planned only: yxanul ships no FSDP2/HSDP profile yet (docs/distributed.md)")
     c = p["choice"]
     if c is None:
         lines.append("nothing fits: more GPUs, a shorter seq_length, or a smaller micro-batch")
@@ -181,7 +182,7 @@ def table(p: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
-    a = parse_command(PlanArgs, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
+    a = parse_command(PlanCommand, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
     p = plan(a)
     print(json.dumps(p, indent=2) if a.json else table(p))
     return 0 if p["choice"] else 1

@@ -160,6 +160,7 @@ class PrecisionPlan:
         # False when the weights are sharded (ZeRO-3, FSDP2): TE's FP8 weight cache would keep an
         # unsharded FP8 copy of every layer on every GPU between micro-batches
         self.cache_fp8_weights = True
+        self.sharding: dict | None = None  # FSDP2: mesh and gather/reduce dtypes (training/fsdp.py)
 
     @property
     def label(self) -> str:
@@ -222,7 +223,7 @@ class PrecisionPlan:
         if self._snapshot is None:
             return
         inner = _inner(model)
-        now = {n: type(m).__name__ for n, m in inner.named_modules()}
+        now = _module_classes(inner)
         changed = [f"{n}: {t} -> {now.get(n)}" for n, t in self._snapshot.items() if now.get(n) != t]
         if changed:
             raise RuntimeError("accelerate.prepare() replaced modules (its FP8 convert_model?): "
@@ -294,6 +295,23 @@ def _run_without_fp8(module, _te, recipe) -> None:
 
     module.forward = MethodType(forward, module)
     module._yx_fp8 = False
+
+
+def _module_classes(model) -> dict[str, str]:
+    """name -> class name of each module, seen through what FSDP2 legitimately changes: ``fully_shard``
+    swaps a module's class for a subclass ``FSDP<Name>``, activation checkpointing puts the layer under
+    ``<name>._checkpoint_wrapped_module`` of a ``CheckpointWrapper``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = {}
+    for n, m in model.named_modules():
+        cls = type(m).__name__
+        if cls == "CheckpointWrapper":
+            continue
+        if isinstance(m, FSDPModule) and cls.startswith("FSDP"):
+            cls = cls[len("FSDP"):]
+        out[n.replace("._checkpoint_wrapped_module", "")] = cls
+    return out
 
 
 def _inner(model):

@@ -105,6 +105,7 @@ def precision_report(model, plan) -> dict:
         "compute_capability": ".".join(map(str, f.compute_capability)) if f.compute_capability else None,
         "te_version": f.te_version, "fp8_min_gemm_dim": plan.args.fp8_min_gemm_dim,
         "fp8_keep_bf16": plan.args.fp8_keep_bf16, "fp8_eval": plan.args.fp8_eval,
+        "sharding": getattr(plan, "sharding", None), "fp8_weight_cache": getattr(plan, "cache_fp8_weights", True),
     }
 
 

@@ -25,7 +25,7 @@ from .spec import load_spec
 
 
 @dataclass
-class SweepArgs:
+class SweepCommand:
     """Run a W&B sweep file: online with wandb.agent, or offline here (grid/random), resumably."""
 
     file: str = field(metadata={"help": "Sweep file in W&B's format (sweeps/*.yaml).", "positional": True})
@@ -50,7 +50,7 @@ class SweepArgs:
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the sweep's own flags and FILE, the rest: yxanul config flags, with their values, for every trial)."""
-    fields = fields_of(SweepArgs)
+    fields = fields_of(SweepCommand)
     bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool}
     lists = {k for k, (_, _, tp) in _fields().items() if _is_list(strip_optional(tp)[0])}
     own: list[str] = []
@@ -70,7 +70,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, rest
 
 
-def is_offline(args: SweepArgs) -> tuple[bool, str]:
+def is_offline(args: SweepCommand) -> tuple[bool, str]:
     """Offline, and why."""
     if args.offline:
         return True, "--offline"
@@ -86,8 +86,8 @@ def is_offline(args: SweepArgs) -> tuple[bool, str]:
 def main(argv: list[str] | None = None, client=None) -> int:
     """``client``: the ``wandb`` module (tests pass a recording stand-in)."""
     own, overrides = split_argv(list(argv or []))
-    args = parse_command(SweepArgs, own, prog="yxanul sweep", description=(
-        f"{SweepArgs.__doc__} Any other flag (a `yxanul train` config key: --max_steps 20, --config BASE.yaml) "
+    args = parse_command(SweepCommand, own, prog="yxanul sweep", description=(
+        f"{SweepCommand.__doc__} Any other flag (a `yxanul train` config key: --max_steps 20, --config BASE.yaml) "
         "goes to every trial. docs/sweeps.md"))
     spec = load_spec(args.file)
     offline, why = (True, "--summary") if args.summary else is_offline(args)

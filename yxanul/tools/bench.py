@@ -25,18 +25,21 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
-from ..flags import parse_command
+from ..flags import check_same_as, parse_command, same_as
+from ..models.args import ModelArgs
 from ..models.presets import PRESETS
-from ..precision import PrecisionArgs
+from ..precision.args import PrecisionArgs
 from ..tracking import mfu, peak_flops
+from ..training.args import TrainArgs
 from ..training.optim import OptimArgs, build_optimizer
+from ..training.runtime import compile_model
 from .bench_profile import profile_steps
 
 PRECISIONS = ("fp32", "bf16", "fp8-delayed", "fp8-current", "fp8-block", "fp8-mxfp8")
 
 
 @dataclass
-class BenchArgs:
+class BenchCommand:
     """What to measure (comma-separated lists multiply out)."""
 
     presets: str = field(default="gpt2-124m,medium,xlarge", metadata={"help": "Model presets."})
@@ -50,22 +53,16 @@ class BenchArgs:
                                                        "tokens_per_micro)."})
     steps: int = field(default=10, metadata={"help": "Timed steps per case (the median is reported)."})
     warmup: int = field(default=3, metadata={"help": "Untimed steps first (allocator, TE workspaces, autotune)."})
-    backend: str = field(default="auto", metadata={"help": "Model backend: auto, te or torch."})
+    backend: Literal["auto", "te", "torch"] = same_as(ModelArgs, "backend")
     vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (GPT-2's 50257, padded to 50304)."})
     fp8_min_gemm_dim: int = field(default=-1, metadata={"help": "Small-GEMM policy threshold for the FP8 cases "
                                                         "(-1: the training default; 0: every layer FP8)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in backward."})
-    loss_impl: Literal["default", "chunked", "te"] = field(
-        default="default", metadata={"help": "The loss of every case (to measure chunked / TE's "
-                                     "parallel_cross_entropy against the default before either becomes one)."})
-    fuse_qkv_params: bool = field(default=False, metadata={"help": "TE backend: one fused QKV weight per block."})
-    master_weights: Literal["none", "fp32"] = field(
-        default="none", metadata={"help": "fp32: BF16 model weights with fp32 master copies in the optimizer "
-                                  "(fp32 cases are skipped)."})
-    cuda_graphs: bool = field(default=False, metadata={"help": "TE backend on CUDA: each block replayed as a CUDA "
-                                                       "graph (captured in the first warm-up step)."})
-    torch_compile: bool = field(default=False, metadata={"help": "torch.compile the model of every case "
-                                                         "(inductor on CUDA, aot_eager on CPU, as the trainer)."})
+    gradient_checkpointing: bool = same_as(ModelArgs, "gradient_checkpointing")
+    loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
+    fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
+    master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
+    cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
+    torch_compile: bool = same_as(TrainArgs, "torch_compile")
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
                                                      "as skipped (0: no limit)."})
     profile: bool = field(default=False, metadata={"help": "Also profile 3 steps per case: per-step wall, host and "
@@ -83,8 +80,7 @@ class BenchArgs:
         bad = [p for p in _split(self.precisions) if p not in PRECISIONS]
         if bad:
             raise ConfigError("precisions", "a comma-separated list of " + ", ".join(PRECISIONS), ",".join(bad))
-        if self.backend not in ("auto", "te", "torch"):
-            raise ConfigError("backend", "one of auto, te, torch", self.backend)
+        check_same_as(self)
         bad = [p for p in _split(self.presets) if p not in PRESETS]
         if bad:
             raise ConfigError("presets", "a comma-separated list of " + ", ".join(PRESETS), ",".join(bad))
@@ -96,7 +92,7 @@ class BenchArgs:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
 
 
-def variant(a: BenchArgs) -> str:
+def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["compile"] * a.torch_compile
@@ -144,7 +140,7 @@ def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], lis
     return times, losses, round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
 
 
-def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, device, profile_dir=None) -> dict:
+def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand, device, profile_dir=None) -> dict:
     """Measure one case; returns a row (status ok / skipped / OOM)."""
     import torch
 
@@ -189,7 +185,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchArgs, de
     return row
 
 
-def _config(preset: str, seq: int, a: BenchArgs):
+def _config(preset: str, seq: int, a: BenchCommand):
     """The case's model config; 'auto' resolved before the precision plan, as the trainer does (else every
     FP8 case is skipped with "backend is 'auto'", seen on an H100)."""
     from ..models.configuration_yxanul import config_from_preset  # torch: --help stays light
@@ -199,7 +195,7 @@ def _config(preset: str, seq: int, a: BenchArgs):
                               fuse_qkv_params=a.fuse_qkv_params, cuda_graphs=a.cuda_graphs)
 
 
-def _build(config, plan, a: BenchArgs, device, notes: list):
+def _build(config, plan, a: BenchCommand, device, notes: list):
     """(model, optimizer) as the trainer builds them: model, policy + read-back (+ master weights), AdamW."""
     import torch
 
@@ -213,7 +209,7 @@ def _build(config, plan, a: BenchArgs, device, notes: list):
     plan.prepare_model(model, say=notes.append)
     opt = build_optimizer(model, OptimArgs())
     if a.torch_compile:
-        model = torch.compile(model, backend="inductor" if device.type == "cuda" else "aot_eager")
+        model = compile_model(model, device.type, plan.fp8_enabled)
     return model, opt
 
 
@@ -259,7 +255,7 @@ def _release(device) -> None:
         _te.reset_fp8_state()  # no stale amax buffers of freed modules between cases
 
 
-def cases(a: BenchArgs):
+def cases(a: BenchCommand):
     """(preset, seq, micro, precision) in run order: small presets first, precisions side by side."""
     for preset in _split(a.presets):
         for seq in (int(s) for s in _split(a.seq_lengths)):
@@ -325,7 +321,7 @@ def markdown(rows: list[dict], env: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run(a: BenchArgs, say=print, on_row=None) -> tuple[list[dict], dict]:
+def run(a: BenchCommand, say=print, on_row=None) -> tuple[list[dict], dict]:
     """Every case in order; ``on_row(rows, env)`` after each (bench.json is rewritten as rows come in, so a
     run cut off by a timeout keeps the cases it finished)."""
     import torch
@@ -353,7 +349,7 @@ def run(a: BenchArgs, say=print, on_row=None) -> tuple[list[dict], dict]:
     return rows, env
 
 
-def _write(out: Path, a: BenchArgs, rows: list[dict], env: dict) -> None:
+def _write(out: Path, a: BenchCommand, rows: list[dict], env: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps({"env": env, "args": asdict(a), "rows": rows}, indent=2))
     (out / "bench.md").write_text(markdown(rows, env))
@@ -361,7 +357,7 @@ def _write(out: Path, a: BenchArgs, rows: list[dict], env: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul bench [--presets ...] [--seq_lengths ...] [--precisions ...] [--out DIR]`."""
-    a = parse_command(BenchArgs, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
+    a = parse_command(BenchCommand, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
     rows, env = run(a, on_row=(lambda rows, env: _write(Path(a.out), a, rows, env)) if a.out else None)
     print(markdown(rows, env))
     if a.out:

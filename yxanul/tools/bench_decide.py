@@ -120,7 +120,7 @@ def report(decisions: list[dict], threshold: int | None, ratios: list[tuple], pa
 
 
 @dataclass
-class DecideArgs:
+class DecideCommand:
     """Print which speed variant becomes the default where (the rule, applied to committed numbers)."""
 
     bench_dir: str = field(default="docs/bench", metadata={"help": "The committed YYYY-MM-DD-<gpu>-*.json."})
@@ -134,7 +134,7 @@ class DecideArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_command(DecideArgs, argv, prog="python -m yxanul.tools.bench_decide",
+    a = parse_command(DecideCommand, argv, prog="python -m yxanul.tools.bench_decide",
                       description=__doc__.split("\n\n")[0])
     if a.parity_runs:
         runs = a.parity_runs.split(",")

@@ -217,7 +217,7 @@ def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Pa
 
 
 @dataclass
-class BenchTableArgs:
+class BenchTableCommand:
     """Pack device speed results, commit them to docs/bench/, regenerate docs/benchmarks.md's table."""
 
     action: Literal["pack", "junit", "commit", "render"] = field(metadata={"positional": True, "help": (
@@ -240,7 +240,7 @@ class BenchTableArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_command(BenchTableArgs, argv, prog="python -m yxanul.tools.bench_table",
+    a = parse_command(BenchTableCommand, argv, prog="python -m yxanul.tools.bench_table",
                       description=__doc__.split("\n\n")[0])
     if a.action == "pack":
         archive, table = pack(Path(a.paths[0]), Path(a.out))

@@ -142,7 +142,7 @@ def plot(runs: list[Curves], out: Path, smooth_points: int = 10, ylabel: str = "
 
 
 @dataclass
-class CompareArgs:
+class CompareCommand:
     """Plot and compare the loss curves of runs."""
 
     runs: list[str] = field(metadata={"positional": True, "metavar": "RUN",
@@ -172,7 +172,7 @@ class CompareArgs:
 
 def main(argv: list[str] | None = None) -> int:
     """`yxanul compare RUN_A RUN_B [...] [--out compare.png] [--tolerance 0.02]`."""
-    a = parse_command(CompareArgs, argv, prog="yxanul compare", description=__doc__.split("\n\n")[0])
+    a = parse_command(CompareCommand, argv, prog="yxanul compare", description=__doc__.split("\n\n")[0])
     labels = a.labels.split(",") if a.labels else [None] * len(a.runs)
     runs = [read_run(r, lab) for r, lab in zip(a.runs, labels)]
     results = [compare(runs[0], r, a.window) for r in runs[1:]]

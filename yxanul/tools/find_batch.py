@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import parse_args, with_default_config
 from ..errors import ConfigError
-from ..flags import bare_booleans, build_parser, coerce, fields_of
+from ..flags import build_parser, parse_command_and_rest
 from ..training.batching.args import BatchArgs, micro_multiple
 from ..training.batching.cache import cache_fields, cache_files, cache_key, store, user_cache_file
 from ..training.batching.finder import precision_label
@@ -21,7 +21,7 @@ from ..training.batching.search import SearchResult, default_is_oom, find_micro_
 
 
 @dataclass
-class FindBatchArgs:
+class FindBatchCommand:
     """find-batch's own flags (every `yxanul train` flag is accepted as well)."""
 
     world_size: int = field(default_factory=lambda: int(os.environ.get("WORLD_SIZE", 1)),
@@ -40,15 +40,13 @@ class FindBatchArgs:
 def _parse(argv: list[str] | None):
     """find-batch's own flags with the one CLI builder, the rest as `yxanul train` flags."""
     prog = "yxanul find-batch"
-    fields = fields_of(FindBatchArgs)
-    ours, rest = build_parser(FindBatchArgs, prog).parse_known_args(bare_booleans(list(argv or []), {"no_cache"}))
-    own = FindBatchArgs(**{k: coerce(k, fields[k][1], v, from_cli=True) for k, v in vars(ours).items()})
+    own, rest = parse_command_and_rest(FindBatchCommand, argv, prog)
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
 def _print_help() -> None:
     print(main.__doc__ + "\n")
-    build_parser(FindBatchArgs, "yxanul find-batch").print_help()
+    build_parser(FindBatchCommand, "yxanul find-batch").print_help()
     print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
 
 

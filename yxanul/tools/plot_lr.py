@@ -17,27 +17,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import DEFAULT_CONFIG, _fields, load_yaml, resolve, tokens_per_step_of
+from ..config import DEFAULT_CONFIG, load_yaml, resolve, tokens_per_step_of
 from ..errors import ConfigError, UserError
-from ..flags import parse_command
+from ..flags import parse_command, same_as
+from ..training.args import TrainArgs
 from ..training.optim import OptimArgs
 from ..training.schedule import Curriculum, lr_at
 
 
 @dataclass
-class PlotLRArgs:
+class PlotLRCommand:
     """Plot the learning-rate schedule to a PNG."""
 
     config: str | None = field(default=None, metadata={"help": "Flat YAML config (keys not used here are ignored)."})
-    max_lr: float | None = field(default=None, metadata={"help": "Peak LR (default 6e-4)."})
-    min_lr_ratio: float | None = field(default=None, metadata={"help": "Final LR / max_lr (default 0.1)."})
-    warmup_steps: int | None = field(default=None, metadata={"help": "Linear warmup steps (default 100)."})
-    warmup_tokens: int | None = field(default=None, metadata={
-        "help": "The warmup in tokens instead of steps: rounded up to whole steps of the tokens per step (as "
-                "`yxanul train` does)."})
-    max_steps: int | None = field(default=None, metadata={"help": "Optimizer steps of the run (default 1000)."})
-    lr_decay_steps: int | None = field(default=None, metadata={"help": "Step where the cosine reaches its floor "
-                                                               "(default max_steps)."})
+    max_lr: float | None = same_as(OptimArgs, "max_lr", default=None)
+    min_lr_ratio: float | None = same_as(OptimArgs, "min_lr_ratio", default=None)
+    warmup_steps: int | None = same_as(OptimArgs, "warmup_steps", default=None)
+    warmup_tokens: int | None = same_as(OptimArgs, "warmup_tokens", default=None)
+    max_steps: int | None = same_as(TrainArgs, "max_steps", default=None)
+    lr_decay_steps: int | None = same_as(OptimArgs, "lr_decay_steps", default=None)
     tokens_per_step: int | None = field(default=None, metadata={
         "help": "Tokens per optimizer step (default: from the config's target_tokens_per_step, or "
                 "target_effective_batch_size/micro_batch_size x accumulation x seq_length)."})
@@ -49,20 +47,19 @@ class PlotLRArgs:
 _SCHEDULE_KEYS = ("max_lr", "min_lr_ratio", "warmup_steps", "warmup_tokens", "max_steps", "lr_decay_steps")
 
 
-def _values(a: PlotLRArgs) -> dict:
+def _values(a: PlotLRCommand) -> dict:
     """The config `yxanul train` would resolve from the same file (the embedded default without one) and
     these flags, as the values `schedule` reads; prints the lines the trainer prints for it (an adapted
     warmup). ``--tokens_per_step`` stands for the run's target_tokens_per_step."""
     path = a.config or DEFAULT_CONFIG
-    known = _fields()
-    raw = {k: v for k, v in load_yaml(path).items() if k in known}  # other keys: ignored, as documented
+    raw = load_yaml(path)
     flags = {k: getattr(a, k) for k in _SCHEDULE_KEYS if getattr(a, k) is not None}
     if a.tokens_per_step is not None:
         raw.pop("target_effective_batch_size", None)
         flags["target_tokens_per_step"] = a.tokens_per_step
-    if "warmup_steps" in flags and "warmup_tokens" not in flags:
-        raw.pop("warmup_tokens", None)  # a flag replaces the file's warmup in the other unit (as in train)
-    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)))
+    # keys not used here are ignored, as documented; a flag replaces the file's warmup in the other unit
+    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)),
+                  mode="subset")
     for line in cfg.notes:
         print(line)
     values = {k: getattr(cfg.optim if k != "max_steps" else cfg.train, k) for k in _SCHEDULE_KEYS}
@@ -161,7 +158,7 @@ def report(sc: Schedule, out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_command(PlotLRArgs, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
+    a = parse_command(PlotLRCommand, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
     values = _values(a)
     sc = schedule(values)
     Path(values["out"]).absolute().parent.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,11 @@ import torch
 
 from .. import _te
 from ..errors import ConfigError
-from ..flags import parse_command
+from ..flags import parse_command, same_as
 from ..models import YxanulForCausalLM, config_from_preset, resolve_backend
 from ..models.presets import PRESETS
-from ..precision import PrecisionArgs, build_recipe, format_report, precision_report, probe_facts, resolve_precision
+from ..precision import build_recipe, format_report, precision_report, probe_facts, resolve_precision
+from ..precision.args import PrecisionArgs
 from ..training.step import train_step
 
 RECIPES = ("delayed", "current", "block", "mxfp8")
@@ -152,16 +153,15 @@ def model_report(preset: str, recipe: str, seq_length: int = 256) -> dict:
 
 
 @dataclass
-class VerifyArgs:
+class VerifyCommand:
     """Check the FP8 stack (GPU, CUDA, TE, accelerate)."""
 
-    require_fp8: bool = field(default=False, metadata={"help": "Fail (exit 1) unless FP8 works here."})
+    require_fp8: bool = same_as(PrecisionArgs, "require_fp8")
     json: bool = field(default=False, metadata={"help": "Print JSON instead of a table."})
     model: str = field(default="yxanul-0.6b", metadata={
         "help": "Preset whose FP8 precision report to show (yxanul-0.6b: the smallest preset whose layers pass "
                 "the default small-GEMM policy)."})
-    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = field(default="delayed", metadata={
-        "help": "FP8 recipe to check."})
+    fp8_recipe: Literal["delayed", "current", "block", "mxfp8"] = same_as(PrecisionArgs, "fp8_recipe")
 
     def __post_init__(self):
         if self.model not in PRESETS:
@@ -169,7 +169,7 @@ class VerifyArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_command(VerifyArgs, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
+    a = parse_command(VerifyCommand, argv, prog="yxanul verify", description=__doc__.split("\n\n")[0])
     rows = collect(require_fp8=a.require_fp8, recipe=a.fp8_recipe)
     report = model_report(a.model, a.fp8_recipe)
     rb = report.get("te_readback") or {}

@@ -102,11 +102,11 @@ def _reset_trackers(accelerator) -> None:
     wandb.teardown()  # the failed run's id would be "in use" for the offline one
 
 
-def resumed_line(ckpt, saved, **now) -> str:
-    """``resumed from CKPT at step N``, with what differs between the checkpoint (``saved``, a
-    TrainState) and this run (``now``: field=value), e.g. ``(world_size: 1 -> 2)``."""
-    changes = [f"{k}: {getattr(saved, k)} -> {v}" for k, v in now.items() if getattr(saved, k) != v]
-    return f"resumed from {ckpt} at step {saved.step}" + (f" ({'; '.join(changes)})" if changes else "")
+def resumed_line(ckpt, step: int, wrote, **now) -> str:
+    """``resumed from CKPT at step N``, with what differs between the run that wrote the checkpoint
+    (``wrote``, a RunInfo) and this run (``now``: field=value), e.g. ``(world_size: 1 -> 2)``."""
+    changes = [f"{k}: {getattr(wrote, k)} -> {v}" for k, v in now.items() if getattr(wrote, k) != v]
+    return f"resumed from {ckpt} at step {step}" + (f" ({'; '.join(changes)})" if changes else "")
 
 
 def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float, run_dir) -> dict[str, Any]:

@@ -8,8 +8,11 @@ import os
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..lint import sanitize_deepspeed_config
 from ..tracking import tracker_names
+from .fsdp import describe as describe_fsdp
+from .fsdp import fsdp_plugin, mesh_after_fsdp_on_cpu, shard_on_cpu, sharding_facts
 
 
 def quiet(*args, **kwargs) -> None:
@@ -80,18 +83,25 @@ def import_deepspeed_quietly() -> None:
         ds_logger.removeFilter(drop)
 
 
-def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say):
+def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=None):
     """The run's Accelerator: the precision plan's kwargs, gradient accumulation, the trackers the
-    config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in."""
+    config asks for (logging under ``RUN/tensorboard``); under DeepSpeed its config filled in; under an
+    FSDP profile yxanul's FSDP2 plugin for ``model`` (training/fsdp.py)."""
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
     import_deepspeed_quietly()
-    acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
-                      log_with=tracker_names(cfg.tracking) or None,
-                      project_config=ProjectConfiguration(project_dir=str(run_dir),
-                                                          logging_dir=str(run_dir / "tensorboard")),
-                      step_scheduler_with_optimizer=False, cpu=cpu)
+    plugin = fsdp_plugin(plan, model) if model is not None else None
+    with mesh_after_fsdp_on_cpu(plugin, cpu) as deferred_mesh:
+        acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
+                          log_with=tracker_names(cfg.tracking) or None,
+                          project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                                              logging_dir=str(run_dir / "tensorboard")),
+                          step_scheduler_with_optimizer=False, cpu=cpu, fsdp_plugin=plugin)
+    shard_on_cpu(acc, plugin, deferred_mesh)
+    if acc.is_fsdp2:
+        plan.sharding = sharding_facts(acc)  # into the precision report
+        say(describe_fsdp(plan.sharding))
     configure_deepspeed(acc, cfg, batch.micro_batch, batch.grad_accum, say)
     return acc
 
@@ -107,11 +117,16 @@ def weights_sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def compile_model(model, device_type: str):
+def compile_model(model, device_type: str, fp8_enabled: bool = False):
     """``--torch_compile``. On CPU, inductor's C++ codegen needs a compiler with OpenMP (missing on many
-    machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen."""
+    machines, and CPU runs are for correctness, not speed): TorchDynamo + AOTAutograd without codegen.
+    Refused with FP8 on: TorchDynamo fails on TE's FP8 weight tensors ("Guard failed on the same frame it
+    was created" in QuantizedTensor.detach; TE 2.20.2, torch 2.11, an H200: docs/benchmarks.md)."""
     import torch
 
+    if fp8_enabled:
+        raise ConfigError("torch_compile", "false with FP8 (TorchDynamo cannot trace Transformer Engine's FP8 "
+                                           "weights: use --cuda_graphs for the launch overhead)", True)
     return torch.compile(model, backend="inductor" if device_type == "cuda" else "aot_eager")
 
 

@@ -107,6 +107,8 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
         params = grad_params(model, optimizer)  # the fp32 masters under master_weights: fp32
         if accelerator is not None:
             norm = accelerator.clip_grad_norm_(params, clip)
+            if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor; the loop wants a plain tensor
+                norm = norm.full_tensor()
         else:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()

@@ -1,9 +1,10 @@
 """The training loop: config → data → model → precision/accelerator → steps → checkpoints/trackers.
 
-`Trainer` owns the run's state (``self.state``, a :class:`TrainState`); `fit()` is the loop and calls
-small methods: `setup()`, `resume()`, `train_step()`, `log()`, `evaluate()`, `save()`,
-`enter_stage()`. `train(cfg)` is the entry point (`yxanul train`). Features plug in through
-callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
+`Trainer` keeps the run's progress in ``self.state`` (a :class:`TrainState`, what a resume restores,
+whole) and its batch plan in ``self.batch`` (the current stage's: micro-batch, accumulation, tokens per
+step); `fit()` is the loop and calls small methods: `setup()`, `resume()`, `advance()`, `log()`,
+`evaluate()`, `save()`, `enter_stage()`. `train(cfg)` is the entry point (`yxanul train`). Features plug
+in through callbacks (:mod:`yxanul.training.callbacks`), not by editing the loop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from ..checkpoint import load_for_resume, prepare_run_dir, read_state, resolve_resume, save_checkpoint
+from ..checkpoint import load_for_resume, prepare_run_dir, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..models.build import build_model, describe
@@ -38,7 +39,7 @@ from .preemption import StopRequest
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
-from .state import TrainState
+from .state import RunInfo, TrainState, read_state_file, state_file_dict
 from .step import StepOutput, train_step
 
 QUIET_S = 15.0  # between two logged steps, a progress line (step, %, ETA) once this long passed without one
@@ -53,10 +54,8 @@ class Trainer:
         self.state = TrainState()
         self.timer = StepTimer()
         self.guard = CollapseGuard()  # a collapsed model stops like a diverged one
-        self.evaluated_at: int | None = None   # step of the last validation loss
         self.first_loss = self.last_loss = self.tokens_per_sec = None
         self.stage_idx: int | None = None
-        self._resumed_data: dict | None = None
         self.train_iter = None
         self.lock = None
         self._trackers_started = False
@@ -95,14 +94,14 @@ class Trainer:
                       write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
                       reduce_min=torch_reduce_min() if world > 1 else None)
         self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say, **finder)
-        self.state.tokens_per_step = self.batch.micro_batch * self.batch.grad_accum * world * cfg.model.seq_length
-        self.curriculum, self.stage_plans = plan_curriculum(cfg, self.batch, self.state.tokens_per_step, world,
+        self.curriculum, self.stage_plans = plan_curriculum(cfg, self.batch, self.batch.tokens_per_step, world,
                                                             self.say, **finder)
         return model
 
     def _setup_accelerator(self, model) -> None:
         cfg = self.cfg
-        self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say)
+        self.accelerator = acc = build_accelerator(cfg, self.plan, self.run_dir, self.batch, self.cpu, self.say,
+                                                  model=model)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.run_dir / "config.yaml")
@@ -112,7 +111,7 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
-            self.model = compile_model(self.model, acc.device.type)
+            self.model = compile_model(self.model, acc.device.type, self.plan.fp8_enabled)
         self.say(describe(self.mcfg))
         self.say(f"batch: {self.batch.line()}")
         if self.sharded and cfg.tracking.sample_tokens:
@@ -120,14 +119,12 @@ class Trainer:
                      "generate alone): `yxanul generate` on an export")
         self.report = PrecisionReport(self.plan, self.run_dir, acc.is_main_process, self.say)
         self.report.build(self.unwrapped_model)
-        self.state.world_size, self.state.backend = acc.num_processes, self.mcfg.backend
 
     def _setup_loaders(self) -> None:
-        self.accum = self.batch.grad_accum
         self.loader = train_loader(self.data_dir, self.cfg, self.cfg.model.seq_length, self.batch.micro_batch,
                                    self.accelerator, curriculum=self.curriculum is not None)
         warn_lost_tokens(self.loader, self.say)
-        if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.state.tokens_per_step):
+        if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.batch.tokens_per_step):
             self.say(msg)  # e.g. a mixture that ended early: the loader would loop over it
         self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator)
         self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
@@ -147,30 +144,28 @@ class Trainer:
             self.say(f"resume {cfg.checkpoint.resume}: no checkpoint under {self.run_dir}: starting a new run")
         if ckpt is None:
             return None
-        saved = TrainState.from_dict(read_state(ckpt), source=str(Path(ckpt) / "trainer_state.json"))
+        saved, wrote = read_state_file(ckpt, type(self.state))
         changed = provenance.check(ckpt, self.trained_on, cfg.checkpoint.resume_allow_changes, saved.data, self.say)
         load_for_resume(self.accelerator, ckpt, cfg)
-        st = self.state
-        st.step, st.tokens_seen, st.epoch, st.data = saved.step, saved.tokens_seen, saved.epoch, saved.data
-        st.val_loss, st.best_val_loss, st.wandb_run_id = saved.val_loss, saved.best_val_loss, saved.wandb_run_id
-        self.evaluated_at = saved.step if saved.val_loss is not None else None
-        if "dataset" not in changed:  # a position in other data means nothing: read the new data from its start
+        if "dataset" in changed:  # a position in other data means nothing: read the new data from its start
+            saved.data = None
+        self.state = saved  # whole: every field of TrainState is progress
+        if saved.data is not None:
             self.loader.load_state_dict(saved.data)
-            self._resumed_data = saved.data
         self.plan.restore_fp8_state(self.unwrapped_model, ckpt, cfg.model.seq_length)
-        self.say(resumed_line(ckpt, saved, world_size=self.accelerator.num_processes,
-                              tokens_per_step=st.tokens_per_step,
+        self.say(resumed_line(ckpt, saved.step, wrote, world_size=self.accelerator.num_processes,
+                              tokens_per_step=self.batch.tokens_per_step,
                               precision="FP8" if self.plan.fp8_enabled else self.plan.label))
         return Path(ckpt)
 
     # -- one step ------------------------------------------------------------------------------
     def next_batches(self) -> list:
-        """The micro-batches of the next optimizer step: ``accum`` (x, y) pairs, (B, T) each."""
+        """The micro-batches of the next optimizer step: as many as the current batch plan accumulates."""
         if self.train_iter is None:
             self.train_iter = iter(self.loader)
-        return [next(self.train_iter) for _ in range(self.accum)]
+        return [next(self.train_iter) for _ in range(self.batch.grad_accum)]
 
-    def train_step(self, batches) -> StepOutput:
+    def advance(self, batches) -> StepOutput:
         """One optimizer step at the scheduled LR; advances ``state.step`` and ``state.tokens_seen``."""
         o = self.cfg.optim
         self.lr = lr_at(self.state.step, max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
@@ -178,7 +173,7 @@ class Trainer:
         out = train_step(self.model, self.optimizer, batches, plan=self.plan, accelerator=self.accelerator,
                          max_grad_norm=o.max_grad_norm, lr=self.lr)
         self.state.step += 1
-        self.state.tokens_seen += self.state.tokens_per_step
+        self.state.tokens_seen += self.batch.tokens_per_step
         self.timer.steps += 1
         if not self._trackers_started:  # W&B's start is not step time
             self.timer.exclude(self._start_trackers())
@@ -195,7 +190,7 @@ class Trainer:
 
     # -- logging -------------------------------------------------------------------------------
     def _mean(self, total) -> float | None:
-        return None if total is None else self.accelerator.reduce(total / self.accum, "mean").item()
+        return None if total is None else self.accelerator.reduce(total / self.batch.grad_accum, "mean").item()
 
     def log(self, out: StepOutput) -> dict[str, Any]:
         """Console line + metrics.jsonl + trackers (the only device sync of a training step)."""
@@ -206,7 +201,7 @@ class Trainer:
         lm_loss, penalty = (self._mean(out.lm_loss), self._mean(out.penalty)) if penalized else (None, None)
         norm = float(out.grad_norm) if out.grad_norm is not None else float("nan")
         dt = self.timer.lap()
-        self.tokens_per_sec = st.tokens_per_step / dt
+        self.tokens_per_sec = self.batch.tokens_per_step / dt
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         row = {"step": st.step, "epoch": self.loader.epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
@@ -248,7 +243,6 @@ class Trainer:
         val_loss = evaluate_loss(self.model, self.val, self.plan, acc)
         check_val_loss(st.step, val_loss, self.run_dir)  # NaN would reach sampling's multinomial
         st.record_eval(val_loss)
-        self.evaluated_at = st.step
         row = {"step": st.step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)),
                "tokens_seen": st.tokens_seen}
         msg = f"eval step {st.step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
@@ -283,10 +277,10 @@ class Trainer:
             raise TrainingDiverged(f"step {st.step}: loss or gradient norm is not finite; no checkpoint written over "
                                    f"the good ones in {self.run_dir / 'checkpoints'} (lower max_lr, or check the data)")
         self.guard.before_save(st.step, out.grad_norm)
-        st.epoch, st.data, st.precision = self.loader.epoch, self.loader.state_dict(), self.plan.label
-        for k, v in self.plan.metadata().items():
-            setattr(st, k, v)
-        state = st.for_checkpoint(self.evaluated_at)
+        st.epoch, st.data = self.loader.epoch, self.loader.state_dict()
+        info = RunInfo(precision=self.plan.label, backend=self.mcfg.backend, world_size=acc.num_processes,
+                       tokens_per_step=self.batch.tokens_per_step, **self.plan.metadata())
+        state = state_file_dict(st, info)
         ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
                                config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
                                extra=functools.partial(self._save_extra, self.unwrapped_model))
@@ -308,14 +302,13 @@ class Trainer:
         """Curriculum: at a stage boundary, switch seq length, micro-batch, accumulation and loader."""
         # the data goes on where the previous stage (or the checkpoint) left it: same position for the
         # same seq_length, else the next epoch (another window grid); never back to epoch 0
-        prev = self._resumed_data or (self.loader.state_dict() if self.stage_idx is not None else None)
+        prev = self.loader.state_dict() if self.stage_idx is not None else self.state.data
         self.stage_idx, stage = self.curriculum.stage_at(self.state.step)
-        bp = self.stage_plans[self.stage_idx]
-        self.accum = self.accelerator.gradient_accumulation_steps = bp.grad_accum
+        self.batch = bp = self.stage_plans[self.stage_idx]
+        self.accelerator.gradient_accumulation_steps = bp.grad_accum  # accelerate's loss scale follows the plan
         self.loader = train_loader(self.data_dir, self.cfg, stage.seq_length, bp.micro_batch, self.accelerator, True)
         if prev:
             self.loader.load_state_dict(prev)
-        self._resumed_data, self.state.tokens_per_step = None, bp.tokens_per_step
         self.train_iter = iter(self.loader)
         self.say(f"curriculum stage {self.stage_idx}: seq_length {stage.seq_length}, micro {bp.micro_batch} x "
                  f"accumulation {bp.grad_accum} x world {bp.world_size} = {bp.tokens_per_step:,} tokens per step, "
@@ -338,7 +331,7 @@ class Trainer:
             while st.step < cfg.train.max_steps:
                 if self.stage_changed():
                     self.enter_stage()
-                out = self.train_step(self.next_batches())
+                out = self.advance(self.next_batches())
                 is_last = st.step == cfg.train.max_steps
                 if self._due(cfg.tracking.log_freq, is_last) or st.step == 1:  # step 1: the initial loss (~ln V)
                     self.log(out)

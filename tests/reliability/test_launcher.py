@@ -1,0 +1,149 @@
+"""`yxanul launch`: accelerate's real launcher (torchrun with the CPU profile's 2 gloo processes, or the
+one-process launcher) around the real trainer; only the job's ending differs from `accelerate launch`."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_run import FAST
+
+ROOT = Path(__file__).resolve().parents[2]
+TWO = ["--config_file", str(ROOT / "accelerate_configs" / "cpu.yaml")]  # torchrun, 2 processes
+ONE = ["--cpu", "--num_processes", "1"]  # accelerate's one-process launcher (subprocess.Popen)
+# the tiny run at micro-batch 2 with a one-step warmup, a step line every 10 steps (the default)
+RUN = [*FAST, "--micro_batch_size", "2", "--warmup_steps", "1", "--log_freq", "10"]
+LAUNCHER_RECORDS = ("Traceback", "ChildFailedError", "CalledProcessError", "failed (exitcode", "closing signal")
+
+
+def _env():
+    return dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+
+def _cmd(*args):
+    return [sys.executable, "-m", "yxanul", "launch", *args]
+
+
+def _launch(*args, cwd):
+    return subprocess.run(_cmd(*args), capture_output=True, text=True, env=_env(), cwd=cwd, timeout=300)
+
+
+def _error_lines(r):
+    return [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error: ")]
+
+
+def test_a_user_error_is_one_line_and_exit_2_for_the_whole_job(tmp_path):
+    """Both ranks refuse --warmup_steps 50 > --max_steps 20 before training; rank 0 prints the line. Under
+    `accelerate launch` the same job ends with torchrun's ChildFailedError traceback and exit 1."""
+    for launcher in (TWO, ONE):
+        r = _launch(*launcher, "-m", "yxanul", "train", "--max_steps", "20", "--warmup_steps", "50",
+                    "--output_dir", str(tmp_path / "r"), cwd=tmp_path)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, out[-3000:]
+        assert len(_error_lines(r)) == 1 and "config key 'warmup_steps': expected at most max_steps (20)" in out
+        assert not [s for s in LAUNCHER_RECORDS if s in out], out[-3000:]
+        assert not (tmp_path / "r").exists()
+
+
+RANKS_REFUSE = """import os, sys, time
+from yxanul.cli import run
+from yxanul.errors import UserError
+
+def refuse(argv):
+    if os.environ["RANK"] == "0":
+        time.sleep(float(sys.argv[1]))  # rank 0 reaches the same mistake later than rank 1
+    raise UserError("the same mistake on every rank")
+
+sys.exit(run(refuse, []))
+"""
+
+
+def test_rank_0_reports_a_user_error_though_another_rank_gets_there_first(tmp_path):
+    """Rank 1 refuses 1 s before rank 0: torchrun stops the job at the first exit, so rank 1 waits before
+    its quiet exit and rank 0's line is the one printed. A rank 0 that never reports (30 s late: stopped by
+    torchrun) still leaves one line, naming the rank that stopped the job."""
+    script = tmp_path / "refuse.py"
+    script.write_text(RANKS_REFUSE)
+    for delay, line in (("1", "error: the same mistake on every rank"),
+                        ("30", "error: rank 1 stopped on a user error (exit code 2) before global rank 0 printed it")):
+        r = _launch(*TWO, str(script), delay, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+        assert len(_error_lines(r)) == 1 and _error_lines(r)[0].startswith(line), r.stderr[-3000:]
+        assert not [s for s in LAUNCHER_RECORDS if s in r.stderr], r.stderr[-3000:]
+
+
+def test_any_other_failure_keeps_the_launchers_output_and_exit_code(tmp_path):
+    """A worker that crashes (a bug, exit 1) is not a user error: torchrun's records and traceback stay,
+    exit 1, as with `accelerate launch`."""
+    script = tmp_path / "crash.py"
+    script.write_text("raise RuntimeError('a bug in the training script')\n")
+    r = _launch(*TWO, str(script), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "RuntimeError: a bug in the training script" in r.stderr
+    for record in ("failed (exitcode: 1)", "Traceback", "ChildFailedError", "exitcode  : 1"):
+        assert record in r.stderr, r.stderr[-3000:]
+
+
+def test_a_tiny_two_process_run_exits_0(tmp_path):
+    r = _launch(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir", str(tmp_path / "r"),
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "done: 2 steps" in r.stdout and not _error_lines(r)
+    assert (tmp_path / "r" / "checkpoints" / "latest").read_text().strip() == "step_2"
+
+
+def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
+    """Starts a long run, sends ``sig`` to the `yxanul launch` process alone once step 1 is logged."""
+    import psutil
+
+    proc = subprocess.Popen(_cmd(*launcher, "-m", "yxanul", "train", *RUN, "--max_steps", "100000",
+                                 "--log_freq", "100000", "--checkpoint_freq", "0", "--output_dir", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    tree = []
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (out / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        tree = psutil.Process(proc.pid).children(recursive=True)  # to clean up if the launcher fails to
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        for p in [*tree, proc]:
+            try:
+                p.kill()
+            except (psutil.Error, OSError):
+                pass
+    return proc.returncode, stdout, stderr
+
+
+def _saved_step(stdout, out, sig=signal.SIGTERM):
+    step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+    assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
+    assert f"stopped at step {step} of 100000 (checkpoint saved; the same command with --resume continues)" in stdout
+    return step
+
+
+@pytest.mark.slow  # 15-30 s here; the one-process test below is the fast representative
+def test_sigterm_reaches_both_torchrun_workers_which_checkpoint(tmp_path):
+    """torchrun forwards the launcher's SIGTERM to its workers: both stop on the same step after one
+    checkpoint; the launcher ends with one line and 128 + SIGTERM, no traceback."""
+    out = tmp_path / "r"
+    code, stdout, stderr = _signal_after_first_step(TWO, out, tmp_path)
+    assert code == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-3000:]
+    assert _saved_step(stdout, out) >= 1
+    assert stderr.count("launcher received SIGTERM: forwarded to the workers") == 1
+    assert "Traceback" not in stderr and "SignalException" not in stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_reaches_the_one_process_launchers_worker(tmp_path, sig):
+    """accelerate's one-process launcher forwards nothing: `yxanul launch` passes SIGTERM (and a SIGINT
+    sent to it alone, not through a terminal) on, the worker checkpoints and exits 0, and so does the launcher."""
+    out = tmp_path / "r"
+    code, stdout, stderr = _signal_after_first_step(ONE, out, tmp_path, sig)
+    assert code == 0, stdout[-2000:] + stderr[-3000:]
+    assert _saved_step(stdout, out, sig) >= 1

@@ -1,0 +1,146 @@
+"""`yxanul launch [accelerate launch args] train.py|-m yxanul train [flags]`: `accelerate launch`, with
+yxanul's one-line errors for the whole job.
+
+Under `accelerate launch` a user mistake (bad flag, file, config value) is printed once by rank 0 and
+every rank exits 2, but accelerate's launcher then re-raises torchrun's ``ChildFailedError``: about 40
+lines of traceback after the one line, and exit code 1. `yxanul launch` runs accelerate's own launcher
+(``accelerate.commands.launch``, same parser, same config files and defaults) in this process and reads
+the failure it raises: when the first worker to fail exited with the user-error code (2), the job ends
+like `yxanul train`: the worker's one line, exit 2, and torchrun's "failed (exitcode: 2)" / "Sending
+process N closing signal" records are dropped. Any other failure keeps accelerate's full output (those
+records, then the traceback) and its exit code, 1.
+
+Why in this process and not a child `accelerate launch` whose stderr is filtered: the workers keep the
+terminal (not a pipe) as stdout/stderr, the failure is read from torchrun's exception (the exit code of
+each rank) instead of parsed from text, and stop signals reach the workers once. torchrun starts each
+worker in its own session and forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT itself (``TORCHELASTIC_SIGNALS_TO_
+HANDLE``), so a Ctrl-C in the terminal is delivered once and the trainer's preemption checkpoint happens;
+it then raises ``SignalException``, which ends here as one line and exit code 128 + the signal. The
+one-process launcher (no torchrun: a plain ``subprocess.Popen``) forwards nothing itself: here SIGTERM
+goes on to its worker, and SIGINT too unless the worker already got it from the terminal (same process
+group), because a second SIGINT tells the trainer not to wait for the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import traceback
+
+from .errors import UserError
+
+USAGE = "yxanul launch [accelerate launch args] train.py|-m yxanul train [training flags]"
+ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # torchrun's per-worker failure records
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class HeldRecords(logging.Filter):
+    """Holds a logger's WARNING+ records (torchrun's "failed (exitcode: N)", "Sending process N closing
+    signal": the end of a job) until the outcome is known: dropped after a user error, emitted otherwise."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records = logger, []
+        logger.addFilter(self)
+
+    def filter(self, record):
+        if record.levelno < logging.WARNING:
+            return True
+        self.records.append(record)
+        return False
+
+    def close(self, emit: bool) -> None:
+        self.logger.removeFilter(self)
+        if emit:
+            for record in self.records:
+                self.logger.handle(record)
+        self.records = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    parser = launch_command_parser()
+    parser.prog, parser.usage = "yxanul launch", USAGE
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
+    previous = {sig: signal.signal(sig, forward_to_children) for sig in STOP_SIGNALS}  # torchrun replaces them
+    try:
+        return launch(launch_command, args, held)
+    finally:
+        held.close(emit=True)  # a no-op once launch() decided
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def launch(launch_command, args, held: HeldRecords) -> int:
+    """accelerate's launcher -> an exit code. A user error: its code (the worker printed the line)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        launch_command(args)
+        return 0
+    except ChildFailedError as e:  # torchrun: the exit code (or -signal) of each failed rank
+        return _failed(_user_error_or_first(e.failures), held)
+    except subprocess.CalledProcessError as e:  # the one-process launcher (and DeepSpeed's multi-node one)
+        return _failed(e.returncode, held)
+    except SignalException as e:
+        held.close(emit=True)
+        print(f"launcher received {e.sigval.name}: forwarded to the workers (a training run saves a checkpoint "
+              "before it stops)", file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)
+
+
+def _user_error_or_first(failures) -> int:
+    """2 when ranks exited 2 and the others were stopped by a signal (torchrun stops the rest of the job
+    when one rank exits), else the first failure's code. Global rank 0 prints a user error; when it was
+    stopped before it could (another rank failed first: multi-node, or a slow rank 0), one line says so."""
+    codes = {rank: f.exitcode for rank, f in failures.items()}
+    if UserError.exit_code not in codes.values() or any(c > 0 and c != UserError.exit_code for c in codes.values()):
+        return codes[min(failures, key=lambda r: failures[r].timestamp)]
+    if codes.get(0) != UserError.exit_code:
+        rank = min(r for r, c in codes.items() if c == UserError.exit_code)
+        print(f"error: rank {rank} stopped on a user error (exit code 2) before global rank 0 printed it; rank 0's "
+              "output says what (on node 0), as does `yxanul train` with the same flags", file=sys.stderr, flush=True)
+    return UserError.exit_code
+
+
+def _failed(worker_code: int, held: HeldRecords) -> int:
+    """A user error: the worker printed its line; nothing more, its code. Anything else: what `accelerate
+    launch` shows (torchrun's records, the traceback) and its exit code, 1. Call it in an ``except`` block."""
+    held.close(emit=worker_code != UserError.exit_code)
+    if worker_code == UserError.exit_code:
+        return worker_code
+    traceback.print_exc()
+    return 1
+
+
+def forward_to_children(signum, _frame) -> None:
+    """SIGTERM/SIGINT while the one-process launcher waits: passed on to its worker, which checkpoints and
+    exits (and the launcher with it). A SIGINT is not passed to a child that the terminal's Ctrl-C already
+    reached (same process group, the terminal's foreground one): a second SIGINT would tell the trainer not
+    to wait for its checkpoint. With no child yet, the signal stops the launcher."""
+    import psutil
+
+    children = psutil.Process().children()
+    if not children:
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+    for child in children:
+        try:
+            if signum != signal.SIGINT or not _terminal_interrupted(os.getpgid(child.pid)):
+                child.send_signal(signum)
+        except (psutil.Error, OSError):  # already gone
+            pass
+
+
+def _terminal_interrupted(pgid: int) -> bool:
+    """Whether a Ctrl-C reached process group ``pgid`` itself: it is this process's group and the
+    foreground group of the terminal on stdin."""
+    try:
+        return pgid == os.getpgrp() == os.tcgetpgrp(sys.stdin.fileno())
+    except (OSError, ValueError):  # no terminal: the signal came from kill, to this process alone
+        return False

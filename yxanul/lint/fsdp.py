@@ -1,0 +1,89 @@
+"""FSDP rules (accelerate 1.15 ``fsdp_config`` / the ``FSDP_*`` variables `accelerate launch` exports from
+it, utils/launch.py): what makes yxanul refuse the run, what silently costs the memory FSDP2 is for or
+the step time FP8 is for. One rule set serves the YAML (`lint_fsdp_yaml`) and the launch environment
+(`lint_fsdp_env`); `fix_fsdp` writes the values that pass."""
+
+from __future__ import annotations
+
+from .common import ERROR, WARNING, truthy
+
+# YAML key of fsdp_config -> the variable accelerate exports for it (utils/launch.py prepare_multi_gpu_env)
+ENV = {"fsdp_version": "FSDP_VERSION", "fsdp_offload_params": "FSDP_OFFLOAD_PARAMS",
+       "fsdp_reshard_after_forward": "FSDP_RESHARD_AFTER_FORWARD", "fsdp_auto_wrap_policy": "FSDP_AUTO_WRAP_POLICY",
+       "fsdp_state_dict_type": "FSDP_STATE_DICT_TYPE"}
+# what passes, and what `fix_fsdp` writes
+GOOD = {"fsdp_version": 2, "fsdp_offload_params": False, "fsdp_reshard_after_forward": True,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
+
+
+def _rules(get, use_fp8: bool | None, add) -> None:
+    """``get(yaml_key)`` -> the value (None: unset, accelerate's default applies)."""
+    version = get("fsdp_version")
+    if str(version if version is not None else 1) != "2":
+        add("fsdp_version", ERROR, f"{version if version is not None else 'unset (accelerate: 1)'}: yxanul "
+            "trains with FSDP2 (fully_shard) only and refuses to start under FSDP1", "fsdp_version: 2")
+    if truthy(get("fsdp_offload_params")):
+        slow = "the GEMMs FP8 speeds up" if use_fp8 is not False else "the GEMMs"
+        add("fsdp_offload_params", WARNING, "parameters, gradients and Adam states live in host memory "
+            "(torch's CPUOffloadPolicy): every layer is copied to the GPU for its forward and its backward and "
+            f"the optimizer steps on the CPU, so the step is bound by those copies, not by {slow}",
+            "fsdp_offload_params: false (shard over more GPUs instead; `yxanul plan`)")
+    reshard = get("fsdp_reshard_after_forward")
+    if reshard is not None and not truthy(reshard) and str(reshard).upper() != "FULL_SHARD":
+        add("fsdp_reshard_after_forward", WARNING, f"{reshard}: each layer's all-gathered weights stay on "
+            "every GPU from its forward to its backward, so at the peak every GPU holds the whole unsharded "
+            "model (ZeRO-2 memory with ZeRO-3 traffic)", "fsdp_reshard_after_forward: true")
+    wrap = get("fsdp_auto_wrap_policy")
+    if wrap is not None and str(wrap).upper() != "TRANSFORMER_BASED_WRAP":
+        add("fsdp_auto_wrap_policy", WARNING, f"{wrap}: the FSDP units are not the decoder layers (NO_WRAP: "
+            "the whole model is one unit, all-gathered at once for every forward and backward, with no "
+            "overlap of communication and compute)", "fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP "
+            "(yxanul picks the decoder-layer class of the torch or TE backend)")
+    sd = get("fsdp_state_dict_type")
+    if sd is not None and str(sd).upper() != "SHARDED_STATE_DICT":
+        add("fsdp_state_dict_type", WARNING, f"{sd}: every checkpoint gathers the whole model and optimizer "
+            "on rank 0 (host memory and save time grow with the model) into a file `yxanul export`/`eval` do "
+            "not read; the sharded layout writes one shard per rank and resumes at any world size",
+            "fsdp_state_dict_type: SHARDED_STATE_DICT")
+
+
+def lint_fsdp_yaml(cfg: dict, dt: str, use_fp8: bool | None, add) -> None:
+    """``fsdp_config`` of an accelerate YAML (only read when distributed_type is FSDP) and HSDP's sizes."""
+    fsdp = cfg.get("fsdp_config") or {}
+    if dt != "FSDP":
+        if fsdp:
+            add("fsdp_config", WARNING, f"ignored: accelerate reads it only with distributed_type FSDP, not {dt}",
+                "remove fsdp_config or set distributed_type: FSDP")
+        return
+    if not isinstance(fsdp, dict):
+        add("fsdp_config", ERROR, "must be a mapping", "write fsdp_config: {fsdp_version: 2}")
+        return
+    _rules(fsdp.get, use_fp8, lambda key, *rest: add(f"fsdp_config.{key}", *rest))
+    par = cfg.get("parallelism_config") or {}
+    sizes = [par.get(f"parallelism_config_{k}_size", 1) for k in ("dp_replicate", "dp_shard", "tp", "cp")]
+    nproc = cfg.get("num_processes")
+    if par and all(isinstance(s, int) for s in sizes) and isinstance(nproc, int) and nproc > 0:
+        total = sizes[0] * sizes[1] * sizes[2] * sizes[3]
+        if total != nproc:
+            add("parallelism_config", ERROR, f"dp_replicate x dp_shard x tp x cp = {total}, not num_processes "
+                f"{nproc}: accelerate's ParallelismConfig raises", "dp_replicate_size = nodes, dp_shard_size = "
+                "GPUs per node")
+
+
+def lint_fsdp_env(env, use_fp8: bool | None, add) -> None:
+    """The same rules on what `accelerate launch` exported (``FSDP_*``)."""
+    names = {v: k for k, v in ENV.items()}
+    _rules(lambda key: env.get(ENV[key]), use_fp8, lambda key, *rest: add(ENV.get(key, names.get(key, key)), *rest))
+
+
+def fix_fsdp(cfg: dict) -> None:
+    """In place: the values of `GOOD` for every FSDP key that a rule flags; an fsdp_config nothing reads removed."""
+    fsdp = cfg.get("fsdp_config")
+    if cfg.get("distributed_type") != "FSDP":
+        cfg.pop("fsdp_config", None)  # read by nothing
+        return
+    if not isinstance(fsdp, dict):
+        return
+    flagged = []
+    _rules(fsdp.get, None, lambda key, *rest: flagged.append(key))
+    fsdp.update({k: GOOD[k] for k in flagged})
