@@ -17,7 +17,7 @@ curriculum:
 ```
 
 Tokens per optimizer step are the same in every stage (each stage gets its own micro-batch and
-accumulation from :func:`yxanul.batching.plan_batch` with ``target_tokens_per_step``, i.e.
+accumulation from :func:`yxanul.training.batching.plan_batch` with ``target_tokens_per_step``, i.e.
 ``tokens_per_step / seq_length`` sequences per step). Hence ``tokens_seen = step x tokens_per_step``
 exactly: the LR schedule, a function of the optimizer step (:func:`lr_at`), runs
 continuously over tokens across stages (``lr_at(tokens_seen // tokens_per_step)``). Boundaries are stored as optimizer
@@ -160,7 +160,7 @@ class Curriculum:
 
     def plan_stages(self, micro_for: Callable[[int], int], world_size: int,
                     multiple: Callable[[int], int] | int = 1) -> list:
-        """One :class:`~yxanul.batching.BatchPlan` per stage with the same tokens per optimizer step:
+        """One :class:`~yxanul.training.batching.BatchPlan` per stage with the same tokens per optimizer step:
         ``micro_for(seq_length)`` is the largest micro-batch that fits at that length (the finder's
         result, or :func:`same_tokens_micro`), ``multiple`` the micro-batch multiple (or a function of
         the seq_length, e.g. for FP8)."""
