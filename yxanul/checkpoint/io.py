@@ -122,10 +122,7 @@ def _load_models_with_views(models: list, input_dir: str) -> None:
     for model, path in zip(models, paths):
         device = next((t.device for t in model.parameters() if t.device.type != "meta"), "cpu")
         state = load_file(str(path), device=str(device))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        own = model.state_dict()
-        loaded_ptrs = {own[k].data_ptr() for k in state if k in own}
-        missing = [k for k in missing if own[k].data_ptr() not in loaded_ptrs]
+        missing, unexpected = load_tolerant(model, state)
         if missing or unexpected:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(model).__name__}: "
                                f"missing keys {missing[:5]}, unexpected keys {list(unexpected)[:5]}")
@@ -167,3 +164,18 @@ def read_sharded_weights(ckpt) -> dict:
     fmt._load_state_dict(state, storage_reader=dcp.FileSystemReader(str(Path(ckpt) / SHARDED_MODEL_DIR)),
                          planner=fmt._EmptyStateDictLoadPlanner(), no_dist=True)
     return state.get("model", state)
+
+
+def load_tolerant(model, state: dict) -> tuple[list[str], list[str]]:
+    """THE tolerant load, for a checkpoint resume, ``--init_from`` and the readers of checkpoints:
+    ``load_state_dict(strict=False)`` copies into the model's own tensors (TE's q/k/v parameters are views
+    of one fused buffer, which safetensors' ``load_model`` refuses), then it is strict about the rest: a key
+    absent from ``state`` is forgiven only where the model's state dict aliases it to a tensor that was
+    loaded (a tied head the save dropped as a duplicate); TE's ``*_extra_state`` is the load hooks' business.
+    Returns (missing, unexpected) for the caller to word its one-line error; a shape mismatch raises
+    torch's RuntimeError."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded = {own[k].data_ptr() for k in state if k in own}
+    return [k for k in missing if own[k].data_ptr() not in loaded], list(unexpected)
+

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from ..checkpoint import STATE_FILE, read_state, verified_checkpoint
-from ..checkpoint.io import SHARDED_MODEL_DIR, is_sharded_checkpoint, read_sharded_weights
+from ..checkpoint.io import SHARDED_MODEL_DIR, is_sharded_checkpoint, load_tolerant, read_sharded_weights
 from ..data.args import DataArgs
 from ..data.prepare import load_prepared_tokenizer, target_dir
 from ..errors import UserError
@@ -145,8 +145,7 @@ def load_checkpoint_model(ckpt: Path):
     model = YxanulForCausalLM(config)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    missing, unexpected = load_tolerant(model, state)
     if missing or unexpected:
         raise UserError(f"checkpoint '{ckpt}': weights do not match preset {run_config(ckpt).get('model')!r} "
                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")

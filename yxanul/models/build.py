@@ -7,7 +7,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from ..checkpoint.io import is_sharded_checkpoint, read_sharded_weights
+from ..checkpoint.io import is_sharded_checkpoint, load_tolerant, read_sharded_weights
 from ..checkpoint.save import verified_weights_dir
 from ..errors import UserError
 from .args import ModelArgs
@@ -51,12 +51,11 @@ def load_weights(model, path: str) -> None:
             state[emb] = state[head]
         state.pop(head, None)
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = load_tolerant(model, state)
     except RuntimeError as e:  # size mismatch
         first = str(e).strip().splitlines()[-1].strip()
         raise UserError(f"init_from '{path}': weights do not fit this model's shapes ({first}): "
                         f"same --model preset and tokenizer?") from None
-    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or unexpected:
         raise UserError(f"init_from '{path}': weights do not match the model (missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}): same --model preset?")
