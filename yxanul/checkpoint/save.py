@@ -102,11 +102,12 @@ def run_dir_of(cfg) -> Path:
     return Path(_names(cfg)[1])
 
 
-def prepare_run_dir(cfg, dist=None) -> Path:
-    """`run_dir_of`, refusing what would lose or misplace work: ``resume: latest`` without a fixed
-    run directory (the default name is new at every launch), an output_dir under a file, and a new
-    run (no ``resume``) into a directory holding checkpoints, whose ``latest`` it would take over.
-    Sets ``cfg.checkpoint.run_name``/``output_dir`` to the names it settled on (the one writer of them).
+def prepare_run_dir(cfg, dist=None):
+    """(run_dir, the checkpoint section with ``run_name``/``output_dir`` settled): `run_dir_of`, refusing
+    what would lose or misplace work: ``resume: latest`` without a fixed run directory (the default name is
+    new at every launch), an output_dir under a file, and a new run (no ``resume``) into a directory holding
+    checkpoints, whose ``latest`` it would take over. The config is left as given: its owner (the trainer)
+    records the settled names, so config.yaml and the trackers name the run directory used.
     ``dist`` (accelerate's PartialState): with several processes the default name is rank 0's, sent to
     every rank (each rank's own clock could straddle a second and split the run into two folders)."""
     ck = cfg.checkpoint
@@ -119,8 +120,8 @@ def prepare_run_dir(cfg, dist=None) -> Path:
         from accelerate.utils import broadcast_object_list
 
         names = tuple(broadcast_object_list([names], from_process=0)[0])  # sync point: every rank
-    cfg.checkpoint = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
-    run_dir = Path(cfg.checkpoint.output_dir)
+    settled = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
+    run_dir = Path(settled.output_dir)
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
         raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
@@ -129,7 +130,7 @@ def prepare_run_dir(cfg, dist=None) -> Path:
     if ckpts:
         raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
                         "--resume latest to continue that run, or choose another --output_dir/--run_name")
-    return run_dir
+    return run_dir, settled
 
 
 RUN_DIR_RESUMES = ("latest", "auto")  # resume values naming the run directory's own newest checkpoint

@@ -72,7 +72,7 @@ class Trainer:
         preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else quiet)
         self.cpu, self.dist = process_state()
         self.say = print if self.dist.is_main_process else quiet
-        self.run_dir = prepare_run_dir(cfg, self.dist)  # refuses to train over another run's checkpoints
+        self.run_dir, cfg.checkpoint = prepare_run_dir(cfg, self.dist)  # refuses to train over other runs' work
         self.lock = lock_on_main(self.run_dir, self.dist)  # one writer per run directory (rank 0 holds it)
         self.run_name = cfg.checkpoint.run_name or self.run_dir.name
         set_seed(cfg.train.seed)
