@@ -61,6 +61,8 @@ def test_missing_and_invalid_config_file(tmp_path):
     (["--max_steps", "3", "oops"], "unexpected argument 'oops'"),
     (["--max_steps", "abc"], "max_steps"),
     (["--fp8_format", "nope"], "fp8_format"),
+    (["--use_fp8", "--fuse_qkv_params", "--fp8_weight_all_gather"],  # valid config, no FSDP2 launch
+     "config key 'fp8_weight_all_gather': expected false outside an FSDP2 launch"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, needle):
     r = subprocess.run([sys.executable, "-m", "yxanul", "train", *args], capture_output=True, text=True)
@@ -253,3 +255,18 @@ def test_a_preset_in_the_wrong_case_gets_a_suggestion():
             parse_args(["--model", typed])
     with pytest.raises(ConfigError, match=r"\(did you mean 'gpt2-124m'\?\)"):
         parse_args(["--model", "gpt2-124"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "'fp8_weight_all_gather': expected false without use_fp8"),
+    (["--use_fp8", "--fp8_recipe", "block"], "expected false with fp8_recipe block (TE's FSDP2 hooks"),
+    (["--use_fp8"], "'fuse_qkv_params': expected true with fp8_weight_all_gather (TE cannot split"),
+    (["--use_fp8", "--fuse_qkv_params", "--backend", "torch"], "expected false with backend torch"),
+    (["--use_fp8", "--fuse_qkv_params", "--cuda_graphs"], "expected false with cuda_graphs True"),
+    (["--use_fp8", "--fuse_qkv_params", "--mixed_precision", "bf16", "--master_weights", "fp32"],
+     "expected false with master_weights fp32 (TE's FusedAdam keeps the fp32 masters here)"),
+])
+def test_fp8_weight_all_gather_refuses_what_fp8_weights_cannot_train_with(args, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        parse_args(["--fp8_weight_all_gather", *args])
+    assert parse_args(["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params"]).precision.fp8_weight_all_gather

@@ -120,3 +120,62 @@ def make_graphed_callables(modules: tuple, sample_args: tuple, *, enabled: bool,
                                   ("cache_quantized_params", "fp8_weight_caching")), (enabled, recipe, cache_weights)):
         kwargs[new if new in params else old] = value
     return te.make_graphed_callables(modules, sample_args, **kwargs)
+
+
+def quantized_model_init(recipe):
+    """TE modules built inside hold FP8 weights only (``primary_weights_in_fp8``), quantized with
+    ``recipe``, each keeping its pre-quantization fp32 value on the host for the optimizer's master
+    (``preserve_high_precision_init_val``). TE >= 2.9 ``quantized_model_init``, else ``fp8_model_init``."""
+    fn = getattr(te, "quantized_model_init", None) or te.fp8_model_init
+    return fn(enabled=True, recipe=recipe, preserve_high_precision_init_val=True)
+
+
+def is_quantized(tensor) -> bool:
+    """A TE quantized tensor (e.g. a Float8Tensor weight), or a DTensor whose local shard is one."""
+    local = getattr(tensor, "_local_tensor", tensor)
+    cls = getattr(te, "QuantizedTensor", None) if TE_AVAILABLE else None
+    return cls is not None and isinstance(local, cls)
+
+
+def fused_adam_with_masters(groups, *, lr: float, betas: tuple, eps: float):
+    """TE's FusedAdam (decoupled weight decay, as torch's AdamW) keeping an fp32 master of every
+    parameter: an FP8 weight cannot take an Adam update itself (3 mantissa bits), so the step updates
+    the master and re-quantizes the weight from it. Handles FSDP2's DTensor parameters and states."""
+    import torch
+
+    return te.optimizers.FusedAdam(groups, lr=lr, betas=betas, eps=eps, adam_w_mode=True, master_weights=True,
+                                   master_weight_dtype=torch.float32)
+
+
+def take_fp32_init_values(model) -> dict:
+    """name -> the fp32 value each FP8 weight was quantized from (`quantized_model_init` kept it on the
+    host), released from the weight: call before sharding (FSDP2's shards are new tensors)."""
+    out = {}
+    for name, p in model.named_parameters():
+        value = getattr(p, "get_high_precision_init_val", lambda: None)()
+        if value is not None:
+            out[name] = value.float()
+            p.clear_high_precision_init_val()
+    return out
+
+
+def seed_fp32_masters(optimizer, named_params, values: dict) -> int:
+    """Set FusedAdam's fp32 master of each parameter in ``values`` (name -> the full fp32 tensor) to its
+    local shard of that value, instead of the dequantized FP8 weight FusedAdam would start from (TE's
+    examples/pytorch/quantized_model_init/fully_shard.py). Returns masters set."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    seeded = 0
+    for name, p in named_params:
+        full = values.get(name)
+        if full is None:
+            continue
+        full = full.to(device=p.device, dtype=torch.float32)
+        # each rank already holds the whole value: cut its own shard, no communication (src_data_rank=None)
+        local = (distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local()
+                 if isinstance(p, DTensor) else full)
+        optimizer.initialize_state(p, store_param_remainders=False)
+        optimizer.set_scaled_state(p, "master_param", local)
+        seeded += 1
+    return seeded

@@ -212,6 +212,31 @@ def _cross_checks(cfg: Config) -> None:
         raise ConfigError("warmup_steps", f"at most max_steps ({max_steps}): the learning rate would never reach "
                           f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)",
                           warmup)
+    if cfg.precision.fp8_weight_all_gather:
+        _fp8_weight_all_gather_checks(cfg)
+
+
+def _fp8_weight_all_gather_checks(cfg: Config) -> None:
+    """What FP8 weights (TE quantized_model_init) under FSDP2 need from the other sections; the launch
+    (an FSDP2 profile) is checked by the launch preflight, FP8 really on by the precision plan."""
+    p, m = cfg.precision, cfg.model
+    if not p.use_fp8:
+        raise ConfigError("fp8_weight_all_gather", "false without use_fp8 (the weights are FP8 only when TE "
+                                                   "trains in FP8)", True)
+    if p.fp8_recipe not in ("delayed", "current"):
+        raise ConfigError("fp8_weight_all_gather", f"false with fp8_recipe {p.fp8_recipe} (TE's FSDP2 hooks take "
+                                                   "FP8 weights built on the GPU for the per-tensor recipes only: "
+                                                   "delayed, current)", True)
+    if not m.fuse_qkv_params:
+        raise ConfigError("fuse_qkv_params", "true with fp8_weight_all_gather (TE cannot split one FP8 QKV "
+                                             "weight into q/k/v parameters)", False)
+    conflicts = {"backend": (m.backend == "torch", "FP8 weights are TE modules' (backend te or auto)"),
+                 "master_weights": (p.master_weights == "fp32", "TE's FusedAdam keeps the fp32 masters here"),
+                 "cuda_graphs": (m.cuda_graphs, "FSDP2's all-gathers run between the layers a graph would hold")}
+    for key, (bad, why) in conflicts.items():
+        if bad:
+            raise ConfigError("fp8_weight_all_gather", f"false with {key} {getattr(m, key, None) or getattr(p, key)} "
+                                                       f"({why})", True)
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Config:

@@ -341,3 +341,25 @@ def test_every_file_resume_unpickles_refuses_a_code_pickle(tmp_path, acc_model, 
     (ckpt / "random_states_0.pkl").write_bytes(b"garbage")  # accelerate swallows this one silently
     with pytest.raises(UserError, match="random_states_0.pkl is unreadable|not a readable torch file"):
         load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+
+
+def test_resume_keeps_the_checkpoints_fp8_weight_all_gather(tmp_path, acc_model):
+    """The setting decides the optimizer (TE's FusedAdam with fp32 masters, else AdamW) and what the model
+    shards hold: a resume with the other value is one line, before anything is loaded."""
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.config import parse_args
+
+    acc, model, _ = acc_model
+    ckpt = save_checkpoint(acc, tmp_path, _state(1), keep_last=2)
+    (ckpt / "config.yaml").write_text("model: nano\nfp8_weight_all_gather: true\n")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    with pytest.raises(UserError, match=r"written with fp8_weight_all_gather true, this run has false: the "
+                                        r"optimizer state differs .*; resume with --fp8_weight_all_gather true$"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert all(not torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was loaded
+    (ckpt / "config.yaml").write_text("model: nano\nfp8_weight_all_gather: false\n")
+    load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

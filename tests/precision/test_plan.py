@@ -118,3 +118,19 @@ def test_plan_protocol_without_fp8():
     assert plan.is_first_microbatch(0) is None and plan.is_first_microbatch(3) is None
     assert plan.metadata() == {"fp8": False, "mixed_precision": "fp32", "fp8_recipe": None,
                                "fp8_recipe_kwargs": None, "fp8_fallback_reason": None}
+
+
+def test_fp8_weight_all_gather_needs_fp8_on_and_every_te_layer_in_fp8():
+    """FP8 weights are built for every TE GEMM: with FP8 off (one line with the reason) or a layer kept
+    BF16 by the small-GEMM policy or fp8_keep_bf16 (it would compute in BF16 from FP8-rounded weights),
+    the run refuses before the model is built. The plan that builds them: tests/precision/test_plan_te.py."""
+    args = dict(use_fp8=True, fp8_weight_all_gather=True)
+    with pytest.raises(ConfigError, match=r"'fp8_weight_all_gather': expected false here: FP8 is off \(no CUDA"):
+        resolve_precision(PrecisionArgs(**args), te_cfg(), facts(cuda_available=False), say=pytest.fail)
+    with pytest.raises(ConfigError, match=r"every TE layer in FP8, but the policy keeps some BF16: mlp \(GEMM "
+                                          r".*4100 is not a multiple of 16.*\) \(set fp8_min_gemm_dim 0"):
+        resolve_precision(PrecisionArgs(**args, fp8_min_gemm_dim=0), te_cfg(intermediate_size=4100), H100)
+    with pytest.raises(ConfigError, match=r"FP8 is off \(no layer passes the small-GEMM policy"):
+        resolve_precision(PrecisionArgs(**args), te_cfg("gpt2-124m"), H100)  # 768 wide < 1536
+    with pytest.raises(ConfigError, match=r"fp8_keep_bf16 \['model.layers.0.\*'\]"):
+        resolve_precision(PrecisionArgs(**args, fp8_keep_bf16=["model.layers.0.*"]), te_cfg(), H100, say=print)

@@ -119,3 +119,34 @@ def test_accelerates_convert_model_leaves_the_te_tree_alone(monkeypatch):
     assert {n: type(m) for n, m in model.named_modules()} == before
     assert all(p is params[n] for n, p in model.named_parameters())
     plan.after_prepare(model)
+
+
+def test_fp8_weight_all_gather_builds_every_te_gemm_weight_in_fp8(monkeypatch):
+    """`weight_init()` is TE's quantized_model_init with the plan's recipe: the TE modules built inside
+    hold FP8 primary weights (TE's own flag, read back), those built after do not; a plan without the
+    setting leaves the build alone. (The weights themselves are quantized on a GPU: tests/training/test_fsdp.py.)"""
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = config_from_preset("medium", 8192, 256, backend="te", fuse_qkv_params=True)  # TE: no FP8 q/k/v split
+    plan = resolve_precision(PrecisionArgs(fp8_weight_all_gather=True, fp8_recipe="current", **ARGS), config, HOPPER)
+    plain = resolve_precision(PrecisionArgs(**ARGS), config, HOPPER)
+    assert plan.fp8_weights and plain.fp8_enabled and not plain.fp8_weights
+
+    def te_modules(model):
+        base = _te.te.module.base.TransformerEngineBaseModule
+        return [m for m in model.modules() if isinstance(m, base) and m.param_init_meta]
+
+    with torch.device("meta"), plan.weight_init():
+        mgr = _te._state_manager()
+        assert mgr.with_fp8_parameters() and isinstance(mgr.get_fp8_recipe(), _te.te_recipe.Float8CurrentScaling)
+        fp8 = YxanulForCausalLM(config)
+    with torch.device("meta"), plain.weight_init():
+        bf16 = YxanulForCausalLM(config)
+    assert len(te_modules(fp8)) == 3 * config.num_hidden_layers  # qkv, proj, mlp of each layer
+    assert all(m.primary_weights_in_fp8 for m in te_modules(fp8))
+    assert not any(m.primary_weights_in_fp8 for m in te_modules(bf16))
+    assert not _te._state_manager().with_fp8_parameters()
+    qkv = "model.layers.0.self_attention.layernorm_qkv."
+    # the FP8 model saves its fused QKV weight as it is (the checkpoint readers split it); BF16 splits on save
+    assert qkv + "weight" in fp8.state_dict() and qkv + "query_weight" not in fp8.state_dict()
+    assert qkv + "query_weight" in bf16.state_dict() and qkv + "weight" not in bf16.state_dict()

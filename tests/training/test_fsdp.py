@@ -200,6 +200,56 @@ def test_fsdp2_fp8_one_gpu_runs_the_configured_recipe(tmp_path, recipe):
     assert (out / "checkpoints" / "step_4" / "pytorch_model_fsdp_0" / "__0_0.distcp").is_file()
 
 
+@pytest.mark.gpu
+@pytest.mark.te
+def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_masters(tmp_path):
+    """``--fp8_weight_all_gather`` on one GPU under fsdp2.yaml: the TE layers hold FP8 weights, FusedAdam
+    their fp32 masters. Its losses follow the BF16-all-gather run's (same recipe, same data: the GEMMs see
+    the same FP8 weights up to BF16 rounding before quantization); a resume from step 3 continues them;
+    the checkpoint's optimizer shards hold the masters, and the export is made of them (an FP8-rounded
+    tensor has at most 256 distinct values per tensor scale)."""
+    import torch.distributed.checkpoint as dcp
+
+    from yxanul import _te
+
+    ok, why = _te.availability().get("current", (False, "unknown"))
+    if not ok:
+        pytest.skip(f"FP8 recipe current unavailable here: {why}")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+    def run(out, *args):
+        cmd = ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / "fsdp2.yaml"),
+               "--num_processes", "1", "--main_process_port", "0", str(ROOT / "train.py"), *RUN, "--model", "medium",
+               "--backend", "te", "--seq_length", "256", "--max_steps", "6", "--use_fp8", "--require_fp8",
+               "--fp8_min_gemm_dim", "0", "--fp8_recipe", "current", "--fuse_qkv_params", "--output_dir", str(out),
+               *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r
+
+    fp8, bf16, res = tmp_path / "fp8", tmp_path / "bf16", tmp_path / "res"
+    r = run(fp8, "--fp8_weight_all_gather", "--checkpoint_freq", "3")
+    assert "all-gather float8 (TE layers), bfloat16 (the rest), reduce float32" in r.stdout
+    rep = json.loads((fp8 / "precision_report.json").read_text())
+    assert rep["te_readback"]["fp8_confirmed"] and rep["sharding"]["weight_all_gather"].startswith("float8")
+    run(bf16, "--checkpoint_freq", "0")
+    a, b = losses(fp8), losses(bf16)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert max(abs(a[s] - b[s]) / b[s] for s in a) < 2e-2 and a[6] < a[1]
+
+    continue_from(fp8 / "checkpoints" / "step_3", res)
+    run(res, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--save_final", "false", "--resume", "latest")
+    c = losses(res)
+    assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2
+
+    ckpt = fp8 / "checkpoints" / "step_6"
+    keys = dcp.FileSystemReader(str(ckpt / "optimizer_0")).read_metadata().state_dict_metadata
+    assert any(k.endswith("layernorm_qkv.weight.master_param") for k in keys)
+    llama = exported(ckpt, tmp_path / "ex")
+    q = llama["model.layers.0.self_attn.q_proj.weight"]
+    assert q.shape[0] == q.shape[1] == 1024 and torch.unique(q).numel() > 4096  # masters, not FP8 values
+
+
 def test_slurm_script_passes_the_hsdp_sizes_and_accelerate_takes_them(tmp_path):
     """submit_fp8.sh with the HSDP profile on 2 nodes x 4 GPUs (stand-in srun/scontrol/accelerate): the
     launch line carries replicate 2 x shard 4, and accelerate's own launcher turns that line into the

@@ -10,6 +10,8 @@ from pathlib import Path
 from ..errors import UserError
 
 SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + model index, a DCP folder
+SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + optimizer index (FSDP2), a DCP folder
+MASTER = ".master_param"  # TE FusedAdam's fp32 master of a parameter, under optimizer.state.<name>
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -39,6 +41,7 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
     checkpoint's ``config.yaml`` when its weights do not fit this model."""
     import pickle
 
+    _check_same_optimizer(ckpt, cfg)
     handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
     try:
         _check_random_states(ckpt)
@@ -70,6 +73,20 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
                         + ("; ".join(diff) if diff else first) + ")") from None
     finally:
         handle.remove()
+
+
+def _check_same_optimizer(ckpt, cfg) -> None:
+    """``fp8_weight_all_gather`` decides the optimizer (TE's FusedAdam with fp32 masters, else AdamW) and
+    what the model shards hold: a resume keeps the checkpoint's value."""
+    import yaml
+
+    path = Path(ckpt) / "config.yaml"
+    theirs = bool((yaml.safe_load(path.read_text()) or {}).get("fp8_weight_all_gather")) if path.is_file() else False
+    ours = cfg.precision.fp8_weight_all_gather
+    if theirs != ours:
+        raise UserError(f"resume '{ckpt}': written with fp8_weight_all_gather {str(theirs).lower()}, this run has "
+                        f"{str(ours).lower()}: the optimizer state differs (FusedAdam with fp32 masters vs AdamW); "
+                        f"resume with --fp8_weight_all_gather {str(theirs).lower()}")
 
 
 def _zero_world_size_line(ckpt, msg: str) -> str:
@@ -155,15 +172,60 @@ def is_sharded_checkpoint(ckpt) -> bool:
 
 def read_sharded_weights(ckpt) -> dict:
     """The full model state dict of a sharded (FSDP2, torch.distributed.checkpoint) checkpoint, read in
-    this one process without a process group (accelerate's own merge reader)."""
+    this one process without a process group (accelerate's own merge reader). Where the optimizer shards
+    hold fp32 masters (``fp8_weight_all_gather``: the model shards hold FP8-rounded TE weights, stored as
+    TE tensor objects), the weight is its master, and its model entry is not read; their fused QKV weight
+    is split into the q/k/v every reader expects."""
+    masters = {k.removeprefix("optimizer.state.").removesuffix(MASTER): v
+               for k, v in _read_dcp(Path(ckpt) / SHARDED_OPTIMIZER_DIR, lambda k: k.endswith(MASTER)).items()}
+    state = _read_dcp(Path(ckpt) / SHARDED_MODEL_DIR, lambda k: k.removeprefix("model.") not in masters)
+    return _split_fused_qkv({**{k.removeprefix("model."): v for k, v in state.items()}, **masters})
+
+
+_FUSED_QKV = ".self_attention.layernorm_qkv.weight"
+
+
+def _split_fused_qkv(state: dict) -> dict:
+    """Each fused QKV weight (rows cat[q, k, v], saved whole by a model with FP8 weights: the model's split
+    hook would slice FP8 shards) under the q/k/v names every reader expects; the q rows are the input width
+    of the layer's output projection, k and v the halves of the rest (models/state_dict.py: the fusion)."""
+    out = dict(state)
+    for key in [k for k in state if k.endswith(_FUSED_QKV)]:
+        fused = out.pop(key)                                                       # (h_q + 2 h_kv, C)
+        h_q = state[key.removesuffix(_FUSED_QKV) + ".self_attention.proj.weight"].shape[1]
+        kv = (fused.shape[0] - h_q) // 2
+        for name, part in zip(("query", "key", "value"), fused.split([h_q, kv, kv])):
+            out[key.removesuffix("weight") + f"{name}_weight"] = part
+    return out
+
+
+def _read_dcp(folder: Path, wanted) -> dict:
+    """The flat entries (DCP's dotted keys) of a torch.distributed.checkpoint folder that ``wanted(key)``
+    accepts, read without a process group; {} when the folder is absent."""
     import torch.distributed.checkpoint as dcp
     import torch.distributed.checkpoint.format_utils as fmt
 
+    if not folder.is_dir():
+        return {}
+    reader = dcp.FileSystemReader(str(folder))
+    keys = {k for k in reader.read_metadata().state_dict_metadata if wanted(k)}
+    if not keys:
+        return {}
     state: dict = {}
     # as accelerate.utils.fsdp_utils._distributed_checkpoint_to_merged_weights reads it
-    fmt._load_state_dict(state, storage_reader=dcp.FileSystemReader(str(Path(ckpt) / SHARDED_MODEL_DIR)),
-                         planner=fmt._EmptyStateDictLoadPlanner(), no_dist=True)
-    return state.get("model", state)
+    fmt._load_state_dict(state, storage_reader=reader, planner=fmt._EmptyStateDictLoadPlanner(keys=keys),
+                         no_dist=True)
+    return _flatten(state)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def load_tolerant(model, state: dict) -> tuple[list[str], list[str]]:
@@ -177,5 +239,6 @@ def load_tolerant(model, state: dict) -> tuple[list[str], list[str]]:
     missing, unexpected = model.load_state_dict(state, strict=False)
     own = model.state_dict()
     loaded = {own[k].data_ptr() for k in state if k in own}
-    return [k for k in missing if own[k].data_ptr() not in loaded], list(unexpected)
+    # data_ptr 0: no storage of its own (a TE FP8 weight, a wrapper tensor subclass), never an alias
+    return [k for k in missing if own[k].data_ptr() == 0 or own[k].data_ptr() not in loaded], list(unexpected)
 

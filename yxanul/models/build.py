@@ -13,17 +13,24 @@ from ..errors import UserError
 from .args import ModelArgs
 from .configuration_yxanul import YxanulConfig, config_from_preset, count_parameters
 from .cuda_graphs import check_config
-from .modeling_yxanul import YxanulForCausalLM
+from .modeling_yxanul import YxanulForCausalLM, resolve_backend
 from .state_dict import is_llama_state, llama_to_yxanul
 
 
-def build_model(args: ModelArgs, vocab_size: int):
-    """The model of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64)."""
+def model_config(args: ModelArgs, vocab_size: int) -> YxanulConfig:
+    """The config of ``args`` for a tokenizer of ``vocab_size`` tokens (padded up to a multiple of 64), its
+    backend resolved: what the precision plan decides from before the model is built."""
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
                                 penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
                                 fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
-    model = YxanulForCausalLM(config)
+    config.backend = resolve_backend(config.backend)
+    return config
+
+
+def build_model(args: ModelArgs, vocab_size: int, config: YxanulConfig | None = None):
+    """The model of ``args`` (of ``config`` when given, from `model_config`)."""
+    model = YxanulForCausalLM(config or model_config(args, vocab_size))
     check_config(model.config)  # cuda_graphs: TE blocks on CUDA (a training setting: from_pretrained skips it)
     if args.gradient_checkpointing:
         model.set_activation_checkpointing(True)
@@ -32,10 +39,9 @@ def build_model(args: ModelArgs, vocab_size: int):
     return model
 
 
-def load_weights(model, path: str) -> None:
-    """Load ``path/model*.safetensors`` (or an FSDP2 checkpoint's shards) into ``model`` (strict apart from
-    TE's ``*_extra_state`` and a tied LM head that a save dropped as a duplicate). Mismatches raise a
-    one-line UserError."""
+def read_weights(path: str, model) -> dict:
+    """The weights of ``path`` under ``model``'s names: ``model*.safetensors`` (or an FSDP2 checkpoint's
+    shards), a Llama export's names mapped back, a tied head under the embedding's name."""
     verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files and not is_sharded_checkpoint(path):
@@ -50,6 +56,13 @@ def load_weights(model, path: str) -> None:
         if emb not in state and head in state:
             state[emb] = state[head]
         state.pop(head, None)
+    return state
+
+
+def load_weights(model, path: str) -> None:
+    """Load `read_weights` into ``model`` (strict apart from TE's ``*_extra_state`` and a tied LM head that
+    a save dropped as a duplicate). Mismatches raise a one-line UserError."""
+    state = read_weights(path, model)
     try:
         missing, unexpected = load_tolerant(model, state)
     except RuntimeError as e:  # size mismatch

@@ -91,7 +91,8 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
         if config.fuse_qkv_params:  # one QKV parameter (one weight cast/quantize per step); names unchanged
             kv = config.num_key_value_heads * config.head_dim
             qkv = self.self_attention.layernorm_qkv
-            qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))
+            if not qkv.primary_weights_in_fp8:  # an FP8 weight (FSDP2 shards of it) is saved fused, split by
+                qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))  # the readers
             qkv.register_load_state_dict_pre_hook(fuse_split_qkv)
 
     def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None, attention_mask=None):

@@ -120,6 +120,8 @@ class YxanulPreTrainedModel(PreTrainedModel):
             init.copy_(module.inv_freq, module.compute_inv_freq(module.inv_freq.device))
         residual_proj = getattr(module, "_is_residual_proj", False)
         for name, p in module.named_parameters(recurse=False):
+            if _te.is_quantized(p):  # an FP8 weight (fp8_weight_all_gather): TE drew it from the same
+                continue             # init_methods and keeps the fp32 draw for the optimizer's master
             if p.dim() == 1:                                   # RMSNorm weights (there are no biases)
                 init.ones_(p)
             elif name == "fc2_weight" or residual_proj:        # layers writing into the residual stream

@@ -109,3 +109,13 @@ def fuse_split_qkv(module, state_dict, prefix, *args):
     names = [f"{prefix}{n}_weight" for n in ("query", "key", "value")]
     if all(n in state_dict for n in names):
         state_dict[prefix + "weight"] = torch.cat([state_dict.pop(n) for n in names])
+
+
+def fused_qkv_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict under the names of a model holding one fused QKV ``weight`` per layer: every q/k/v
+    triple concatenated (what `fuse_split_qkv` does inside ``load_state_dict``; checkpoint/io.py splits)."""
+    out = dict(state)
+    for key in [k for k in state if k.endswith(".self_attention.layernorm_qkv.query_weight")]:
+        prefix = key.removesuffix("query_weight")
+        out[prefix + "weight"] = torch.cat([out.pop(f"{prefix}{n}_weight") for n in ("query", "key", "value")])
+    return out

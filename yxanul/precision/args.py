@@ -54,6 +54,13 @@ class PrecisionArgs:
                                           "the optimizer steps fp32 master copies, gradients accumulated in fp32; "
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
+    fp8_weight_all_gather: bool = field(
+        default=False, metadata={"help": "FSDP2 with TE FP8 (recipe delayed or current): the decoder layers hold FP8 "
+                                         "weights (TE quantized_model_init), so FSDP2 all-gathers 1 byte per weight "
+                                         "instead of 2, and TE's FusedAdam keeps the fp32 masters. Needs an FSDP2 "
+                                         "profile, fuse_qkv_params, every TE layer in FP8 (fp8_min_gemm_dim 0 below "
+                                         "1536 wide), no cuda_graphs; checkpoints resume with the same setting "
+                                         "(docs/distributed.md)."})
     fp8_stats: bool = field(default=True,
                             metadata={"help": "Log FP8 scaling statistics every log_freq steps "
                                               "(delayed: scale/amax; all recipes: cached weight scales)."})

@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from .. import _te
 from ..errors import ConfigError
 
 ATTR = "_yx_masters"  # model attribute: {id(param): master}
@@ -169,8 +170,13 @@ class MasterWeightAdamW(torch.optim.AdamW):
         return loss
 
 
-def build(model, groups: list[dict], **kwargs) -> MasterWeightAdamW | None:
-    """`build_optimizer`'s AdamW over the masters of an attached model (None: not attached)."""
+def build(model, groups: list[dict], fp8_weights: bool = False, **kwargs) -> torch.optim.Optimizer | None:
+    """`build_optimizer`'s optimizer of fp32 masters: TE's FusedAdam for FP8 weights (``fp8_weight_all_gather``:
+    an FP8 weight cannot take an Adam update itself), else AdamW over the masters of an attached model;
+    None: neither."""
+    if fp8_weights:
+        kwargs.pop("fused", None)  # torch's AdamW switch; FusedAdam is fused
+        return _te.fused_adam_with_masters(groups, **kwargs)
     masters = masters_of(model)
     if masters is None:
         return None

@@ -133,6 +133,9 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
     if args.master_weights == "fp32" and base != "bf16":
         raise ConfigError("master_weights", f"none here: mixed_precision resolved to {base} (no BF16 on this "
                                             "device); fp32 needs mixed_precision bf16", args.master_weights)
+    policy = layer_policy(config, args)
+    if args.fp8_weight_all_gather:
+        _check_all_layers_fp8(args, fp8, reason, policy)
     if args.use_fp8 and not fp8:
         if args.require_fp8:
             raise UserError(f"require_fp8: FP8 is impossible here: {reason}")
@@ -140,7 +143,19 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
     if args.use_fp8 and args.fp8_interval != 1:
         say(f"warning: fp8_interval={args.fp8_interval} has no effect (TE has no 'interval' since 1.8: "
             "scales update after every step); recorded only")
-    return PrecisionPlan(args, fp8, reason, base, layer_policy(config, args), facts)
+    return PrecisionPlan(args, fp8, reason, base, policy, facts)
+
+
+def _check_all_layers_fp8(args: PrecisionArgs, fp8: bool, reason: str | None, policy: dict) -> None:
+    """fp8_weight_all_gather builds every TE GEMM weight in FP8: FP8 must be on, and no layer kept BF16
+    (it would compute in BF16 from FP8-rounded weights)."""
+    if not fp8:
+        raise ConfigError("fp8_weight_all_gather", f"false here: FP8 is off ({reason})", True)
+    kept = [f"{k} ({policy[k][1]})" for k in KINDS if not policy[k][0]]
+    if kept or args.fp8_keep_bf16:
+        why = "; ".join(kept) if kept else f"fp8_keep_bf16 {args.fp8_keep_bf16}"
+        raise ConfigError("fp8_weight_all_gather", f"every TE layer in FP8, but the policy keeps some BF16: {why} "
+                                                   "(set fp8_min_gemm_dim 0, drop fp8_keep_bf16)", True)
 
 
 class PrecisionPlan:
@@ -237,6 +252,16 @@ class PrecisionPlan:
             return contextlib.nullcontext()
 
         return _te.autocast(enabled=True, recipe=self.recipe)
+
+    @property
+    def fp8_weights(self) -> bool:
+        """The TE GEMM weights themselves are FP8 (``fp8_weight_all_gather``): built by `weight_init`,
+        stepped by TE's FusedAdam through fp32 masters."""
+        return self.fp8_enabled and self.args.fp8_weight_all_gather
+
+    def weight_init(self):
+        """Around building the model: TE's ``quantized_model_init`` with this recipe when `fp8_weights`."""
+        return _te.quantized_model_init(self.recipe) if self.fp8_weights else contextlib.nullcontext()
 
     def is_first_microbatch(self, micro_step_in_accum: int) -> bool | None:
         """TE quantizes and caches FP8 weights on True, reuses them on False, re-quantizes on None."""

@@ -16,6 +16,15 @@ CPU: accelerate 1.15 sets ``DistributedType.FSDP`` only when the process group i
 ``fsdp_plugin``) and everything after -- ``prepare`` (``fsdp2_prepare_model``, activation
 checkpointing), ``clip_grad_norm_``, ``save_state``/``load_state`` (torch.distributed.checkpoint, one
 shard per rank) -- is accelerate's GPU code path, unchanged. That is how the CPU tests exercise it.
+
+Order (`prepare`): yxanul shards the model first, with accelerate's own ``fsdp2_apply_ac`` and
+``fsdp2_prepare_model`` (the same units, tail and root, precision policy and activation checkpointing
+that ``Accelerator.prepare`` would apply), then builds the optimizer over the sharded parameters, then
+calls ``prepare``, which sees a sharded model and leaves it. Inside ``prepare`` accelerate re-maps the
+optimizer's parameters to the sharded ones by ``data_ptr()``, and TE's FP8 weights
+(``fp8_weight_all_gather``: Float8Tensor, a wrapper tensor subclass) all report ``data_ptr() == 0``:
+the map would send every FP8 weight's slot to one of them, silently. Built after sharding, the
+optimizer already holds the right parameters; `prepare` puts them back after accelerate's re-map.
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .. import _te
 from ..errors import UserError
+from ..models.build import read_weights
+from ..models.state_dict import fused_qkv_state
 
 
 def fsdp_requested(env=os.environ) -> bool:
@@ -91,14 +103,52 @@ def shard_on_cpu(accelerator, plugin, deferred_mesh: bool = False) -> None:
         pc._validate_accelerator(accelerator)
 
 
+def fp32_values(model, init_from: str | None = None) -> dict:
+    """name -> full fp32 value of each FP8 weight, for its master: TE's pre-quantization value, or with
+    ``init_from`` the loaded weight (the model's copy went through FP8 rounding; read a second time)."""
+    values = _te.take_fp32_init_values(model)
+    if init_from and values:
+        loaded = fused_qkv_state(read_weights(init_from, model))  # the model's own names (fused QKV)
+        values = {name: loaded[name].float() for name in values}  # every name: load_weights was strict
+    return values
+
+
+def prepare(accelerator, model, make_optimizer, fp32_values: dict | None = None):
+    """FSDP2: shard ``model``, build ``make_optimizer(model)`` over its shards, ``accelerator.prepare`` both
+    (module doc); ``fp32_values`` (name -> full fp32 tensor, FP8 weights): seed the optimizer's masters."""
+    from accelerate.utils.fsdp_utils import fsdp2_apply_ac, fsdp2_prepare_model
+
+    plugin = accelerator.state.fsdp_plugin
+    plugin.set_auto_wrap_policy(model)
+    if plugin.activation_checkpointing:
+        model = fsdp2_apply_ac(accelerator, model)
+    model = fsdp2_prepare_model(accelerator, model)
+    optimizer = make_optimizer(model)
+    params = [list(g["params"]) for g in optimizer.param_groups]
+    ac, plugin.activation_checkpointing = plugin.activation_checkpointing, False  # applied above, once
+    try:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    finally:
+        plugin.activation_checkpointing = ac
+    for group, own in zip(optimizer.optimizer.param_groups, params, strict=True):
+        group["params"] = own  # undo the data_ptr re-map (module doc)
+    mine = {id(p) for p in model.parameters()}
+    if not all(id(p) in mine for g in params for p in g):
+        raise RuntimeError("FSDP2: the optimizer holds parameters the sharded model does not")
+    if fp32_values:
+        named = ((n.replace("._checkpoint_wrapped_module", ""), p) for n, p in model.named_parameters())
+        _te.seed_fp32_masters(optimizer.optimizer, named, fp32_values)
+    return model, optimizer
+
+
 def _dtype(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def sharding_facts(accelerator) -> dict:
+def sharding_facts(accelerator, fp8_weights: bool = False) -> dict:
     """What the precision report records of an FSDP2 run: the mesh and the dtypes the weights are
-    all-gathered and the gradients reduce-scattered in (FP8 all-gather is not wired: TE quantizes the
-    gathered bf16 weights in each GEMM)."""
+    all-gathered and the gradients reduce-scattered in. Without ``fp8_weights`` TE quantizes the gathered
+    BF16 weights in each GEMM; with them the TE layers' weights travel as FP8 (the rest as BF16)."""
     plugin, pc = accelerator.state.fsdp_plugin, accelerator.parallelism_config
     mp = plugin.mixed_precision_policy
     hsdp = pc is not None and pc.dp_replicate_enabled
@@ -106,7 +156,8 @@ def sharding_facts(accelerator) -> dict:
     return {"strategy": "hsdp" if hsdp else "fsdp2", "processes": accelerator.num_processes,
             "replicate": pc.dp_replicate_size if hsdp else 1,
             "shard": pc.dp_shard_size if hsdp else accelerator.num_processes,
-            "units": list(plugin.transformer_cls_names_to_wrap or []), "weight_all_gather": gathered,
+            "units": list(plugin.transformer_cls_names_to_wrap or []),
+            "weight_all_gather": f"float8 (TE layers), {gathered} (the rest)" if fp8_weights else gathered,
             "gradient_reduce": _dtype(mp.reduce_dtype) if mp is not None and mp.reduce_dtype is not None
             else gathered, "reshard_after_forward": bool(plugin.reshard_after_forward),
             "activation_checkpointing": bool(plugin.activation_checkpointing)}

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..lint import ERROR, check_launch_environment
+from .fsdp import fsdp_requested
 
 
 def check_wandb_key(use_wandb: bool, env=None) -> str | None:
@@ -40,6 +41,9 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
     problem = check_wandb_key(cfg.tracking.use_wandb, env)
     if problem:
         raise UserError(problem)
+    if cfg.precision.fp8_weight_all_gather and not fsdp_requested(os.environ if env is None else env):
+        raise ConfigError("fp8_weight_all_gather", "false outside an FSDP2 launch (the FP8 weights are what FSDP2 "
+                          "all-gathers: accelerate launch --config_file accelerate_configs/fsdp2.yaml ...)", True)
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:
             raise UserError(p.line())

@@ -71,12 +71,11 @@ class OptimArgs:
             raise ConfigError("adam_eps", "a positive finite float", self.adam_eps)
 
 
-
-
-def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, args: OptimArgs, fp8_weights: bool = False) -> torch.optim.Optimizer:
     """AdamW with two groups: >=2-D weights decay, 1-D params (norm weights) don't.
 
-    Uses the fused CUDA kernel when every parameter is on a CUDA device.
+    Uses the fused CUDA kernel when every parameter is on a CUDA device. ``fp8_weights`` (the model's TE
+    weights are FP8, ``fp8_weight_all_gather``): TE's FusedAdam with fp32 masters, the same groups.
     """
     import torch
 
@@ -94,8 +93,8 @@ def build_optimizer(model: torch.nn.Module, args: OptimArgs) -> torch.optim.Adam
         kwargs["fused"] = all(p.is_cuda for p in decay + no_decay) and len(decay + no_decay) > 0
     from ..precision.master_weights import build as master_weight_adamw  # torch: config reads OptimArgs here
 
-    masters = master_weight_adamw(model, groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps,
-                                  **kwargs)
+    masters = master_weight_adamw(model, groups, fp8_weights, lr=args.max_lr, betas=(args.beta1, args.beta2),
+                                  eps=args.adam_eps, **kwargs)
     return masters if masters is not None else torch.optim.AdamW(
         groups, lr=args.max_lr, betas=(args.beta1, args.beta2), eps=args.adam_eps, **kwargs
     )

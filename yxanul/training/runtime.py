@@ -100,7 +100,7 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=Non
                           step_scheduler_with_optimizer=False, cpu=cpu, fsdp_plugin=plugin)
     shard_on_cpu(acc, plugin, deferred_mesh)
     if acc.is_fsdp2:
-        plan.sharding = sharding_facts(acc)  # into the precision report
+        plan.sharding = sharding_facts(acc, plan.fp8_weights)  # into the precision report
         say(describe_fsdp(plan.sharding))
     configure_deepspeed(acc, cfg, batch.micro_batch, batch.grad_accum, say)
     return acc

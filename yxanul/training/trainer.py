@@ -23,11 +23,11 @@ import yaml
 from ..checkpoint import load_for_resume, prepare_run_dir, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
-from ..models.build import build_model, describe
+from ..models.build import build_model, describe, model_config
 from ..precision import resolve_precision
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
-from . import provenance
+from . import fsdp, provenance
 from .batching import plan_curriculum, resolve_batch, torch_reduce_min
 from .callbacks import CallbackList, from_config
 from .evaluation import evaluate_loss, sample
@@ -86,9 +86,11 @@ class Trainer:
     def _setup_model(self):
         """The model, the precision plan (applied to it) and the batch plan(s), before the Accelerator."""
         cfg, world = self.cfg, self.dist.num_processes
-        model = build_model(cfg.model, vocab_size=self.vocab_size)
+        config = model_config(cfg.model, self.vocab_size)
+        self.plan = resolve_precision(cfg.precision, config, say=self.say)
+        with self.plan.weight_init():  # fp8_weight_all_gather: TE layers built with FP8 weights
+            model = build_model(cfg.model, self.vocab_size, config)
         self.mcfg = model.config
-        self.plan = resolve_precision(cfg.precision, self.mcfg, say=self.say)
         self.plan.prepare_model(model, say=self.say)  # small-GEMM policy, read-back hooks: the probe sees them too
         finder = dict(model=model, plan=self.plan, run_dir=self.run_dir,
                       write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
@@ -108,7 +110,13 @@ class Trainer:
         model.to(acc.device)  # before the optimizer: AdamW takes its fused CUDA kernel only for CUDA params
         self.sharded = weights_sharded(acc) and acc.num_processes > 1
         self.plan.cache_fp8_weights = not weights_sharded(acc)
-        self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
+        if acc.is_fsdp2:  # sharded before the optimizer is built (training/fsdp.py)
+            fp8 = self.plan.fp8_weights
+            self.model, self.optimizer = fsdp.prepare(
+                acc, model, functools.partial(build_optimizer, args=cfg.optim, fp8_weights=fp8),
+                fsdp.fp32_values(model, cfg.model.init_from) if fp8 else None)
+        else:
+            self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
             self.model = compile_model(self.model, acc.device.type, self.plan.fp8_enabled)

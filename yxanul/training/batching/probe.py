@@ -42,7 +42,8 @@ class TrainingProbe:
         self._saved = None  # the model's state, restored after every probe
 
     def _optimizer(self):
-        opt = build_optimizer(self.model, OptimArgs())
+        # the run's kind: FP8 weights (fp8_weight_all_gather) are stepped by FusedAdam with fp32 masters
+        opt = build_optimizer(self.model, OptimArgs(), fp8_weights=getattr(self.plan, "fp8_weights", False))
         for group in opt.param_groups:  # lr 0: AdamW leaves the weights bit-identical
             group["lr"] = 0.0
         return opt
