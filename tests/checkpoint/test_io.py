@@ -1,11 +1,17 @@
 """`load_tolerant`, the one tolerant load behind a resume, ``--init_from`` and the checkpoint readers:
 a tied head the save dropped is forgiven, any other missing or extra key is reported, and the callers turn
-that into their one-line errors."""
+that into their one-line errors. `load_for_resume`, what ``--resume`` loads: TE's q/k/v views of one buffer
+in place, no pickle that would run code, the checkpoint's own ``fp8_weight_all_gather``."""
 
 import pytest
+import torch
+from _checkpoint import _state
+from accelerate import Accelerator
 from safetensors.torch import save_file
 
+from yxanul.checkpoint import save_checkpoint
 from yxanul.checkpoint.io import load_tolerant
+from yxanul.checkpoint.manifest import verify_checkpoint
 from yxanul.errors import UserError
 from yxanul.models import YxanulForCausalLM
 from yxanul.models.build import load_weights
@@ -84,3 +90,117 @@ def test_a_missing_fp8_weight_is_reported_though_fp8_weights_share_data_ptr_0():
     assert model.a.data_ptr() == model.b.data_ptr() == 0
     state = {k: v for k, v in model.state_dict().items() if k != "b"}
     assert load_tolerant(model, state) == (["b"], [])
+
+
+def _fuse_qkv_like_te(model):
+    """Make every layer's query/key/value weights views of ONE buffer, as TE's LayerNormLinear
+    (parameters_split) registers them: the storage layout that accelerate's own load_state refuses."""
+    for layer in model.model.layers:
+        qkv = layer.self_attention.layernorm_qkv
+        parts = [qkv.query_weight, qkv.key_weight, qkv.value_weight]
+        buf = torch.cat([p.detach() for p in parts])
+        start = 0
+        for name, p in zip(("query_weight", "key_weight", "value_weight"), parts):
+            setattr(qkv, name, torch.nn.Parameter(buf[start:start + p.shape[0]]))
+            start += p.shape[0]
+
+
+def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config):
+    """A TE model's q/k/v weights share one storage; accelerate's load_state (safetensors.load_model)
+    raised "None is covering the entire storage" on every TE checkpoint. load_for_resume loads them
+    in place, the tied head included, and still refuses weights of another shape."""
+    from safetensors.torch import load_model
+
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.config import parse_args
+    from yxanul.models import YxanulForCausalLM
+
+    def build(**kw):
+        torch.manual_seed(0)
+        model = YxanulForCausalLM(tiny_config(**kw))
+        _fuse_qkv_like_te(model)
+        acc = Accelerator(cpu=True)
+        opt = torch.optim.AdamW(model.parameters())
+        return acc, *acc.prepare(model, opt)
+
+    acc, model, opt = build()
+    qkv = model.model.layers[0].self_attention.layernorm_qkv
+    assert qkv.key_weight.untyped_storage().data_ptr() == qkv.query_weight.untyped_storage().data_ptr()
+    model(torch.randint(0, 1000, (2, 16)), labels=torch.randint(0, 1000, (2, 16))).loss.backward()
+    opt.step()
+    save_checkpoint(acc, tmp_path, _state(3), keep_last=3)
+    ckpt = tmp_path / "checkpoints" / "step_3"
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = {i: {k: v.clone() for k, v in st.items()} for i, st in opt.state_dict()["state"].items()}
+    with pytest.raises(RuntimeError, match="entire storage"):  # what plain accelerate does with it
+        load_model(model, ckpt / "model.safetensors")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    opt.optimizer.state.clear()  # a fresh optimizer: only the load can bring its moments back
+    cfg = parse_args(["--model", "nano"])
+    load_for_resume(acc, ckpt, cfg)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    restored = opt.state_dict()["state"]
+    assert restored.keys() == saved_opt.keys() and saved_opt, "optimizer state restored too"
+    assert all(torch.equal(restored[i][k], v) for i, st in saved_opt.items() for k, v in st.items())
+    assert qkv.key_weight.untyped_storage().data_ptr() == qkv.query_weight.untyped_storage().data_ptr()
+
+    other, _, _ = build(intermediate_size=768)
+    with pytest.raises(UserError, match=r"resume '.*step_3': its weights do not fit this model \(.*size mismatch"):
+        load_for_resume(other, ckpt, cfg)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "random_states_0.pkl"])
+def test_every_file_resume_unpickles_refuses_a_code_pickle(tmp_path, acc_model, name):
+    """load_for_resume (what `--resume` runs) on a checkpoint whose manifest was rewritten to match."""
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.checkpoint.manifest import write_manifest
+    from yxanul.config import parse_args
+
+    acc, _, _ = acc_model
+    ckpt = save_checkpoint(acc, tmp_path, _state(1), keep_last=2)
+    marker = tmp_path / "pwned"
+    torch.save({"state": _Payload(marker), "param_groups": []}, ckpt / name)
+    write_manifest(ckpt, lambda p, text: p.write_text(text))
+    assert verify_checkpoint(ckpt) == []
+    with pytest.raises(UserError, match="holds a pickle that would run code; refused, nothing was executed"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert not marker.exists()
+    (ckpt / "random_states_0.pkl").write_bytes(b"garbage")  # accelerate swallows this one silently
+    with pytest.raises(UserError, match="random_states_0.pkl is unreadable|not a readable torch file"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+
+
+def test_resume_keeps_the_checkpoints_fp8_weight_all_gather(tmp_path, acc_model):
+    """The setting decides the optimizer (TE's FusedAdam with fp32 masters, else AdamW) and what the model
+    shards hold: a resume with the other value is one line, before anything is loaded."""
+    from yxanul.checkpoint import load_for_resume
+    from yxanul.config import parse_args
+
+    acc, model, _ = acc_model
+    ckpt = save_checkpoint(acc, tmp_path, _state(1), keep_last=2)
+    (ckpt / "config.yaml").write_text("model: nano\nfp8_weight_all_gather: true\n")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    with pytest.raises(UserError, match=r"written with fp8_weight_all_gather true, this run has false: the "
+                                        r"optimizer state differs .*; resume with --fp8_weight_all_gather true$"):
+        load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert all(not torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was loaded
+    (ckpt / "config.yaml").write_text("model: nano\nfp8_weight_all_gather: false\n")
+    load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

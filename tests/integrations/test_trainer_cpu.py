@@ -17,7 +17,7 @@ T, B = 32, 4
 
 def fuse_qkv_like_te(model):
     """Every layer's query/key/value weights become views of ONE buffer, as TE's LayerNormLinear
-    (parameters_split) registers them (same helper as tests/checkpoint/test_save.py)."""
+    (parameters_split) registers them (same helper as tests/checkpoint/test_io.py)."""
     for layer in model.model.layers:
         qkv = layer.self_attention.layernorm_qkv
         parts = [qkv.query_weight, qkv.key_weight, qkv.value_weight]

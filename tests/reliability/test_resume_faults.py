@@ -19,7 +19,8 @@ def _flip(p):
 
 
 def test_damaged_latest_falls_back_and_resumes_exactly(run_copy, base_run):
-    """A flipped bit in the weights resumed silently before. Every other damage case: tests/checkpoint/test_save.py."""
+    """A flipped bit in the weights resumed silently before. Every other damage case:
+    tests/checkpoint/test_resume.py."""
     _flip(run_copy / "checkpoints" / "step_8" / "model.safetensors")
     (run_copy / "checkpoints" / "step_6" / MANIFEST).unlink()  # and an old checkpoint without a manifest
     r = ok(yx_here("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10",
@@ -53,7 +54,7 @@ class _Payload:
 
 @pytest.mark.parametrize("name", ["optimizer.bin"])
 def test_pickle_payload_is_refused_even_with_a_matching_manifest(run_copy, tmp_path, name):
-    """Through the CLI; every file resume unpickles, in process: tests/checkpoint/test_save.py. An attacker who
+    """Through the CLI; every file resume unpickles, in process: tests/checkpoint/test_io.py. An attacker who
     also rewrites the manifest still runs no code."""
     ckpt = run_copy / "checkpoints" / "step_8"
     marker = tmp_path / "pwned"

@@ -1,5 +1,5 @@
-"""Checkpoints: ``RUN/checkpoints/step_N/`` written atomically, a ``latest`` pointer, best-by-val-loss
-kept, the last ``keep_last`` kept, and a listing table.
+"""Saving a checkpoint: ``RUN/checkpoints/step_N/`` written atomically, a ``latest`` pointer,
+best-by-val-loss kept, the last ``keep_last`` kept.
 
 Layout of one checkpoint (everything accelerate's ``save_state`` writes, plus ours)::
 
@@ -14,268 +14,29 @@ renames the folder to ``step_N`` (one ``rename`` on one file system), then repla
 pointer (a NAME inside checkpoints/, never a path) with ``os.replace``. A crash at any moment leaves
 either the old checkpoint set or the new one. Re-saving a step moves the old copy to
 ``.old-step_N`` and deletes it only after the new one is in place. Pruning renames a folder to
-``.del-step_N`` before deleting it. Before use (resume, init_from) a checkpoint is verified against
-its manifest; a damaged ``latest`` falls back to the newest checkpoint that verifies, with one line.
-A full disk removes the partial save and is one line naming the directory and the bytes needed.
-The pointers live in pointers.py, the atomic writes and weight loading in io.py, the manifest in
-manifest.py, the listing table in table.py.
+``.del-step_N`` before deleting it. A full disk removes the partial save and is one line naming the
+directory and the bytes needed. Verification before use (resume, init_from) and the fallback from a
+damaged ``latest`` live in resume.py, the run directory in rundir.py, the pointers in pointers.py, the
+atomic writes and weight loading in io.py, the manifest in manifest.py, the listing table in table.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, UserError, is_no_space
-from ..run_lock import pinned, try_claim
+from ..errors import UserError, is_no_space
+from ..run_lock import try_claim
 from .io import fsync_dir, own_storage_for_views, write_atomic
-from .manifest import (
-    MANIFEST,
-    STATE_FILE,
-    STEP_NAME,
-    checkpoint_bytes,
-    has_manifest,
-    read_state_checked,
-    verify_checkpoint,
-    write_manifest,
-)
-from .pointers import checkpoints_dir, pointer_name, read_pointer, recompute_best
-
-
-@dataclass
-class CheckpointArgs:
-    """Run directory and checkpoints."""
-
-    output_dir: str | None = field(
-        default=None,
-        metadata={"help": "Run directory: config, checkpoints, metrics.jsonl, TensorBoard events and "
-                          "samples all live under it (default: runs/<run_name>)."})
-    run_name: str | None = field(default=None, metadata={"help": "Name of the run (default: <model>-<date>-<time>)."})
-    resume: str | None = field(
-        default=None,
-        metadata={"help": "Resume from 'latest' (the newest checkpoint under output_dir; an error if it has none), "
-                          "'auto' (resume if output_dir holds a checkpoint, else start fresh: for requeued jobs and "
-                          "restarted pods) or a checkpoint path."})
-    list_checkpoints: bool = field(default=False, metadata={"help": "Print the checkpoints of output_dir and exit."})
-    checkpoint_freq: int = field(default=250,
-                                 metadata={"help": "Save a checkpoint every N optimizer steps (0: only at the end)."})
-    keep_last: int = field(default=3,
-                           metadata={"help": "Keep the newest N checkpoints (the best by val loss is always kept)."})
-    save_final: bool = field(default=True, metadata={"help": "Save a checkpoint when training ends."})
-    resume_allow_changes: list[str] | None = field(
-        default=None,
-        metadata={"help": "Resume although these differ from what the checkpoint was trained on (else one line, "
-                          "exit 2): tokenizer, dataset, val_split, seq_length, seed, or all. What each change does "
-                          "to the run is printed."})
-
-    def __post_init__(self):
-        allowed = ("tokenizer", "dataset", "val_split", "seq_length", "seed", "all")
-        bad = [n for n in self.resume_allow_changes or () if n not in allowed]
-        if bad:
-            raise ConfigError("resume_allow_changes", f"names out of {', '.join(allowed)}", bad[0])
-        if self.checkpoint_freq < 0:
-            raise ConfigError("checkpoint_freq", "an integer >= 0", self.checkpoint_freq)
-        if self.keep_last < 1:
-            raise ConfigError("keep_last", "an integer >= 1", self.keep_last)
-
-
-def _names(cfg) -> tuple[str, str]:
-    """(run_name, output_dir) of a config: the given ones, else ``<model>-<timestamp>`` and
-    ``runs/<run_name>``."""
-    ck = cfg.checkpoint
-    name = ck.run_name or f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return name, ck.output_dir or str(Path("runs") / name)
-
-
-def run_dir_of(cfg) -> Path:
-    """The run directory of a config: ``output_dir``, else ``runs/<run_name>`` (default name:
-    ``<model>-<timestamp>``). Reads the config only (`prepare_run_dir` settles the names)."""
-    return Path(_names(cfg)[1])
-
-
-def prepare_run_dir(cfg, dist=None):
-    """(run_dir, the checkpoint section with ``run_name``/``output_dir`` settled): `run_dir_of`, refusing
-    what would lose or misplace work: ``resume: latest`` without a fixed run directory (the default name is
-    new at every launch), an output_dir under a file, and a new run (no ``resume``) into a directory holding
-    checkpoints, whose ``latest`` it would take over. The config is left as given: its owner (the trainer)
-    records the settled names, so config.yaml and the trackers name the run directory used.
-    ``dist`` (accelerate's PartialState): with several processes the default name is rank 0's, sent to
-    every rank (each rank's own clock could straddle a second and split the run into two folders)."""
-    ck = cfg.checkpoint
-    if ck.resume in RUN_DIR_RESUMES and ck.output_dir is None and ck.run_name is None:
-        raise UserError(f"resume '{ck.resume}': set --output_dir or --run_name too (the default run directory is "
-                        "new at every launch)")
-    # settle the names once, explicitly: config.yaml and the trackers record the run directory used
-    names = _names(cfg)
-    if dist is not None and dist.num_processes > 1 and ck.run_name is None:
-        from accelerate.utils import broadcast_object_list
-
-        names = tuple(broadcast_object_list([names], from_process=0)[0])  # sync point: every rank
-    settled = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
-    run_dir = Path(settled.output_dir)
-    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
-    _check_resume_target(ck.resume, run_dir)
-    ckpts = [] if ck.resume else list_checkpoints(run_dir)
-    if ckpts:
-        raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
-                        "--resume latest to continue that run, or choose another --output_dir/--run_name")
-    return run_dir, settled
-
-
-RUN_DIR_RESUMES = ("latest", "auto")  # resume values naming the run directory's own newest checkpoint
-
-
-def _check_resume_target(resume: str | None, run_dir: Path) -> None:
-    """Before anything is built: ``latest`` with no checkpoint under the run directory, or a path that
-    does not exist, is a mistyped directory, not a new run (``auto`` is the value that allows one)."""
-    if resume == "latest" and not _has_checkpoints(run_dir):
-        raise UserError(f"resume 'latest': no checkpoint under '{run_dir}' (a mistyped --output_dir/--run_name? "
-                        "`--resume auto` resumes if there is one and starts fresh otherwise)")
-    if resume not in (None, *RUN_DIR_RESUMES) and not Path(resume).exists():
-        raise UserError(f"resume '{resume}': no such checkpoint or run directory")
-
-
-def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
-    return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
-
-
-def _step_of(name: str) -> int | None:
-    name = name[len(".old-"):] if name.startswith(".old-") else name
-    return int(name[5:]) if STEP_NAME.match(name) else None
-
-
-def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every committed checkpoint folder (``step_N``; an ``.old-step_N`` whose replacement never
-    completed), sorted by step: its trainer_state.json plus ``path``, or, when that file is not a
-    valid state, ``step`` (from the name), ``path`` and ``state_problem``. Folders being written
-    (``.tmp-*``) or deleted (``.del-*``) are never listed."""
-    root = checkpoints_dir(run_dir)
-    out = []
-    if not root.is_dir():
-        return out
-    for d in root.iterdir():
-        step = _step_of(d.name)
-        if step is None or not d.is_dir() or not any(d.iterdir()):
-            continue
-        if d.name.startswith(".old-") and (root / d.name[len(".old-"):] / STATE_FILE).is_file():
-            continue  # the replacement is whole: the old copy is garbage of a finished swap
-        state, problem = read_state_checked(d)
-        entry = dict(state) if state else {"state_problem": problem}
-        entry.update(step=step, path=str(d))
-        out.append(entry)
-    return sorted(out, key=lambda s: (s["step"], s["path"].endswith(f"step_{s['step']}")))
-
-
-def is_checkpoint_dir(p: Path) -> bool:
-    """A checkpoint folder (named ``step_N``, or holding a trainer state or a manifest), not a run."""
-    return p.is_dir() and (_step_of(p.name) is not None or (p / STATE_FILE).exists() or (p / MANIFEST).exists())
-
-
-def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
-    """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then newest first."""
-    order = [read_pointer(run_dir, name) for name in prefer]
-    order += [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
-    return list(dict.fromkeys(p for p in order if p is not None))
-
-
-@contextlib.contextmanager
-def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callable[[str], None] | None = print,
-                        prefer: tuple[str, ...] = ("best", "latest"), verb: str = "using", candidates=None,
-                        yxanul_state: bool = True):
-    """THE way every reader gets a checkpoint (resume, init_from, export, generate, eval, push): yields
-    a checkpoint folder that verifies against its manifest (`verify_checkpoint`), pinned for the
-    duration of the ``with`` block so that a running training cannot prune it (run_lock.py).
-
-    ``arg`` a checkpoint folder: itself, or a one-line UserError naming what is wrong (a checkpoint
-    named explicitly is never swapped for another). ``arg`` a run directory: the first of its
-    ``prefer`` pointers, then of its checkpoints newest first, that verifies, with one line naming
-    each one skipped and why; None when the run has no checkpoint; a UserError when none verifies.
-    ``candidates``/``yxanul_state`` False: another layout's checkpoints, newest first (transformers.Trainer's)."""
-    say = say or (lambda *_: None)
-    p = Path(arg)
-    if candidates is None and is_checkpoint_dir(p):
-        with pinned(p) as here:
-            problems = (verify_checkpoint(p, yxanul_state=yxanul_state) if here
-                        else ["deleted while it was being opened (pruned?)"])
-            if problems:
-                raise UserError(f"{what} '{arg}': damaged checkpoint ({'; '.join(problems)})")
-            yield _noted(p, say)
-        return
-    for name in prefer:
-        problem = pointer_name(p, name)[1]
-        if problem:
-            say(f"warning: {problem}; using the newest checkpoint that verifies")
-    damaged = []
-    for ckpt in _candidates(p, prefer) if candidates is None else candidates:
-        with pinned(ckpt) as here:
-            problems = verify_checkpoint(ckpt, yxanul_state=yxanul_state) if here else None
-            if problems is None:  # pruned between the listing and the pin: the next one
-                continue
-            if problems:
-                damaged.append(f"{ckpt.name} is damaged ({'; '.join(problems)})")
-                continue
-            if damaged:
-                say(f"warning: {'; '.join(damaged)}: {verb} {ckpt.name}, the newest checkpoint that verifies")
-            yield _noted(ckpt, say)
-            return
-    if damaged:
-        raise UserError(f"no checkpoint under {checkpoints_dir(p) if candidates is None else p} verifies: "
-                        + "; ".join(damaged))
-    yield None
-
-
-def latest_good_checkpoint(run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
-    """The checkpoint to resume a run from: the one ``latest`` names if it verifies, else the newest
-    that verifies (`verified_checkpoint`)."""
-    with verified_checkpoint(run_dir, "resume", say, prefer=("latest",), verb="resuming from") as ckpt:
-        return ckpt
-
-
-def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str], None] | None = print) -> Path | None:
-    """'latest'/'auto' -> the checkpoint of run_dir to resume from (None if the run has none: for 'latest'
-    `prepare_run_dir` has refused that already); a run directory -> the same for it; a checkpoint folder
-    -> itself if it verifies (`verified_checkpoint`; a checkpoint named explicitly is never swapped for
-    another). The writer lock of the run is held: nothing prunes it while it loads."""
-    p = Path(run_dir if resume in RUN_DIR_RESUMES else resume)
-    if resume not in RUN_DIR_RESUMES and not is_checkpoint_dir(p) and not (
-            (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p)):
-        raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
-    with verified_checkpoint(p, "resume", say, prefer=("latest",), verb="resuming from") as ckpt:
-        return ckpt
-
-
-def _noted(ckpt: Path, say) -> Path:
-    if not has_manifest(ckpt):
-        say(f"note: {ckpt} has no {MANIFEST} (saved by an older yxanul): loading it with basic checks only")
-    return ckpt
-
-
-def verified_weights_dir(path: str | os.PathLike, what: str = "init_from") -> Path:
-    """For ``init_from``: a checkpoint folder must verify (`verified_checkpoint`), else a one-line
-    UserError naming ``what``; other folders (save_pretrained, exports) pass as they are."""
-    p = Path(path)
-    if is_checkpoint_dir(p):
-        with verified_checkpoint(p, what, say=None):
-            pass
-    return p
-
-
-def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
-    state, problem = read_state_checked(ckpt)
-    if problem:
-        raise UserError(f"checkpoint '{ckpt}': {problem}")
-    return state
+from .manifest import MANIFEST, STATE_FILE, checkpoint_bytes, write_manifest
+from .pointers import checkpoints_dir, read_pointer, recompute_best
+from .resume import list_checkpoints
 
 
 def _clean_leftovers(root: Path) -> None:

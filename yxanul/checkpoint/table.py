@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..flags import parse_command
 from .manifest import has_manifest, read_manifest, verify_checkpoint
 from .pointers import checkpoints_dir, pointer_name, read_pointer
-from .save import list_checkpoints
+from .resume import list_checkpoints
 
 
 def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from ..checkpoint.io import is_sharded_checkpoint, load_tolerant, read_sharded_weights
-from ..checkpoint.save import verified_weights_dir
+from ..checkpoint.resume import verified_weights_dir
 from ..errors import UserError
 from .args import ModelArgs
 from .configuration_yxanul import YxanulConfig, config_from_preset, count_parameters

@@ -1,0 +1,76 @@
+"""The run directory of a config: its name settled once (the same on every rank), and what would lose or
+misplace work refused before anything is built (a new run over checkpoints, ``resume latest`` with nothing
+to resume, an output_dir under a file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from .args import RUN_DIR_RESUMES
+from .pointers import checkpoints_dir
+from .resume import list_checkpoints
+
+
+def _names(cfg) -> tuple[str, str]:
+    """(run_name, output_dir) of a config: the given ones, else ``<model>-<timestamp>`` and
+    ``runs/<run_name>``."""
+    ck = cfg.checkpoint
+    name = ck.run_name or f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return name, ck.output_dir or str(Path("runs") / name)
+
+
+def run_dir_of(cfg) -> Path:
+    """The run directory of a config: ``output_dir``, else ``runs/<run_name>`` (default name:
+    ``<model>-<timestamp>``). Reads the config only (`prepare_run_dir` settles the names)."""
+    return Path(_names(cfg)[1])
+
+
+def prepare_run_dir(cfg, dist=None):
+    """(run_dir, the checkpoint section with ``run_name``/``output_dir`` settled): `run_dir_of`, refusing
+    what would lose or misplace work: ``resume: latest`` without a fixed run directory (the default name is
+    new at every launch), an output_dir under a file, and a new run (no ``resume``) into a directory holding
+    checkpoints, whose ``latest`` it would take over. The config is left as given: its owner (the trainer)
+    records the settled names, so config.yaml and the trackers name the run directory used.
+    ``dist`` (accelerate's PartialState): with several processes the default name is rank 0's, sent to
+    every rank (each rank's own clock could straddle a second and split the run into two folders)."""
+    ck = cfg.checkpoint
+    if ck.resume in RUN_DIR_RESUMES and ck.output_dir is None and ck.run_name is None:
+        raise UserError(f"resume '{ck.resume}': set --output_dir or --run_name too (the default run directory is "
+                        "new at every launch)")
+    # settle the names once, explicitly: config.yaml and the trackers record the run directory used
+    names = _names(cfg)
+    if dist is not None and dist.num_processes > 1 and ck.run_name is None:
+        from accelerate.utils import broadcast_object_list
+
+        names = tuple(broadcast_object_list([names], from_process=0)[0])  # sync point: every rank
+    settled = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
+    run_dir = Path(settled.output_dir)
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
+    _check_resume_target(ck.resume, run_dir)
+    ckpts = [] if ck.resume else list_checkpoints(run_dir)
+    if ckpts:
+        raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
+                        "--resume latest to continue that run, or choose another --output_dir/--run_name")
+    return run_dir, settled
+
+
+
+def _check_resume_target(resume: str | None, run_dir: Path) -> None:
+    """Before anything is built: ``latest`` with no checkpoint under the run directory, or a path that
+    does not exist, is a mistyped directory, not a new run (``auto`` is the value that allows one)."""
+    if resume == "latest" and not _has_checkpoints(run_dir):
+        raise UserError(f"resume 'latest': no checkpoint under '{run_dir}' (a mistyped --output_dir/--run_name? "
+                        "`--resume auto` resumes if there is one and starts fresh otherwise)")
+    if resume not in (None, *RUN_DIR_RESUMES) and not Path(resume).exists():
+        raise UserError(f"resume '{resume}': no such checkpoint or run directory")
+
+
+def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
+    return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
+
