@@ -1,0 +1,44 @@
+"""`prepare_run_dir`: the run directory's names settled once, and what would lose or misplace work refused
+as one line before anything is built (the same guards through the CLI: tests/training/test_trainer.py)."""
+
+import re
+from pathlib import Path
+
+import pytest
+from _checkpoint import _state
+
+from yxanul.checkpoint import prepare_run_dir, run_dir_of, save_checkpoint
+from yxanul.config import parse_args
+from yxanul.errors import UserError
+
+
+def test_the_names_are_settled_once_and_the_config_is_left_as_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_args(["--model", "nano"])
+    run_dir, settled = prepare_run_dir(cfg)
+    assert settled.run_name.startswith("nano-") and run_dir == Path("runs") / settled.run_name
+    assert settled.output_dir == str(run_dir) and not run_dir.exists()  # nothing is created here
+    assert cfg.checkpoint.run_name is None and cfg.checkpoint.output_dir is None  # the trainer records them
+    assert run_dir_of(parse_args(["--run_name", "r"])) == Path("runs") / "r"
+
+
+def test_what_would_lose_or_misplace_work_is_one_line(tmp_path, acc_model):
+    out, typo = tmp_path / "run", tmp_path / "typo"
+    acc, _, _ = acc_model
+    save_checkpoint(acc, out, _state(2), keep_last=3)
+    (tmp_path / "file").write_text("x")
+    for flags, needle in [
+        (["--output_dir", str(out)], f"output_dir '{out}' already holds checkpoints (newest: step 2): add "
+                                     "--resume latest"),
+        (["--resume", "latest"], "resume 'latest': set --output_dir or --run_name too"),
+        (["--resume", "latest", "--output_dir", str(typo)], f"resume 'latest': no checkpoint under '{typo}'"),
+        (["--resume", str(typo / "step_3"), "--output_dir", str(out)], "no such checkpoint or run directory"),
+        (["--output_dir", str(tmp_path / "file" / "run")], f"'{tmp_path / 'file'}' exists and is not a directory"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(needle)) as e:
+            prepare_run_dir(parse_args(flags))
+        assert "\n" not in str(e.value), flags
+    assert not typo.exists()
+    for flags in (["--resume", "latest"], ["--resume", "auto"], ["--resume", str(out / "checkpoints" / "step_2")]):
+        assert prepare_run_dir(parse_args([*flags, "--output_dir", str(out)]))[0] == out
+    assert prepare_run_dir(parse_args(["--resume", "auto", "--output_dir", str(typo)]))[0] == typo  # starts fresh
