@@ -7,11 +7,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 from ..errors import UserError
 
 SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + model index, a DCP folder
 SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + optimizer index (FSDP2), a DCP folder
 MASTER = ".master_param"  # TE FusedAdam's fp32 master of a parameter, under optimizer.state.<name>
+
+
+def saved_config(folder) -> dict:
+    """The flat config a run directory or a checkpoint was written with (its ``config.yaml``); {} without one."""
+    path = Path(folder) / "config.yaml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -59,10 +67,7 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
             raise
         import dataclasses
 
-        import yaml
-
-        path = Path(ckpt) / "config.yaml"
-        theirs = yaml.safe_load(path.read_text()) if path.is_file() else {}
+        theirs = saved_config(ckpt)
         ours = cfg.to_flat_dict()
         diff = [f"{f.name}: {theirs[f.name]!r} -> {ours.get(f.name)!r}" for f in dataclasses.fields(cfg.model)
                 if f.name in theirs and theirs[f.name] != ours.get(f.name)]
@@ -78,10 +83,7 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
 def _check_same_optimizer(ckpt, cfg) -> None:
     """``fp8_weight_all_gather`` decides the optimizer (TE's FusedAdam with fp32 masters, else AdamW) and
     what the model shards hold: a resume keeps the checkpoint's value."""
-    import yaml
-
-    path = Path(ckpt) / "config.yaml"
-    theirs = bool((yaml.safe_load(path.read_text()) or {}).get("fp8_weight_all_gather")) if path.is_file() else False
+    theirs = bool(saved_config(ckpt).get("fp8_weight_all_gather"))
     ours = cfg.precision.fp8_weight_all_gather
     if theirs != ours:
         raise UserError(f"resume '{ckpt}': written with fp8_weight_all_gather {str(theirs).lower()}, this run has "

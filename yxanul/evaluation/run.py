@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import list_checkpoints
+from ..checkpoint import list_checkpoints, saved_config
 from ..data.args import DataArgs
 from ..data.loader import eval_batches
 from ..data.prepare import target_dir
@@ -43,8 +43,6 @@ def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, devi
 
 def data_dir_of(model_path: str) -> Path | None:
     """The prepared data folder of the run behind MODEL (None for an export)."""
-    import yaml
-
     # the run's (else its newest checkpoint's) or the checkpoint's config.yaml: the data settings only
     # (the weights were verified by load_model)
     found = [Path(model_path) / "config.yaml"] + [Path(c["path"]) / "config.yaml"
@@ -53,7 +51,7 @@ def data_dir_of(model_path: str) -> Path | None:
     if is_export(model_path) or path is None:
         return None
 
-    cfg = yaml.safe_load(path.read_text()) or {}
+    cfg = saved_config(path.parent)
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
         return Path(keys.get("data_dir") or target_dir(DataArgs(**keys))[0])

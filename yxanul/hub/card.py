@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.io import saved_config
 from ..models.configuration_yxanul import count_parameters
 
 BUNDLED_CORPUS = "the bundled Shakespeare corpus (yxanul/assets/corpus, public domain)"
@@ -123,7 +124,7 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
     and the intro and usage code of the export format ``fmt`` ("llama" or "yxanul")."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    cfg = _yaml(run_dir / "config.yaml") if run_dir else {}
+    cfg = saved_config(run_dir) if run_dir else {}
     report = _json(run_dir / "precision_report.json") if run_dir else {}
     rows = read_metrics(run_dir) if run_dir else []
     data, hub_ids = _data_lines(cfg)
@@ -159,12 +160,6 @@ def build_card(config, run_dir: Path | None, state: dict[str, Any], license: str
         body += ["", "## Loss curve", "", f"![loss curve]({LOSS_PNG})"]
     body += ["", "## Use", "", *usage_snippet(fmt, repo_id), ""]
     return str(ModelCard("---\n" + meta.to_yaml() + "\n---\n\n" + "\n".join(body)))
-
-
-def _yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ..checkpoint import STATE_FILE, read_state, verified_checkpoint
-from ..checkpoint.io import SHARDED_MODEL_DIR, is_sharded_checkpoint, load_tolerant, read_sharded_weights
+from ..checkpoint.io import (
+    SHARDED_MODEL_DIR,
+    is_sharded_checkpoint,
+    load_tolerant,
+    read_sharded_weights,
+    saved_config,
+)
 from ..data.args import DataArgs
 from ..data.prepare import load_prepared_tokenizer, target_dir
 from ..errors import UserError
@@ -84,10 +89,7 @@ def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def run_config(ckpt: Path) -> dict[str, Any]:
     """The flat config the checkpoint was written with (``config.yaml``, else the run's), or {}."""
-    for f in (ckpt / "config.yaml", ckpt.parent.parent / "config.yaml"):
-        if f.is_file():
-            return yaml.safe_load(f.read_text()) or {}
-    return {}
+    return saved_config(ckpt) or saved_config(ckpt.parent.parent)
 
 
 def config_of_checkpoint(ckpt: Path, state: dict[str, torch.Tensor]):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.io import saved_config
 from ..config import DEFAULT_CONFIG, parse_args
 from ..errors import UserError
 from .spec import SweepSpec, _flag_value, trial_flags
@@ -41,12 +42,7 @@ class Trial:
     def changed_settings(self) -> list[str]:
         """``key: before -> now`` for each setting that differs from the run directory's config.yaml (what
         the trial ran with before); empty for a trial that never started."""
-        import yaml
-
-        saved = self.run_dir / "config.yaml"
-        if not saved.is_file():
-            return []
-        before = yaml.safe_load(saved.read_text()) or {}
+        before = saved_config(self.run_dir)
         return [f"{k}: {before.get(k)!r} -> {v!r}" for k, v in self.settings.items()
                 if k not in RESERVED and k in before and before[k] != v]
 
