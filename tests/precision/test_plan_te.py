@@ -145,6 +145,8 @@ def test_fp8_weight_all_gather_builds_every_te_gemm_weight_in_fp8(monkeypatch):
     assert len(te_modules(fp8)) == 3 * config.num_hidden_layers  # qkv, proj, mlp of each layer
     assert all(m.primary_weights_in_fp8 for m in te_modules(fp8))
     assert not any(m.primary_weights_in_fp8 for m in te_modules(bf16))
+    plan.prepare_model(fp8, say=pytest.fail)  # what the trainer does next: every TE layer planned FP8
+    assert plan.decisions and all(fp8_on for _, fp8_on, _ in plan.decisions.values())
     assert not _te._state_manager().with_fp8_parameters()
     qkv = "model.layers.0.self_attention.layernorm_qkv."
     # the FP8 model saves its fused QKV weight as it is (the checkpoint readers split it); BF16 splits on save
