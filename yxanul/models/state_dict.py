@@ -116,6 +116,5 @@ def fused_qkv_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     triple concatenated (what `fuse_split_qkv` does inside ``load_state_dict``; checkpoint/io.py splits)."""
     out = dict(state)
     for key in [k for k in state if k.endswith(".self_attention.layernorm_qkv.query_weight")]:
-        prefix = key.removesuffix("query_weight")
-        out[prefix + "weight"] = torch.cat([out.pop(f"{prefix}{n}_weight") for n in ("query", "key", "value")])
+        fuse_split_qkv(None, out, key.removesuffix("query_weight"))
     return out
