@@ -70,6 +70,77 @@ def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tin
     assert all(torch.equal(weights[k], state[k]) for k in state)  # masters where FP8, the shards elsewhere
 
 
+def _fused_qkv_twin(config):
+    """The torch twin with TE's fused QKV layout and hooks (``fuse_qkv_params``): each ``layernorm_qkv`` holds
+    ONE ``weight`` = cat[q, k, v] (models/modeling_te.py registers the same two hooks on TE's module)."""
+    from torch import nn
+
+    from yxanul.models.state_dict import fuse_split_qkv, split_fused_qkv
+
+    model = YxanulForCausalLM(config)
+    kv = config.num_key_value_heads * config.head_dim
+    for layer in model.model.layers:
+        twin = layer.self_attention.layernorm_qkv
+        fused = nn.Module()
+        fused.layer_norm_weight = nn.Parameter(twin.layer_norm_weight.detach().clone())
+        fused.weight = nn.Parameter(torch.cat([twin.query_weight, twin.key_weight, twin.value_weight]).detach())
+        fused.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))
+        fused.register_load_state_dict_pre_hook(fuse_split_qkv)
+        layer.self_attention.layernorm_qkv = fused
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:.*(torch.distributed|FSDP|fully_shard|DTensor).*")
+def test_an_fsdp2_model_with_fused_qkv_saves_resumes_and_reads_back_under_the_qkv_names(tiny_config, tmp_path):
+    """FSDP2 + ``fuse_qkv_params`` (one gloo process on the CPU, torch's own fully_shard and DCP state-dict
+    calls, as accelerate's save_state/load_state make them): the sharded fused weight stays fused in the
+    state dict (DCP resolves each key to an attribute; the q/k/v names are none), a fresh sharded model
+    loads it back, and the checkpoint's reader splits it into the q/k/v of the unsharded model."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from yxanul.checkpoint.io import SHARDED_MODEL_DIR, read_sharded_weights
+
+    config = tiny_config(tie_word_embeddings=False, num_key_value_heads=2)
+    torch.manual_seed(0)
+    plain = _fused_qkv_twin(config)
+    expected = plain.state_dict()                                 # unsharded: the q/k/v names
+    assert any(k.endswith("layernorm_qkv.query_weight") for k in expected)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+
+        def sharded(seed):
+            torch.manual_seed(seed)
+            model = _fused_qkv_twin(config)
+            for layer in model.model.layers:
+                fully_shard(layer, mesh=mesh)
+            return fully_shard(model, mesh=mesh)
+
+        model = sharded(0)
+        state = get_model_state_dict(model)
+        fused = [k for k in state if k.endswith("layernorm_qkv.weight")]
+        assert len(fused) == config.num_hidden_layers and isinstance(state[fused[0]], DTensor)
+        dcp.save({"model": state}, checkpoint_id=tmp_path / SHARDED_MODEL_DIR)
+
+        other = sharded(1)
+        assert not torch.equal(other.state_dict()[fused[0]].full_tensor(), state[fused[0]].full_tensor())
+        restored = get_model_state_dict(other)
+        dcp.load({"model": restored}, checkpoint_id=tmp_path / SHARDED_MODEL_DIR)
+        set_model_state_dict(other, restored)
+        assert all(torch.equal(v.full_tensor(), state[k].full_tensor()) for k, v in other.state_dict().items())
+    finally:
+        dist.destroy_process_group()
+
+    weights = read_sharded_weights(tmp_path)
+    assert set(weights) == set(expected)
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+
+
 @pytest.mark.te
 def test_a_missing_fp8_weight_is_reported_though_fp8_weights_share_data_ptr_0():
     """TE's FP8 weights (Float8Tensor, a wrapper tensor subclass; built here on the CPU, no kernel needed)

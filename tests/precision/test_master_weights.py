@@ -236,11 +236,13 @@ def test_te_backend_with_master_weights_follows_fp32_weights(precision):
             pytest.skip(f"{precision}: {plan.fallback_reason}")
         plan.prepare_model(model, say=lambda *a: None)
         batches = [b.cuda() for b in _batches(2, b=8, t=64, vocab=1024)]
-        return _run(model, plan, batches, 6)[0], model
+        # lr 3e-3 as on the CPU: at 1e-2 the loss climbs between steps (7.5 -> 8.0 at steps 3-4, H200), where
+        # FP8's rounding of BF16- vs fp32-held weights picks the path (5.7 % apart at step 4)
+        return _run(model, plan, batches, 8, lr=3e-3)[0], model
 
     ref, _ = run("none")
     losses, model = run("fp32")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {v.dtype for v in model.state_dict().values() if torch.is_tensor(v) and v.is_floating_point()} == {
         torch.float32}
-    assert losses == pytest.approx(ref, rel=2e-2) and losses[-1] < losses[0]
+    assert losses == pytest.approx(ref, rel=2e-2) and losses[6] < losses[0] and losses[7] < losses[1]

@@ -128,3 +128,36 @@ def test_the_device_script_runs_every_variant_of_the_table_in_its_order():
     script = (Path(__file__).parents[2] / "scripts" / "device" / "gpu_checks.sh").read_text()
     default = re.search(r"local order=([a-z0-9,-]+)\n", script).group(1)
     assert default.split(",") == list(VARIANTS)
+
+
+def test_a_later_session_of_the_same_day_and_card_never_overwrites_the_first(tmp_path):
+    """Two device sessions on one day and card: the second lands under YYYY-MM-DD.2-<gpu> with its own
+    junit files merged into one tests.xml; committing the same files again changes nothing; both groups
+    render, the later one first."""
+    import xml.etree.ElementTree as ET
+
+    bench, first, second = tmp_path / "bench", tmp_path / "first", tmp_path / "second"
+    (tmp_path / "d.md").write_text(DOC)
+    pack(FIXTURES, first, day="2026-11-27")
+    assert main(["commit", str(first), "--bench_dir", str(bench), "--doc", str(tmp_path / "d.md")]) == 0
+    before = {p.name: p.read_bytes() for p in bench.iterdir()}
+    assert main(["commit", str(first), "--bench_dir", str(bench), "--doc", str(tmp_path / "d.md")]) == 0
+    assert {p.name: p.read_bytes() for p in bench.iterdir()} == before  # the same files: the same tag
+
+    pack(FIXTURES, second, day="2026-11-27")
+    data = json.loads((FIXTURES / "default" / "bench.json").read_text())
+    data["rows"][0]["tokens_per_sec"] *= 2
+    with tarfile.open(second / "speed-2026-11-27-cpu.tar.gz", "w:gz") as tar:
+        (second / "x.json").write_text(json.dumps(data))
+        tar.add(second / "x.json", arcname="2026-11-27-cpu-default.json")
+    for name, case in (("gpu-tests.xml", "test_a"), ("gpu-slow-tests.xml", "test_b")):  # pytest's junit shape
+        (second / name).write_text(f'<testsuites><testsuite name="pytest" tests="1" failures="0" errors="0" '
+                                   f'skipped="0"><testcase classname="t" name="{case}"/></testsuite></testsuites>')
+    assert main(["commit", str(second), "--bench_dir", str(bench), "--doc", str(tmp_path / "d.md")]) == 0
+    assert {p.name: p.read_bytes() for p in bench.iterdir() if p.name in before} == before
+    assert (bench / "2026-11-27.2-cpu-default.json").read_bytes() != before["2026-11-27-cpu-default.json"]
+    cases = [c.get("name") for c in ET.parse(bench / "2026-11-27.2-cpu-tests.xml").getroot().iter("testcase")]
+    assert sorted(cases) == ["test_a", "test_b"]
+    text = render(bench)
+    assert text.index("### CPU, 2026-11-27.2") < text.index("### CPU, 2026-11-27:")
+    assert "GPU tests ([2026-11-27.2-cpu-tests.xml](bench/2026-11-27.2-cpu-tests.xml)): 2 passed" in text

@@ -176,8 +176,8 @@ def read_sharded_weights(ckpt) -> dict:
     """The full model state dict of a sharded (FSDP2, torch.distributed.checkpoint) checkpoint, read in
     this one process without a process group (accelerate's own merge reader). Where the optimizer shards
     hold fp32 masters (``fp8_weight_all_gather``: the model shards hold FP8-rounded TE weights, stored as
-    TE tensor objects), the weight is its master, and its model entry is not read; their fused QKV weight
-    is split into the q/k/v every reader expects."""
+    TE tensor objects), the weight is its master, and its model entry is not read. Every fused QKV weight
+    (``fuse_qkv_params``: FSDP2 saves it fused) is split into the q/k/v every reader expects."""
     masters = {k.removeprefix("optimizer.state.").removesuffix(MASTER): v
                for k, v in _read_dcp(Path(ckpt) / SHARDED_OPTIMIZER_DIR, lambda k: k.endswith(MASTER)).items()}
     state = _read_dcp(Path(ckpt) / SHARDED_MODEL_DIR, lambda k: k.removeprefix("model.") not in masters)
@@ -188,9 +188,9 @@ _FUSED_QKV = ".self_attention.layernorm_qkv.weight"
 
 
 def _split_fused_qkv(state: dict) -> dict:
-    """Each fused QKV weight (rows cat[q, k, v], saved whole by a model with FP8 weights: the model's split
-    hook would slice FP8 shards) under the q/k/v names every reader expects; the q rows are the input width
-    of the layer's output projection, k and v the halves of the rest (models/state_dict.py: the fusion)."""
+    """Each fused QKV weight (rows cat[q, k, v], saved whole under FSDP2: models/state_dict.py
+    ``split_fused_qkv``) under the q/k/v names every reader expects; the q rows are the input width of the
+    layer's output projection, k and v the halves of the rest."""
     out = dict(state)
     for key in [k for k in state if k.endswith(_FUSED_QKV)]:
         fused = out.pop(key)                                                       # (h_q + 2 h_kv, C)

@@ -96,8 +96,15 @@ def forgive_missing_extra_state(module, incompatible_keys):
 def split_fused_qkv(sizes: tuple[int, int, int]):
     """``fuse_qkv_params``: TE's ``LayerNormLinear`` then holds ONE ``weight`` whose rows are cat[q, k, v]
     (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
-    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint/io.py gives views own storage)."""
+    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint/io.py gives views own storage).
+    An FSDP2-sharded weight (a DTensor) stays fused: torch.distributed.checkpoint resolves every state-dict
+    key to a module attribute (``_get_fqns``), which the split names are not; the sharded checkpoint's
+    readers split it (checkpoint/io.py ``read_sharded_weights``)."""
     def hook(module, state_dict, prefix, local_metadata):
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(state_dict.get(prefix + "weight"), DTensor):
+            return
         fused = state_dict.pop(prefix + "weight")                       # (h_q + 2 h_kv, C)
         for name, part in zip(("query", "key", "value"), fused.split(list(sizes))):
             state_dict[f"{prefix}{name}_weight"] = part

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import tarfile
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -37,7 +37,10 @@ VARIANTS = {
     "loss-chunked": "--loss_impl chunked",
     "compile": "--torch_compile",
 }
-NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})-([a-z0-9]+)-([a-z0-9-]+)\.(json|xml)$")
+# YYYY-MM-DD[.N]-<gpu>-<what>: .N numbers a later device session of the same day and card (commit picks it)
+NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}(?:\.\d+)?)-([a-z0-9]+)-([a-z0-9-]+)\.(json|xml)$")
+TAG = re.compile(r"^\d{4}-\d{2}-\d{2}(?:\.\d+)?-[a-z0-9]+$")
+JUNIT_FILES = ("tests.xml", "gpu-tests.xml", "gpu-slow-tests.xml")  # gpu_checks.sh: first | tests | slow
 START, END = "<!-- bench-table:start (python -m yxanul.tools.bench_table render) -->", "<!-- bench-table:end -->"
 
 
@@ -193,27 +196,48 @@ def update_doc(doc: Path, table: str) -> None:
 
 
 def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Path]:
-    """The device calls' files -> docs/bench/: the speed archive's JSONs, then tests.xml, parity.json and
-    profile.json under the archive's 'YYYY-MM-DD-<gpu>' (or ``tag``). Returns the files written."""
-    bench_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    """The device calls' files -> docs/bench/: the speed archive's JSONs, then the junit files (merged into
+    one tests.xml), parity.json and profile.json under the archive's 'YYYY-MM-DD-<gpu>' (or ``tag``).
+    Committed results are never overwritten: a later session of the same day and card is 'YYYY-MM-DD.2-<gpu>'
+    (.3, ...). Returns the files written."""
+    incoming: dict[str, bytes] = {}  # '<what>.json|xml' -> content
     for archive in (a for d in dirs for a in sorted(Path(d).glob("speed-*.tar.gz"))):
         tag = tag or archive.name[len("speed-"):-len(".tar.gz")]
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
-                if not (member.isfile() and NAME.match(member.name)):
+                m = NAME.match(member.name) if member.isfile() else None
+                if m is None:
                     raise UserError(f"bench_table: '{archive}': unexpected member '{member.name}'")
-                (bench_dir / member.name).write_bytes(tar.extractfile(member).read())
-                written.append(bench_dir / member.name)
-    if tag is None or not re.match(r"^\d{4}-\d{2}-\d{2}-[a-z0-9]+$", tag):
+                incoming[f"{m.group(3)}.{m.group(4)}"] = tar.extractfile(member).read()
+    if tag is None or not TAG.match(tag):
         raise UserError(f"bench_table: no speed-YYYY-MM-DD-<gpu>.tar.gz in {', '.join(map(str, dirs))}: "
                         f"give --tag YYYY-MM-DD-<gpu> (got {tag!r})")
     for d in dirs:
-        for name in ("tests.xml", "parity.json", "profile.json"):
+        for name in ("parity.json", "profile.json"):
             if (Path(d) / name).is_file():
-                shutil.copyfile(Path(d) / name, bench_dir / f"{tag}-{name}")
-                written.append(bench_dir / f"{tag}-{name}")
-    return written
+                incoming[name] = (Path(d) / name).read_bytes()
+    junit = [Path(d) / n for d in dirs for n in JUNIT_FILES if (Path(d) / n).is_file()]
+    if junit:
+        with tempfile.TemporaryDirectory() as tmp:
+            incoming["tests.xml"] = merge_junit(junit, Path(tmp) / "tests.xml").read_bytes()
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    tag = free_tag(bench_dir, tag, incoming)
+    for what, data in incoming.items():
+        (bench_dir / f"{tag}-{what}").write_bytes(data)
+    return [bench_dir / f"{tag}-{what}" for what in incoming]
+
+
+def free_tag(bench_dir: Path, tag: str, incoming: dict[str, bytes]) -> str:
+    """``tag``, or its next 'YYYY-MM-DD.N-<gpu>' when files of it are committed and differ from ``incoming``
+    (the same files again: the same tag)."""
+    day, gpu = tag.rsplit("-", 1)
+    day, n = day.split(".")[0], 1
+    while True:
+        taken = {p.name[len(tag) + 1:]: p for p in bench_dir.glob(f"{tag}-*") if NAME.match(p.name)}
+        if not taken or all(w in taken and taken[w].read_bytes() == b for w, b in incoming.items()):
+            return tag
+        n += 1
+        tag = f"{day}.{n}-{gpu}"
 
 
 @dataclass
