@@ -67,7 +67,7 @@ variant_flags() {  # the yxanul bench flags of a speed variant (one table: yxanu
 speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one `yxanul bench` with a fair share
   local budget=$1 s0=$SECONDS name flags left share n
   local -a names
-  local order=default,master-fp32,loss-te,graphs,stack,fused-qkv,loss-chunked,compile
+  local order=default,master-fp32,loss-te,graphs,stack,stack-no-masters,fused-qkv,loss-chunked,compile
   IFS=, read -r -a names <<< "${FIRST_VARIANTS:-$order}"
   local presets=${FIRST_PRESETS:-gpt2-124m,medium,xlarge} precisions=bf16,fp8-delayed
   local common=(--backend "${FIRST_BACKEND:-te}" --presets "$presets"
@@ -160,7 +160,7 @@ profile() {  # where a step's time goes: 3 profiled steps per case (kernel table
 tests() {  # the GPU/TE tests that are not slow, uncapped by `first`'s budget
   step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   step verify python3 -m yxanul verify
-  step gpu-tests capped 560 "${PYTEST[@]}" -m "(gpu or te) and not slow" --junitxml="$OUT/gpu-tests.xml"
+  step gpu-tests capped "${TESTS_CAP_S:-560}" "${PYTEST[@]}" -m "(gpu or te) and not slow" --junitxml="$OUT/gpu-tests.xml"
 }
 
 slow() {  # the GPU tests that train through the CLI / accelerate launch (several runs each)

@@ -33,6 +33,7 @@ VARIANTS = {
     "loss-te": "--loss_impl te",
     "graphs": "--cuda_graphs",
     "stack": "--loss_impl te --fuse_qkv_params --master_weights fp32 --cuda_graphs",
+    "stack-no-masters": "--loss_impl te --fuse_qkv_params --cuda_graphs",  # the flags of the 2026-11-26.2 parity
     "fused-qkv": "--fuse_qkv_params",
     "loss-chunked": "--loss_impl chunked",
     "compile": "--torch_compile",
