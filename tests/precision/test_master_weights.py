@@ -168,6 +168,20 @@ def test_transformers_trainer_refuses_master_weights(tiny_config, tmp_path):
                       precision=PrecisionArgs(mixed_precision="bf16", master_weights="fp32"))
 
 
+@pytest.mark.parametrize("env, expected", [
+    ({"ACCELERATE_USE_FSDP": "true"}, "none under FSDP2"),
+    ({"WORLD_SIZE": "2"}, "none under DDP/DeepSpeed"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "none under DDP/DeepSpeed"),
+])
+def test_launches_that_keep_their_own_masters_refuse_in_one_line(tiny_config, monkeypatch, env, expected):
+    """The variables `accelerate launch` exports: FSDP2's fully_shard would replace the parameters the masters
+    are keyed by, DDP would all-reduce the BF16 gradients the hook frees, DeepSpeed keeps its own masters."""
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=f"^config key 'master_weights': expected {expected}"):
+        _model(tiny_config, "fp32")
+
+
 def test_one_line_errors_without_bf16():
     from yxanul.models import config_from_preset
 

@@ -18,8 +18,8 @@ casts no weight per step, and keeps one fp32 master per parameter (tied weights:
   the module's own, e.g. the QKV fuse) before the module rounds them into its BF16 parameters. So
   save, resume, export and the batch probe's restore all see fp32 masters, and resume is exact.
 
-One process only: DDP all-reduces the BF16 gradients the hook frees, and DeepSpeed has its own
-``bf16`` mode with fp32 masters (use that).
+One process only: DDP all-reduces the BF16 gradients the hook frees, DeepSpeed has its own
+``bf16`` mode with fp32 masters (use that), and FSDP2's mixed precision is this scheme, sharded.
 """
 
 from __future__ import annotations
@@ -52,6 +52,9 @@ def attach(model: torch.nn.Module) -> int:
     """Make ``model``'s parameters BF16 with fp32 masters (idempotent); returns parameters converted."""
     if getattr(model, ATTR, None) is not None:
         return 0
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":  # fully_shard would replace the parameters
+        raise ConfigError("master_weights", "none under FSDP2 (its mixed precision is this scheme, sharded: fp32 "
+                                            "parameters, BF16 all-gather and compute)", "fp32")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise ConfigError("master_weights", "none under DDP/DeepSpeed (one process only; DeepSpeed: its bf16 "
                                             "mode keeps fp32 masters)", "fp32")
