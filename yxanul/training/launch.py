@@ -44,6 +44,9 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
     if cfg.precision.fp8_weight_all_gather and not fsdp_requested(os.environ if env is None else env):
         raise ConfigError("fp8_weight_all_gather", "false outside an FSDP2 launch (the FP8 weights are what FSDP2 "
                           "all-gathers: accelerate launch --config_file accelerate_configs/fsdp2.yaml ...)", True)
+    if cfg.model.cuda_graphs and fsdp_requested(os.environ if env is None else env):
+        raise ConfigError("cuda_graphs", "false under FSDP2 (each block's weights are gathered before and freed "
+                          "after its forward: a captured graph would replay on freed memory)", True)
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:
             raise UserError(p.line())
