@@ -41,6 +41,24 @@ def test_init_from_a_folder_missing_a_weight_is_one_line(tiny_config, tmp_path):
         load_weights(YxanulForCausalLM(tiny_config()), str(tmp_path))
 
 
+def test_a_fused_qkv_weight_saved_whole_is_read_under_the_qkv_names(tiny_config, tmp_path):
+    """Saves that gather parameters by name (DeepSpeed's, which no state-dict hook sees) keep TE's fused QKV
+    weight whole: `--init_from` and the checkpoint reader of export/eval/generate split it (GQA: k, v narrower)."""
+    from yxanul.hub.loading import read_checkpoint_weights
+    from yxanul.models.state_dict import fused_qkv_state
+
+    model = YxanulForCausalLM(tiny_config(tie_word_embeddings=False, num_key_value_heads=2))
+    state = model.state_dict()
+    fused = fused_qkv_state(state)
+    assert "model.layers.0.self_attention.layernorm_qkv.weight" in fused
+    save_file({k: v.contiguous() for k, v in fused.items()}, str(tmp_path / "model.safetensors"))
+    read = read_checkpoint_weights(tmp_path)
+    assert set(read) == set(state) and all(torch.equal(read[k], v) for k, v in state.items())
+    other = YxanulForCausalLM(tiny_config(tie_word_embeddings=False, num_key_value_heads=2))
+    load_weights(other, str(tmp_path))
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in state.items())
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tiny_config, tmp_path):
     """An FSDP2 checkpoint of ``fp8_weight_all_gather`` (layout of accelerate's save_state: ``model.<name>``

@@ -178,27 +178,12 @@ def read_sharded_weights(ckpt) -> dict:
     hold fp32 masters (``fp8_weight_all_gather``: the model shards hold FP8-rounded TE weights, stored as
     TE tensor objects), the weight is its master, and its model entry is not read. Every fused QKV weight
     (``fuse_qkv_params``: FSDP2 saves it fused) is split into the q/k/v every reader expects."""
+    from ..models.state_dict import split_qkv_state  # torch + transformers: only when a checkpoint is read
+
     masters = {k.removeprefix("optimizer.state.").removesuffix(MASTER): v
                for k, v in _read_dcp(Path(ckpt) / SHARDED_OPTIMIZER_DIR, lambda k: k.endswith(MASTER)).items()}
     state = _read_dcp(Path(ckpt) / SHARDED_MODEL_DIR, lambda k: k.removeprefix("model.") not in masters)
-    return _split_fused_qkv({**{k.removeprefix("model."): v for k, v in state.items()}, **masters})
-
-
-_FUSED_QKV = ".self_attention.layernorm_qkv.weight"
-
-
-def _split_fused_qkv(state: dict) -> dict:
-    """Each fused QKV weight (rows cat[q, k, v], saved whole under FSDP2: models/state_dict.py
-    ``split_fused_qkv``) under the q/k/v names every reader expects; the q rows are the input width of the
-    layer's output projection, k and v the halves of the rest."""
-    out = dict(state)
-    for key in [k for k in state if k.endswith(_FUSED_QKV)]:
-        fused = out.pop(key)                                                       # (h_q + 2 h_kv, C)
-        h_q = state[key.removesuffix(_FUSED_QKV) + ".self_attention.proj.weight"].shape[1]
-        kv = (fused.shape[0] - h_q) // 2
-        for name, part in zip(("query", "key", "value"), fused.split([h_q, kv, kv])):
-            out[key.removesuffix("weight") + f"{name}_weight"] = part
-    return out
+    return split_qkv_state({**{k.removeprefix("model."): v for k, v in state.items()}, **masters})
 
 
 def _read_dcp(folder: Path, wanted) -> dict:

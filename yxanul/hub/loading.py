@@ -30,6 +30,7 @@ from ..data.prepare import load_prepared_tokenizer, target_dir
 from ..errors import UserError
 from ..models.configuration_yxanul import config_from_preset
 from ..models.modeling_yxanul import YxanulForCausalLM
+from ..models.state_dict import split_qkv_state
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     else:
         raise UserError(f"checkpoint '{ckpt}': no model*.safetensors, no FSDP {SHARDED_MODEL_DIR}/ and no "
                         "DeepSpeed pytorch_model/ folder")
-    return {k: v.float() for k, v in state.items() if not k.endswith("_extra_state")}
+    return {k: v.float() for k, v in split_qkv_state(state).items() if not k.endswith("_extra_state")}
 
 
 def run_config(ckpt: Path) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from .args import ModelArgs
 from .configuration_yxanul import YxanulConfig, config_from_preset, count_parameters
 from .cuda_graphs import check_config
 from .modeling_yxanul import YxanulForCausalLM, resolve_backend
-from .state_dict import is_llama_state, llama_to_yxanul
+from .state_dict import is_llama_state, llama_to_yxanul, split_qkv_state
 
 
 def model_config(args: ModelArgs, vocab_size: int) -> YxanulConfig:
@@ -49,6 +49,7 @@ def read_weights(path: str, model) -> dict:
     state = {} if files else read_sharded_weights(path)  # FSDP2: the shards joined in this process
     for f in files:
         state.update(load_file(str(f)))
+    state = split_qkv_state(state)  # a fused QKV weight a save kept whole (no-op otherwise)
     if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names
         state = llama_to_yxanul(state)
     if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor

@@ -125,3 +125,21 @@ def fused_qkv_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for key in [k for k in state if k.endswith(".self_attention.layernorm_qkv.query_weight")]:
         fuse_split_qkv(None, out, key.removesuffix("query_weight"))
     return out
+
+
+_FUSED_QKV = ".self_attention.layernorm_qkv.weight"
+
+
+def split_qkv_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `fused_qkv_state`, for the checkpoint readers: each fused QKV weight that a save kept
+    whole (FSDP2: `split_fused_qkv`; DeepSpeed's parameter-name based gathers, which no state-dict hook
+    sees) under the q/k/v names every reader expects. The q rows are the input width of the layer's output
+    projection, k and v the halves of the rest. A state without fused weights comes back unchanged."""
+    out = dict(state)
+    for key in [k for k in state if k.endswith(_FUSED_QKV)]:
+        fused = out.pop(key)                                                       # (h_q + 2 h_kv, C)
+        h_q = state[key.removesuffix(_FUSED_QKV) + ".self_attention.proj.weight"].shape[1]
+        kv = (fused.shape[0] - h_q) // 2
+        for name, part in zip(("query", "key", "value"), fused.split([h_q, kv, kv])):
+            out[key.removesuffix("weight") + f"{name}_weight"] = part
+    return out
