@@ -91,6 +91,16 @@ speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one 
   step pack python3 -m yxanul.tools.bench_table pack "$WORK/speed" --out "$OUT"
 }
 
+tests_step() {  # tests_step NAME T0 CMD...: a step capped at what FIRST_TESTS_S leaves since T0, or 'not started'
+  local name=$1 t0=$2 left; shift 2
+  left=$(( ${FIRST_TESTS_S:-150} - (SECONDS - t0) ))
+  if (( left >= 10 )); then
+    step "$name" capped "$left" "$@"
+  else
+    echo "=== $name: not started (FIRST_TESTS_S spent; later: gpu_checks.sh tests)" | tee -a "$log"; status=1
+  fi
+}
+
 # one call, <= FIRST_BUDGET (400 s) in all (a capped step may end up to 20 s past its cap, by SIGKILL);
 # the order is the priority
 first() {
@@ -101,21 +111,12 @@ first() {
   tests_t0=$SECONDS
   step trainer-gpu-tests capped "${FIRST_TRAINER_S:-100}" "${PYTEST[@]}" tests/integrations/test_trainer_gpu.py \
     -m "gpu or te" --junitxml="$WORK/trainer.xml"
-  left=$(( ${FIRST_TESTS_S:-150} - (SECONDS - tests_t0) ))
-  if (( left >= 10 )); then
-    step gpu-tests capped "$left" "${PYTEST[@]}" -m "(gpu or te) and not slow" \
-      --ignore=tests/integrations/test_trainer_gpu.py --ignore=tests/integrations/test_trl_fp8_gpu.py \
-      --junitxml="$WORK/gpu.xml"
-  else
-    echo "=== gpu-tests: not started (FIRST_TESTS_S spent)" | tee -a "$log"; status=1
-  fi
-  left=$(( ${FIRST_TESTS_S:-150} - (SECONDS - tests_t0) ))  # TRL under FP8 last: the newest, the least central
-  if (( left >= 10 )); then
-    step trl-gpu-tests capped "$left" "${PYTEST[@]}" tests/integrations/test_trl_fp8_gpu.py -m "gpu or te" \
-      --junitxml="$WORK/trl.xml"
-  else
-    echo "=== trl-gpu-tests: not started (FIRST_TESTS_S spent; later: gpu_checks.sh tests)" | tee -a "$log"; status=1
-  fi
+  tests_step gpu-tests "$tests_t0" "${PYTEST[@]}" -m "(gpu or te) and not slow" \
+    --ignore=tests/integrations/test_trainer_gpu.py --ignore=tests/integrations/test_trl_fp8_gpu.py \
+    --junitxml="$WORK/gpu.xml"
+  # TRL under FP8 last: the newest, the least central
+  tests_step trl-gpu-tests "$tests_t0" "${PYTEST[@]}" tests/integrations/test_trl_fp8_gpu.py -m "gpu or te" \
+    --junitxml="$WORK/trl.xml"
   step junit python3 -m yxanul.tools.bench_table junit "$WORK/trainer.xml" "$WORK/gpu.xml" "$WORK/trl.xml" \
     --out "$OUT/tests.xml"
   left=$(( ${FIRST_BUDGET:-400} - (SECONDS - t0) - 10 ))
