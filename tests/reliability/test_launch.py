@@ -152,3 +152,18 @@ def test_only_rank_0_prints_a_user_error_raised_before_the_process_group(monkeyp
         monkeypatch.setenv("RANK", rank)
         assert run(parse_args, ["--max_steps", "0"]) == 2
         assert capsys.readouterr().err.splitlines() == printed
+
+
+def test_what_accelerate_launch_exports_for_every_fp8_launch_is_no_warning():
+    """accelerate's own launcher (its parser's defaults, its setup_fp8_env) exports ACCELERATE_FP8_INTERVAL=1
+    for any FP8 launch: the start-up check said "remove it" to every FP8 run. A value the user chose is
+    still one warning (Transformer Engine's recipe has no interval: accelerate drops it)."""
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils.launch import setup_fp8_env
+
+    args = launch_command_parser().parse_args(["--mixed_precision", "fp8", "--fp8_backend", "te", "train.py"])
+    env = setup_fp8_env(args, {})
+    assert env["ACCELERATE_FP8_INTERVAL"] == "1" and env["ACCELERATE_FP8_BACKEND"] == "te"
+    assert "ACCELERATE_FP8_INTERVAL" not in {p.key for p in check_launch_environment(env, use_fp8=True)}
+    args = launch_command_parser().parse_args(["--mixed_precision", "fp8", "--fp8_interval", "4", "train.py"])
+    assert "ACCELERATE_FP8_INTERVAL" in _keys(check_launch_environment(setup_fp8_env(args, {})), "warning")

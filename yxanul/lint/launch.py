@@ -10,6 +10,10 @@ from .common import ERROR, WARNING, Problem, collector, truthy
 from .files import lint_file
 from .fsdp import lint_fsdp_env
 
+# what `accelerate launch` exports for every FP8 launch whatever the YAML says (its --fp8_* argparse defaults,
+# utils/launch.py setup_fp8_env): not the user's setting, so not theirs to remove
+LAUNCH_EXPORTS = {"ACCELERATE_FP8_INTERVAL": "1"}
+
 
 def _int(value, default: int | None) -> int | None:
     try:
@@ -45,6 +49,8 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_avai
     env = os.environ if env is None else env
     P, add = collector("environment")
     for key in sorted(k for k in env if k.startswith("ACCELERATE_FP8_")):
+        if env[key] == LAUNCH_EXPORTS.get(key):  # `accelerate launch` exports it for every FP8 launch
+            continue
         found = fp8_key_problem(key[len("ACCELERATE_FP8_"):].lower())
         if found:
             add(key, WARNING, *found)
