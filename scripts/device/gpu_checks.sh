@@ -73,7 +73,8 @@ speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one 
   local common=(--backend "${FIRST_BACKEND:-te}" --presets "$presets"
                 --seq_lengths "${FIRST_SEQ:-1024}" --precisions "$precisions" --fp8_min_gemm_dim 0
                 --tokens_per_micro "${FIRST_TOKENS:-16384}" --vocab_size "${FIRST_VOCAB:-50257}"
-                --warmup "${FIRST_WARMUP:-1}" --steps "${FIRST_STEPS:-5}")
+                --warmup "${FIRST_WARMUP:-1}" --steps "${FIRST_STEPS:-5}"
+                --gradient_accumulation_steps "${FIRST_ACCUM:-1}")
   n=${#names[@]}
   for name in "${names[@]}"; do
     left=$(( budget - (SECONDS - s0) ))

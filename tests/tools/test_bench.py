@@ -119,3 +119,23 @@ def test_cpu_vs_nanogpt_script_writes_both_rows(tmp_path, capsys):
     assert yx["flops_per_token"] == 6 * yx["matmul_params"] + 12 * 4 * 256 * 32  # YxanulConfig.flops_per_token
     assert data["env"]["torch_threads"] == 1 and "tok/s A/B" in data["ratio"]
     assert "| nanoGPT GPT |" in capsys.readouterr().out
+
+
+def test_gradient_accumulation_steps_are_micro_batches_of_one_timed_step():
+    """A step of N micro-batches, as the trainer accumulates (per-step costs amortize): the row counts N x micro
+    x seq tokens per step, and the step's loss is over both batches (the same weights give another loss)."""
+    import torch
+
+    def first(accum):
+        torch.manual_seed(0)  # the same initial weights in each run
+        a = BenchCommand(precisions="fp32", gradient_accumulation_steps=accum, **dict(SMALL, warmup=0, steps=1))
+        return run(a, say=lambda *x: None)
+
+    one, again, (two, env) = first(1)[0][0], first(1)[0][0], first(2)
+    assert one["loss_first"] == again["loss_first"] and two[0]["loss_first"] != one["loss_first"]
+    r = two[0]
+    assert r["accumulation"] == 2 and r["micro_batch"] == 2
+    assert r["tokens_per_sec"] * r["step_ms"] / 1e3 == pytest.approx(2 * 2 * 32, rel=1e-3)
+    assert "| nano | 32 | 2 x 2 | fp32 |" in markdown(two, env)
+    with pytest.raises(ConfigError, match="'gradient_accumulation_steps'"):
+        BenchCommand(gradient_accumulation_steps=0)

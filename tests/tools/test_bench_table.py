@@ -160,4 +160,6 @@ def test_a_later_session_of_the_same_day_and_card_never_overwrites_the_first(tmp
     assert sorted(cases) == ["test_a", "test_b"]
     text = render(bench)
     assert text.index("### CPU, 2026-11-27.2") < text.index("### CPU, 2026-11-27:")
+    with pytest.raises(UserError, match="commit each device call's folder on its own"):
+        main(["commit", str(first), str(second), "--bench_dir", str(bench)])
     assert "GPU tests ([2026-11-27.2-cpu-tests.xml](bench/2026-11-27.2-cpu-tests.xml)): 2 passed" in text

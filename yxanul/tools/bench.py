@@ -31,6 +31,7 @@ from ..models.presets import PRESETS
 from ..precision.args import PrecisionArgs
 from ..tracking import mfu, peak_flops
 from ..training.args import TrainArgs
+from ..training.batching.args import BatchArgs
 from ..training.optim import OptimArgs, build_optimizer
 from ..training.runtime import compile_model
 from .bench_profile import profile_steps
@@ -51,7 +52,8 @@ class BenchCommand:
                                                            "(the same for every precision)."})
     micro_batch_size: int = field(default=0, metadata={"help": "Fixed micro-batch for every case (0: use "
                                                        "tokens_per_micro)."})
-    steps: int = field(default=10, metadata={"help": "Timed steps per case (the median is reported)."})
+    gradient_accumulation_steps: int = same_as(BatchArgs, "gradient_accumulation_steps")
+    steps: int = field(default=10, metadata={"help": "Timed optimizer steps per case (the median is reported)."})
     warmup: int = field(default=3, metadata={"help": "Untimed steps first (allocator, TE workspaces, autotune)."})
     backend: Literal["auto", "te", "torch"] = same_as(ModelArgs, "backend")
     vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (GPT-2's 50257, padded to 50304)."})
@@ -71,7 +73,7 @@ class BenchCommand:
     out: str | None = field(default=None, metadata={"help": "Folder for bench.json and bench.md."})
 
     def __post_init__(self):
-        for key in ("tokens_per_micro", "steps"):
+        for key in ("tokens_per_micro", "steps", "gradient_accumulation_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         for key in ("micro_batch_size", "warmup"):
@@ -166,8 +168,11 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
 
+        accum = a.gradient_accumulation_steps  # per-step costs (AdamW, master copies, FP8 weight casts) amortize
+
         def step(i: int):  # the trainer's own step and batch form: packed (B, T + 1), autocast, FP8, clip, AdamW
-            return train_step(model, opt, [batches[i % 2]], plan=plan, max_grad_norm=1.0).loss
+            return train_step(model, opt, [batches[(i + j) % 2] for j in range(accum)], plan=plan,
+                              max_grad_norm=1.0).loss
 
         times, losses, row["peak_memory_gib"] = _time_steps(step, a.warmup, a.steps, device)
         if profile_dir is not None:
@@ -180,7 +185,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     finally:
         model = opt = None  # free before the next case
         _release(device)
-    row.update(_measures(config, plan, precision, micro, seq, times, loss_values, device),
+    row.update(_measures(config, plan, precision, micro * a.gradient_accumulation_steps, seq, times, loss_values,
+                         device), accumulation=a.gradient_accumulation_steps,
                notes="; ".join(notes) or None)
     return row
 
@@ -224,13 +230,15 @@ def _skip_reason(precision: str, plan, device) -> str | None:
     return None
 
 
-def _measures(config, plan, precision: str, micro: int, seq: int, times: list, loss_values: list, device) -> dict:
-    """Step time (median, min, max), tokens/s, MFU, FP8 layers and the loss of the timed run."""
+def _measures(config, plan, precision: str, sequences: int, seq: int, times: list, loss_values: list,
+              device) -> dict:
+    """Step time (median, min, max), tokens/s, MFU, FP8 layers and the loss of the timed run (``sequences``:
+    per optimizer step, micro-batch x accumulation)."""
     import torch
 
     from ..models.configuration_yxanul import matmul_parameters  # torch: --help stays light
 
-    dt, tokens = statistics.median(times), micro * seq
+    dt, tokens = statistics.median(times), sequences * seq
     peak = peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     fp8_layers = sum(1 for _, fp8, _ in plan.decisions.values() if fp8)
     return dict(params=matmul_parameters(config), step_ms=round(dt * 1e3, 2),
@@ -302,7 +310,8 @@ def markdown(rows: list[dict], env: dict) -> str:
     head = (f"Device: {env.get('device_name')} (driver {env.get('driver')}), torch {env['torch']}, "
             f"CUDA {env['cuda']}, TE {env['transformer_engine']}, accelerate {env['accelerate']}.\n"
             "MFU is against the dense BF16 peak for every precision.\n\n")
-    lines = ["| preset | seq | micro | precision | FP8 layers | step ms | tokens/s | vs BF16 | MFU (BF16 peak) "
+    lines = ["| preset | seq | micro (x accumulation) | precision | FP8 layers | step ms | tokens/s | vs BF16 "
+             "| MFU (BF16 peak) "
              "| peak GiB | loss first→last |", "|" + "---|" * 11]
     for r in rows:
         if r["status"] != "ok":
@@ -313,8 +322,9 @@ def markdown(rows: list[dict], env: dict) -> str:
         vs = f"{r['tokens_per_sec'] / b:.2f}x" if b else "-"
         mfu = f"{100 * r['mfu_bf16_peak']:.1f}%" if r.get("mfu_bf16_peak") is not None else "n/a"
         prec = r["precision"] + (f" ({r['variant']})" if r.get("variant") else "")
+        micro = f"{r['micro_batch']} x {r['accumulation']}" if r.get("accumulation", 1) > 1 else r["micro_batch"]
         lines.append(
-            f"| {r['preset']} | {r['seq_length']} | {r['micro_batch']} | {prec} | {r['fp8_layers'] or '-'} | "
+            f"| {r['preset']} | {r['seq_length']} | {micro} | {prec} | {r['fp8_layers'] or '-'} | "
             f"{r['step_ms']:.1f} | {r['tokens_per_sec']:,.0f} | {vs} | "
             f"{mfu} | {r['peak_memory_gib'] if r['peak_memory_gib'] is not None else '-'} | "
             f"{r['loss_first']:.3f}→{r['loss_last']:.3f} |")

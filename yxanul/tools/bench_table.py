@@ -123,11 +123,14 @@ def render_group(day: str, gpu: str, records: dict[str, dict]) -> str:
     cases = [c for c in by_variant[order[0]][1]] if "default" not in by_variant else list(by_variant["default"][1])
     for v in order:
         cases += [c for c in by_variant[v][1] if c not in cases]
+    accum = args.get("gradient_accumulation_steps", 1)
+    accumulation = f" --gradient_accumulation_steps {accum}" if accum != 1 else ""
     head = (f"### {gpu.upper()}, {day}: tokens/s, and × today's default (same preset, seq, precision)\n\n"
             f"{env.get('device_name')} (driver {env.get('driver')}), torch {env.get('torch')}, TE "
             f"{env.get('transformer_engine')}; `yxanul bench --backend {args.get('backend')} --warmup "
             f"{args.get('warmup')} --steps {args.get('steps')} --tokens_per_micro {args.get('tokens_per_micro')} "
-            f"--fp8_min_gemm_dim {args.get('fp8_min_gemm_dim')}` + the column's flags; MFU against the BF16 peak.\n\n")
+            f"--fp8_min_gemm_dim {args.get('fp8_min_gemm_dim')}{accumulation}` + the column's flags; MFU against the "
+            "BF16 peak.\n\n")
     lines = ["| preset | seq | precision | " + " | ".join(
         f"[{v}](bench/{by_variant[v][0]})" + (f" `{VARIANTS[v]}`" if VARIANTS[v] else "") for v in order) + " |",
              "|" + "---|" * (3 + len(order))]
@@ -209,7 +212,11 @@ def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Pa
                 m = NAME.match(member.name) if member.isfile() else None
                 if m is None:
                     raise UserError(f"bench_table: '{archive}': unexpected member '{member.name}'")
-                incoming[f"{m.group(3)}.{m.group(4)}"] = tar.extractfile(member).read()
+                what = f"{m.group(3)}.{m.group(4)}"
+                if what in incoming:  # two calls' archives: one tag would hold one of them
+                    raise UserError(f"bench_table: '{archive}': another folder's archive has {what} too: commit "
+                                    "each device call's folder on its own")
+                incoming[what] = tar.extractfile(member).read()
     if tag is None or not TAG.match(tag):
         raise UserError(f"bench_table: no speed-YYYY-MM-DD-<gpu>.tar.gz in {', '.join(map(str, dirs))}: "
                         f"give --tag YYYY-MM-DD-<gpu> (got {tag!r})")
