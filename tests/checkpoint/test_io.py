@@ -69,7 +69,8 @@ def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tin
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from yxanul.checkpoint.io import SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR, read_sharded_weights
+    from yxanul.checkpoint.io import SHARDED_MODEL_DIR, SHARDED_OPTIMIZER_DIR
+    from yxanul.hub.loading import read_checkpoint_weights
     from yxanul.models.state_dict import fused_qkv_state
 
     state = YxanulForCausalLM(tiny_config(tie_word_embeddings=False, num_key_value_heads=2)).state_dict()
@@ -83,7 +84,7 @@ def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tin
     dcp.save({"model": rounded}, checkpoint_id=tmp_path / SHARDED_MODEL_DIR, no_dist=True)
     dcp.save({"optimizer": opt}, checkpoint_id=tmp_path / SHARDED_OPTIMIZER_DIR, no_dist=True)
 
-    weights = read_sharded_weights(tmp_path)
+    weights = read_checkpoint_weights(tmp_path)  # what export, eval and generate read
     assert set(weights) == set(state)
     assert all(torch.equal(weights[k], state[k]) for k in state)  # masters where FP8, the shards elsewhere
 
@@ -121,7 +122,8 @@ def test_an_fsdp2_model_with_fused_qkv_saves_resumes_and_reads_back_under_the_qk
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from yxanul.checkpoint.io import SHARDED_MODEL_DIR, read_sharded_weights
+    from yxanul.checkpoint.io import SHARDED_MODEL_DIR
+    from yxanul.hub.loading import read_checkpoint_weights
 
     config = tiny_config(tie_word_embeddings=False, num_key_value_heads=2)
     torch.manual_seed(0)
@@ -154,7 +156,7 @@ def test_an_fsdp2_model_with_fused_qkv_saves_resumes_and_reads_back_under_the_qk
     finally:
         dist.destroy_process_group()
 
-    weights = read_sharded_weights(tmp_path)
+    weights = read_checkpoint_weights(tmp_path)  # what export, eval and generate read
     assert set(weights) == set(expected)
     assert all(torch.equal(weights[k], v) for k, v in expected.items())
 

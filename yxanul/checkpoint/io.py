@@ -176,14 +176,13 @@ def read_sharded_weights(ckpt) -> dict:
     """The full model state dict of a sharded (FSDP2, torch.distributed.checkpoint) checkpoint, read in
     this one process without a process group (accelerate's own merge reader). Where the optimizer shards
     hold fp32 masters (``fp8_weight_all_gather``: the model shards hold FP8-rounded TE weights, stored as
-    TE tensor objects), the weight is its master, and its model entry is not read. Every fused QKV weight
-    (``fuse_qkv_params``: FSDP2 saves it fused) is split into the q/k/v every reader expects."""
-    from ..models.state_dict import split_qkv_state  # torch + transformers: only when a checkpoint is read
-
+    TE tensor objects), the weight is its master, and its model entry is not read. A fused QKV weight
+    (``fuse_qkv_params``: FSDP2 saves it fused) stays fused here: the readers above this layer split it
+    (`yxanul.models.state_dict.split_qkv_state`)."""
     masters = {k.removeprefix("optimizer.state.").removesuffix(MASTER): v
                for k, v in _read_dcp(Path(ckpt) / SHARDED_OPTIMIZER_DIR, lambda k: k.endswith(MASTER)).items()}
     state = _read_dcp(Path(ckpt) / SHARDED_MODEL_DIR, lambda k: k.removeprefix("model.") not in masters)
-    return split_qkv_state({**{k.removeprefix("model."): v for k, v in state.items()}, **masters})
+    return {**{k.removeprefix("model."): v for k, v in state.items()}, **masters}
 
 
 def _read_dcp(folder: Path, wanted) -> dict:

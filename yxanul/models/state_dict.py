@@ -98,8 +98,8 @@ def split_fused_qkv(sizes: tuple[int, int, int]):
     (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
     ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint/io.py gives views own storage).
     An FSDP2-sharded weight (a DTensor) stays fused: torch.distributed.checkpoint resolves every state-dict
-    key to a module attribute (``_get_fqns``), which the split names are not; the sharded checkpoint's
-    readers split it (checkpoint/io.py ``read_sharded_weights``)."""
+    key to a module attribute (``_get_fqns``), which the split names are not; the checkpoint readers split
+    it (`split_qkv_state`)."""
     def hook(module, state_dict, prefix, local_metadata):
         from torch.distributed.tensor import DTensor
 
