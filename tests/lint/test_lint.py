@@ -221,6 +221,24 @@ def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
     assert "unknown flag '--fx' (did you mean '--fix'?)" in capsys.readouterr().err
 
 
+def test_train_config_settings_the_launch_cannot_run_are_errors(tmp_path, capsys, monkeypatch):
+    """The rule the start-up check raises (lint/fsdp.py train_conflicts), reported before a job is queued:
+    under FSDP2 CUDA graphs and fp32 master weights, outside it the FP8 weight all-gather."""
+    monkeypatch.chdir(ROOT)
+    under = _write(tmp_path, "g.yaml", {"model": "medium", "use_fp8": True, "cuda_graphs": True,
+                                        "master_weights": "fp32"})
+    assert lint.main(["accelerate_configs/fsdp2.yaml", "--train_config", under]) == 1
+    out = capsys.readouterr().out
+    assert f"{under}: error: cuda_graphs: expected false under FSDP2" in out
+    assert f"{under}: error: master_weights: expected none under FSDP2" in out and "(with fsdp2.yaml)" in out
+    assert lint.main(["accelerate_configs/single_gpu_fp8.yaml", "--train_config", under]) == 0  # one GPU: fine
+    gather = _write(tmp_path, "a.yaml", {"model": "medium", "use_fp8": True, "fp8_weight_all_gather": True,
+                                         "fuse_qkv_params": True})
+    assert lint.main(["accelerate_configs/fsdp2.yaml", "--train_config", gather]) == 0
+    assert lint.main(["accelerate_configs/single_gpu_fp8.yaml", "--train_config", gather]) == 1
+    assert "fp8_weight_all_gather: expected false outside an FSDP2 launch" in capsys.readouterr().out
+
+
 def test_sanitize_deepspeed_config():
     cfg = {**GOOD_DS, "fp8": {"enabled": True}, "communication_data_type": "fp32",
            "data_types": {"grad_accum_dtype": "fp32"}}

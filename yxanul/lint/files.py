@@ -14,6 +14,7 @@ from ..flags import parse_command
 from .accelerate import fix_accelerate, lint_accelerate
 from .common import ERROR, WARNING, Problem, _delete
 from .deepspeed import fix_deepspeed, harmful_ds_keys, lint_deepspeed
+from .fsdp import train_conflicts
 
 _ACC_MARKERS = {"distributed_type", "compute_environment", "num_processes", "mixed_precision",
                 "fp8_config", "deepspeed_config"}
@@ -110,9 +111,23 @@ def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
     return out, problems
 
 
-def _read_use_fp8(path: str) -> bool:
-    data = _load(path) or {}
-    return bool(data.get("use_fp8", False))
+def _read_train(path: str) -> dict:
+    data = _load(path)
+    if not isinstance(data, dict):
+        raise UserError(f"train_config '{path}': expected a yxanul config YAML (a mapping of key: value)")
+    return data
+
+
+def train_problems(path: str, train_path: str, train: dict) -> list[Problem]:
+    """The train config's settings that the accelerate config ``path`` cannot run (`fsdp.train_conflicts`:
+    what the start-up check refuses), as errors of the train config."""
+    data = _load(path)
+    if detect_kind(path, data) != "accelerate":
+        return []
+    fsdp = str(data.get("distributed_type", "")) == "FSDP"
+    return [Problem(train_path, key, ERROR, f"expected {expected} (with {os.path.basename(path)}), got "
+                    f"{train[key]!r}", f"change {key} or the accelerate config")
+            for key, expected in train_conflicts(fsdp, train)]
 
 
 @dataclass
@@ -126,7 +141,8 @@ class LintCommand:
                                                     "file as NAME.fixed.EXT)."})
     train_config: str | None = field(default=None, metadata={"aliases": ["--train-config"], "help": "yxanul config "
                                      "YAML: warn when its use_fp8 disagrees with the accelerate config's "
-                                     "mixed_precision."})
+                                     "mixed_precision; an error for what the launch cannot run (FSDP2: "
+                                     "cuda_graphs, master_weights fp32; fp8_weight_all_gather outside it)."})
     world_size: int | None = field(default=None, metadata={"aliases": ["--world-size"], "help": "Check "
                                    "train_batch_size = micro x accumulation x world size."})
     strict: bool = field(default=False, metadata={"help": "For CI gates: exit 2 when there are warnings (and no "
@@ -146,10 +162,13 @@ def _fix_one(path: str, args: LintCommand, use_fp8) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N] [--strict]`."""
     args = parse_command(LintCommand, argv, prog="yxanul lint-config")
-    use_fp8 = _read_use_fp8(args.train_config) if args.train_config else None
+    train = _read_train(args.train_config) if args.train_config else {}
+    use_fp8 = bool(train.get("use_fp8", False)) if args.train_config else None
     n_err = n_warn = 0
     for path in args.files:
         problems = lint_file(path, use_fp8=use_fp8, world_size=args.world_size)
+        if args.train_config and os.path.isfile(path) and not any(p.key == "<file>" for p in problems):
+            problems += train_problems(path, args.train_config, train)
         for p in problems:
             print(p.line())
         n_err += sum(p.severity == ERROR for p in problems)

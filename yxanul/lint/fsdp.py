@@ -87,3 +87,22 @@ def fix_fsdp(cfg: dict) -> None:
     flagged = []
     _rules(fsdp.get, None, lambda key, *rest: flagged.append(key))
     fsdp.update({k: GOOD[k] for k in flagged})
+
+
+def train_conflicts(fsdp: bool, train: dict) -> list[tuple[str, str]]:
+    """(key, what it must be) for each yxanul train setting that this launch cannot run: under FSDP2, CUDA
+    graphs and fp32 master weights; outside it, the FP8 weight all-gather. ``train``: the config's values
+    (missing keys: their defaults). One rule for the start-up check (training/launch.py, a ConfigError) and
+    `yxanul lint-config --train_config` (an error line)."""
+    out = []
+    if fsdp and truthy(train.get("cuda_graphs")):
+        out.append(("cuda_graphs", "false under FSDP2 (each block's weights are gathered before and freed after its "
+                                   "forward: a captured graph would replay on freed memory)"))
+    if fsdp and train.get("master_weights") == "fp32":
+        out.append(("master_weights", "none under FSDP2 (its mixed precision is this scheme, sharded: fp32 "
+                                      "parameters, BF16 all-gather and compute)"))
+    if not fsdp and truthy(train.get("fp8_weight_all_gather")):
+        out.append(("fp8_weight_all_gather", "false outside an FSDP2 launch (the FP8 weights are what FSDP2 "
+                    "all-gathers: accelerate launch --config_file accelerate_configs/fsdp2.yaml ...)"))
+    return out
+

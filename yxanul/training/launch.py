@@ -14,6 +14,7 @@ import os
 
 from ..errors import ConfigError, UserError
 from ..lint import ERROR, check_launch_environment
+from ..lint.fsdp import train_conflicts
 from .fsdp import fsdp_requested
 
 
@@ -41,12 +42,10 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
     problem = check_wandb_key(cfg.tracking.use_wandb, env)
     if problem:
         raise UserError(problem)
-    if cfg.precision.fp8_weight_all_gather and not fsdp_requested(os.environ if env is None else env):
-        raise ConfigError("fp8_weight_all_gather", "false outside an FSDP2 launch (the FP8 weights are what FSDP2 "
-                          "all-gathers: accelerate launch --config_file accelerate_configs/fsdp2.yaml ...)", True)
-    if cfg.model.cuda_graphs and fsdp_requested(os.environ if env is None else env):
-        raise ConfigError("cuda_graphs", "false under FSDP2 (each block's weights are gathered before and freed "
-                          "after its forward: a captured graph would replay on freed memory)", True)
+    train = {"cuda_graphs": cfg.model.cuda_graphs, "master_weights": cfg.precision.master_weights,
+             "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather}
+    for key, expected in train_conflicts(fsdp_requested(os.environ if env is None else env), train):
+        raise ConfigError(key, expected, train[key])
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:
             raise UserError(p.line())
