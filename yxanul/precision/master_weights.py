@@ -31,6 +31,7 @@ import torch
 
 from .. import _te
 from ..errors import ConfigError
+from ..lint.fsdp import train_conflicts
 
 ATTR = "_yx_masters"  # model attribute: {id(param): master}
 _paused = False  # `paused()`: the gradient hooks leave .grad alone (CUDA-graph warm-up runs its own backward)
@@ -52,9 +53,9 @@ def attach(model: torch.nn.Module) -> int:
     """Make ``model``'s parameters BF16 with fp32 masters (idempotent); returns parameters converted."""
     if getattr(model, ATTR, None) is not None:
         return 0
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":  # fully_shard would replace the parameters
-        raise ConfigError("master_weights", "none under FSDP2 (its mixed precision is this scheme, sharded: fp32 "
-                                            "parameters, BF16 all-gather and compute)", "fp32")
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"  # fully_shard would replace the parameters
+    for key, expected in train_conflicts(fsdp, {"master_weights": "fp32"}):  # the launch check's own rule
+        raise ConfigError(key, expected, "fp32")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise ConfigError("master_weights", "none under DDP/DeepSpeed (one process only; DeepSpeed: its bf16 "
                                             "mode keeps fp32 masters)", "fp32")
