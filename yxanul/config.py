@@ -76,6 +76,7 @@ class Config:
     tasks: EvalTaskArgs | None = None
     source: str | None = None  # the YAML file it came from, if any
     notes: list = dataclasses.field(default_factory=list)  # defaults adapted to the user's values, one line each
+    user_keys: frozenset = frozenset()  # the keys the user set (flag or YAML): what no default may change
 
     def to_flat_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -141,7 +142,7 @@ def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any
         if name == "optim":
             _warmup_in_steps(per_section[name], built["batch"], built["model"].seq_length)
         built[name] = cls(**per_section[name])
-    cfg = Config(**built, source=source, notes=notes)
+    cfg = Config(**built, source=source, notes=notes, user_keys=frozenset(user_keys))
     _cross_checks(cfg)
     return cfg
 

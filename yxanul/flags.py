@@ -317,6 +317,11 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
     return vars(parsed)
 
 
+def given_flags(argv: list[str] | None) -> set[str]:
+    """The flag names present in ``argv`` (``--key value``, ``--key=value``, a bare ``--flag``): what the user chose."""
+    return {a[2:].split("=", 1)[0] for a in argv or () if a.startswith("--") and len(a) > 2}
+
+
 def parse_command(cls: type[T], argv: list[str] | None, prog: str, description: str | None = None) -> T:
     """Parse ``argv`` into an instance of the dataclass ``cls`` (its ``__post_init__`` validates)."""
     return _parse_command(cls, argv, prog, description, keep_rest=False)[0]

@@ -178,3 +178,20 @@ def test_a_rerun_with_other_settings_is_refused_in_one_line(tmp_path, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_lr: " in err[0] and "-> 0.001" in err[0], err
+
+
+def test_speed_flags_the_table_set_at_run_time_are_not_other_settings(tmp_path):
+    """On a GPU the trainer writes the speed defaults it applied into config.yaml (loss_impl te, ...): a rerun of the
+    sweep continues that trial (its resume keeps them). A speed flag the user gives is still compared."""
+    from yxanul.config import parse_args
+    from yxanul.sweep.local import plan
+
+    spec = load_spec(TINY)
+    t = plan(spec, str(tmp_path), ["--max_steps", "7"], 1, 0, say=lambda *_: None)[1][0]
+    cfg = parse_args(["--config", os.path.join(ROOT, "yxanul", "assets", "default.yaml"), *t.argv])
+    cfg.model.loss_impl, cfg.model.cuda_graphs = "te", True  # what a te-backend table entry sets
+    t.run_dir.mkdir(parents=True)
+    cfg.save(t.run_dir / "config.yaml")
+    assert plan(spec, str(tmp_path), ["--max_steps", "7"], 1, 0, say=lambda *_: None)[1][0].changed_settings() == []
+    with pytest.raises(UserError, match=r"ran with other settings \(loss_impl: 'te' -> 'chunked'\)"):
+        plan(spec, str(tmp_path), ["--max_steps", "7", "--loss_impl", "chunked"], 1, 0, say=lambda *_: None)

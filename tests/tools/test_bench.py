@@ -139,3 +139,22 @@ def test_gradient_accumulation_steps_are_micro_batches_of_one_timed_step():
     assert "| nano | 32 | 2 x 2 | fp32 |" in markdown(two, env)
     with pytest.raises(ConfigError, match="'gradient_accumulation_steps'"):
         BenchCommand(gradient_accumulation_steps=0)
+
+
+def test_each_case_gets_the_speed_defaults_a_run_would_get():
+    """The table's flags for (backend, preset) where the command line did not set them, per case as the trainer
+    holds them off (fp32 compute: no BF16 weights); the row says what ran and what the table added."""
+    from yxanul.training.speed_defaults import check_table
+
+    table = check_table({"torch": {"nano": {"flags": "--loss_impl chunked --master_weights fp32", "evidence": "x"}}},
+                        backends=("te", "torch"))
+    quiet = dict(say=lambda *x: None, speed_table=table)
+    fp32, bf16 = run(BenchCommand(precisions="fp32,bf16", **SMALL), **quiet)[0]
+    assert fp32["status"] == bf16["status"] == "ok"
+    assert fp32["flags"] == fp32["speed_defaults"] == "--loss_impl chunked" and fp32["variant"] == "loss=chunked"
+    assert bf16["flags"] == bf16["speed_defaults"] == "--loss_impl chunked --master_weights fp32"
+    given = run(BenchCommand(precisions="fp32", loss_impl="default", **SMALL), given={"loss_impl"}, **quiet)[0][0]
+    assert (given["flags"], given["speed_defaults"], given["variant"]) == ("", "", "")  # the command line wins
+    plain = run(BenchCommand(precisions="fp32", speed_defaults=False, **SMALL), **quiet)[0][0]
+    assert (plain["flags"], plain["speed_defaults"], plain["variant"]) == ("", "", "")
+    assert run(BenchCommand(precisions="fp32", **SMALL), say=lambda *x: None)[0][0]["speed_defaults"] == ""  # shipped

@@ -116,3 +116,63 @@ def test_parity_from_two_runs_and_the_cli(tmp_path, capsys):
         main(["--parity_runs", "one"])
     with pytest.raises(UserError, match="no YYYY-MM-DD"):
         main(["--bench_dir", str(tmp_path / "fp8")])
+
+
+def _with_flags(data, flags):
+    out = copy.deepcopy(data)
+    for r in out["rows"]:
+        r["flags"] = flags
+    return out
+
+
+def test_the_default_verdicts_are_written_into_the_speed_defaults_table(tmp_path, capsys):
+    """--write: per preset the fastest variant that is 'default', with the flags its rows ran with and the evidence;
+    what the trainer reads back. A flag verdict changes nothing; a winning 'plain' removes the entry; a variant whose
+    flags the table cannot hold (--torch_compile) never enters it."""
+    from yxanul.tools.bench_decide import table_entries, write_table
+    from yxanul.training.speed_defaults import load_table
+
+    base = _load("default")
+    parity = dict(PARITY_OK, flags="--loss_impl te --fuse_qkv_params --cuda_graphs")
+    variants = {"default": base, "loss-te": _with_flags(_scaled(base, 1.05), "--loss_impl te"),
+                "stack-no-masters": _with_flags(_scaled(base, 1.2), parity["flags"]),
+                "compile": _scaled(base, 1.5), "graphs": _with_flags(_scaled(base, 1.01), "--cuda_graphs")}
+    decisions = decide(variants, parity)
+    assert {d["variant"]: d["verdict"] for d in decisions} == {
+        "loss-te": "default", "stack-no-masters": "default", "graphs": "flag", "compile": "pending"}
+    entries = table_entries(decisions, "2026-11-27-cpu", parity)
+    assert entries == {"nano": {"flags": "--loss_impl te --fuse_qkv_params --cuda_graphs",
+                                "evidence": "2026-11-27-cpu stack-no-masters: bf16 1.20x; parity +0.23 % with its "
+                                            "flags"}}
+    table = tmp_path / "speed_defaults.yaml"
+    table.write_text("te: {}\n")
+    assert write_table(table, entries) == [f"  nano: {entries['nano']['flags']} ({entries['nano']['evidence']})"]
+    assert load_table(table)["te"]["nano"]["values"] == {"loss_impl": "te", "fuse_qkv_params": True,
+                                                         "cuda_graphs": True}
+    assert write_table(table, entries) == []  # the same winner again: unchanged
+    plain = decide({"default": _with_flags(base, entries["nano"]["flags"]), "plain": _with_flags(
+        _scaled(base, 1.1), "")}, parity)
+    assert write_table(table, table_entries(plain, "2026-11-28-cpu", parity)) == [
+        "  nano: speed defaults removed (plain won)"]
+    assert load_table(table) == {"te": {}}
+    bench = tmp_path / "bench"  # the CLI: the committed JSONs of one tag, --write into --table
+    bench.mkdir()
+    for v, data in variants.items():
+        (bench / f"2026-11-27-cpu-{v}.json").write_text(json.dumps(data))
+    (bench / "2026-11-27-cpu-parity.json").write_text(json.dumps(parity))
+    assert main(["--bench_dir", str(bench), "--write", "--table", str(table)]) == 0
+    assert f"{table}: changed:\n  nano: --loss_impl te --fuse_qkv_params --cuda_graphs" in capsys.readouterr().out
+    assert load_table(table)["te"]["nano"]["evidence"].startswith("2026-11-27-cpu stack-no-masters")
+
+
+def test_parity_flags_are_read_from_what_the_runs_trained_with(tmp_path):
+    """The FP8 run's config.yaml (given flags and speed defaults alike), not the flags a script passed."""
+    for name in ("bf16", "fp8"):
+        d = tmp_path / name
+        d.mkdir()
+        d.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+            {"step": 10, "loss": 4.5}, {"step": 10, "val_loss": 4.4})))
+        d.joinpath("config.yaml").write_text("loss_impl: te\nfuse_qkv_params: true\ncuda_graphs: true\n"
+                                             "master_weights: none\n")
+    p = parity_from_runs(str(tmp_path / "bf16"), str(tmp_path / "fp8"), flags="--cuda_graphs")
+    assert p["flags"] == "--loss_impl te --fuse_qkv_params --cuda_graphs"

@@ -22,6 +22,7 @@ from typing import Any
 from ..checkpoint.io import saved_config
 from ..config import DEFAULT_CONFIG, parse_args
 from ..errors import UserError
+from ..training import speed_defaults
 from .spec import SweepSpec, _flag_value, trial_flags
 
 RESERVED = ("output_dir", "run_name", "resume")  # the sweep sets these for every trial
@@ -37,7 +38,8 @@ class Trial:
     argv: list[str]  # `yxanul train` flags (without the launcher)
     max_steps: int
     config: dict[str, Any]  # the same keys, as the trial runs them (after the user's override flags)
-    settings: dict[str, Any] = field(default_factory=dict)  # every config key as the trial runs it
+    # every config key as the trial runs it, but the speed flags the table sets at run time (a resume keeps them)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def changed_settings(self) -> list[str]:
         """``key: before -> now`` for each setting that differs from the run directory's config.yaml (what
@@ -87,7 +89,9 @@ def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: 
     cfg = parse_args(_with_default_config(argv))  # validates; ConfigError names the key
     argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "auto"]
     flat = cfg.to_flat_dict()
-    return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params}, flat)
+    # the speed flags a user left to the table are decided at run time (and a resume keeps the run's own)
+    settings = {k: v for k, v in flat.items() if k in cfg.user_keys or k not in speed_defaults.KEYS}
+    return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params}, settings)
 
 
 def _without_config(tokens: list[str]) -> list[str]:

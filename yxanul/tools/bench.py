@@ -20,16 +20,17 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError
-from ..flags import check_same_as, parse_command, same_as
+from ..flags import check_same_as, given_flags, parse_command, same_as
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from ..precision.args import PrecisionArgs
 from ..tracking import mfu, peak_flops
+from ..training import speed_defaults
 from ..training.args import TrainArgs
 from ..training.batching.args import BatchArgs
 from ..training.optim import OptimArgs, build_optimizer
@@ -65,6 +66,7 @@ class BenchCommand:
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
     torch_compile: bool = same_as(TrainArgs, "torch_compile")
+    speed_defaults: bool = same_as(TrainArgs, "speed_defaults")
     time_limit: float = field(default=0.0, metadata={"help": "Seconds; cases not started by then are reported "
                                                      "as skipped (0: no limit)."})
     profile: bool = field(default=False, metadata={"help": "Also profile 3 steps per case: per-step wall, host and "
@@ -142,16 +144,34 @@ def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], lis
     return times, losses, round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
 
 
-def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand, device, profile_dir=None) -> dict:
-    """Measure one case; returns a row (status ok / skipped / OOM)."""
+def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: str, given: set[str],
+                        table: dict) -> tuple[BenchCommand, dict]:
+    """(``a`` with the speed defaults of (backend, preset) that a run of this case would get, those values):
+    the trainer's table and rule (`yxanul.training.speed_defaults`), for the flags not on the command line."""
+    entry = table.get(backend, {}).get(preset)
+    if not a.speed_defaults or entry is None:
+        return a, {}
+    launch = speed_defaults.Launch(gradient_checkpointing=a.gradient_checkpointing, torch_compile=a.torch_compile,
+                                   bf16_compute=precision != "fp32")
+    chosen = speed_defaults.choose(entry["values"], given, launch)[0]
+    return replace(a, **chosen), chosen
+
+
+def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand, device, profile_dir=None,
+             given: set[str] = frozenset(), speed_table: dict | None = None) -> dict:
+    """Measure one case; returns a row (status ok / skipped / OOM). ``speed_table``: the speed defaults
+    applied to the flags not in ``given`` (None: none)."""
     import torch
 
     from ..precision import resolve_precision  # torch: --help stays light
     from ..training.step import train_step  # torch: --help stays light
 
+    backend = _config(preset, seq, a).backend  # 'auto' resolved: the table is per backend
+    a, applied = with_speed_defaults(a, preset, precision, backend, given, speed_table or {})
     config = _config(preset, seq, a)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
-           "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None}
+           "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None,
+           "flags": speed_defaults.flag_string(asdict(a)), "speed_defaults": speed_defaults.flag_string(applied)}
     notes: list[str] = []
     if precision == "fp32" and a.master_weights != "none":
         return {**row, "status": "skipped", "reason": "master_weights needs BF16 compute"}
@@ -331,11 +351,14 @@ def markdown(rows: list[dict], env: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def run(a: BenchCommand, say=print, on_row=None) -> tuple[list[dict], dict]:
+def run(a: BenchCommand, say=print, on_row=None, given: set[str] = frozenset(),
+        speed_table: dict | None = None) -> tuple[list[dict], dict]:
     """Every case in order; ``on_row(rows, env)`` after each (bench.json is rewritten as rows come in, so a
-    run cut off by a timeout keeps the cases it finished)."""
+    run cut off by a timeout keeps the cases it finished). ``given``: the flags on the command line (the speed
+    defaults of ``speed_table``, default the shipped one, set the others, as in `yxanul train`)."""
     import torch
 
+    speed_table = speed_defaults.load_table() if speed_table is None else speed_table
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
     say(f"bench on {env['device_name']} ({device}); torch {env['torch']}, TE {env['transformer_engine']}")
@@ -349,7 +372,7 @@ def run(a: BenchCommand, say=print, on_row=None) -> tuple[list[dict], dict]:
             row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
                    "status": "skipped", "reason": f"time limit {a.time_limit:.0f}s reached"}
         else:
-            row = run_case(preset, seq, micro, precision, a, device, profile_dir)
+            row = run_case(preset, seq, micro, precision, a, device, profile_dir, given, speed_table)
         rows.append(row)
         if on_row is not None:
             on_row(rows, env)
@@ -368,7 +391,8 @@ def _write(out: Path, a: BenchCommand, rows: list[dict], env: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`yxanul bench [--presets ...] [--seq_lengths ...] [--precisions ...] [--out DIR]`."""
     a = parse_command(BenchCommand, argv, prog="yxanul bench", description=__doc__.split("\n\n")[0])
-    rows, env = run(a, on_row=(lambda rows, env: _write(Path(a.out), a, rows, env)) if a.out else None)
+    rows, env = run(a, on_row=(lambda rows, env: _write(Path(a.out), a, rows, env)) if a.out else None,
+                    given=given_flags(argv))
     print(markdown(rows, env))
     if a.out:
         print(f"wrote {Path(a.out) / 'bench.json'} and {Path(a.out) / 'bench.md'}")

@@ -11,7 +11,12 @@ that was not measured, stays a flag with the reason. From the default's own rows
 preset, the measurement ``fp8_min_gemm_dim`` may move to.
 
     python -m yxanul.tools.bench_decide                       # newest group in docs/bench/
+    python -m yxanul.tools.bench_decide --tag T --parity P --write   # and the 'default' verdicts into the table
     python -m yxanul.tools.bench_decide --parity_runs runs/bf16,runs/fp8 --parity_out parity.json   # the device
+
+``--write`` puts, per preset, the fastest variant whose verdict is 'default' (at every seq measured there) into
+yxanul/assets/speed_defaults.yaml with its evidence; a preset without one keeps its entry; ``plain`` winning
+removes it. A variant's flags are those its rows ran with (``flags``: its own plus the table's at the time).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from ..checkpoint.io import saved_config
 from ..errors import UserError
 from ..flags import parse_command
+from ..training import speed_defaults
 from .bench_table import VARIANTS, load, read_json
 from .compare import compare, read_run
 
@@ -29,7 +38,11 @@ MIN_SPEEDUP, PARITY_TOLERANCE = 1.03, 0.005
 
 
 def parity_from_runs(bf16_dir: str, fp8_dir: str, model: str = "medium", flags: str = "") -> dict:
-    """The last common validation loss of two `yxanul train` runs (``yxanul compare``'s reading of them)."""
+    """The last common validation loss of two `yxanul train` runs (``yxanul compare``'s reading of them). Its
+    ``flags``: the speed flags the FP8 run trained with (its config.yaml: given and speed defaults alike), else
+    ``flags``."""
+    cfg = saved_config(fp8_dir)
+    flags = speed_defaults.flag_string(cfg) if cfg else flags
     res = compare(read_run(bf16_dir), read_run(fp8_dir))
     if "val_rel_diff" not in res:
         raise UserError(f"bench_decide: '{bf16_dir}' and '{fp8_dir}' share no validation step (--eval_freq)")
@@ -54,6 +67,8 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
     for v in (v for v in VARIANTS if v in rows and v != "default"):
         for preset, seq in dict.fromkeys((p, s) for p, s, _ in base):
             speed, why = {}, []
+            flags = next((r["flags"] for (p, s, _), r in rows[v].items() if (p, s) == (preset, seq) and "flags" in r),
+                         VARIANTS[v])  # what it ran with: its own flags and the speed defaults of that day
             for (p, s, prec), b in base.items():
                 r = rows[v].get((p, s, prec))
                 if (p, s) != (preset, seq) or not _ok(b):  # nothing to compare with where the default did not run
@@ -69,13 +84,13 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
                 elif best is not None and best < min_speedup:
                     why.append(f"{prec} {speed[prec]:.2f}x, but {best:.2f}x < {min_speedup:.2f}x on the fastest "
                                f"step (the gain is within the steps' spread)")
-            verdict, reason = _verdict(speed, why, parity, parity_tolerance, v)
-            out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed,
+            verdict, reason = _verdict(speed, why, parity, parity_tolerance, flags)
+            out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed, "flags": flags,
                         "verdict": verdict, "reason": reason})
     return out
 
 
-def _verdict(speed: dict, why: list, parity: dict | None, tol: float, variant: str) -> tuple[str, str]:
+def _verdict(speed: dict, why: list, parity: dict | None, tol: float, flags: str) -> tuple[str, str]:
     if why or not speed:
         return "flag", "; ".join(why) or "not measured"
     gain = ", ".join(f"{k} {x:.2f}x" for k, x in speed.items())
@@ -83,9 +98,9 @@ def _verdict(speed: dict, why: list, parity: dict | None, tol: float, variant: s
         return "pending", f"{gain}; no parity result yet (gpu_checks.sh parity)"
     if abs(parity["val_rel_diff"]) > tol:
         return "flag", f"{gain}, but FP8 vs BF16 val loss {100 * parity['val_rel_diff']:+.2f} % > {100 * tol:g} %"
-    if not set(VARIANTS[variant].split()) <= set(parity.get("flags", "").split()):  # parity of another config
+    if not set(flags.split()) <= set(parity.get("flags", "").split()):  # parity of another config
         return "pending", (f"{gain}; parity {100 * parity['val_rel_diff']:+.2f} % ran without some of its flags: "
-                           f"PARITY_FLAGS='{VARIANTS[variant]}' gpu_checks.sh parity")
+                           f"PARITY_FLAGS='{flags}' gpu_checks.sh parity")
     return "default", f"{gain}; parity {100 * parity['val_rel_diff']:+.2f} % with its flags"
 
 
@@ -108,6 +123,56 @@ def fp8_threshold(default: dict, min_speedup: float = MIN_SPEEDUP) -> tuple[int 
             threshold = hidden
             break
     return threshold, ratios
+
+
+TABLE_HEADER = """\
+# Speed defaults: per backend and preset, the speed flags that became the default there because the device
+# numbers said so (docs/benchmarks.md, "Speed defaults"). Written by
+#   python -m yxanul.tools.bench_decide --tag YYYY-MM-DD-<gpu> --parity docs/bench/<tag>-parity.json --write
+# from the committed bench JSONs; change it only through that command. A flag the user sets always wins;
+# `--speed_defaults false` turns the table off. Backend te only (the torch backend runs the CPU reference).
+"""
+
+
+def table_entries(decisions: list[dict], tag: str, parity: dict | None) -> dict[str, dict | None]:
+    """preset -> {flags, evidence} of the fastest variant that is 'default' at every seq measured there (None:
+    ``plain`` won, no entry). Variants with flags the table cannot hold (``--torch_compile``) never enter it."""
+    by: dict[tuple[str, str], list[dict]] = {}
+    for d in decisions:
+        by.setdefault((d["preset"], d["variant"]), []).append(d)
+    best: dict[str, tuple[float, dict]] = {}
+    for (preset, v), ds in by.items():
+        try:
+            speed_defaults.parse_flags(VARIANTS[v].replace("--speed_defaults false", ""))
+        except UserError:
+            continue
+        if all(d["verdict"] == "default" for d in ds):
+            score = min(x for d in ds for x in d["speedup"].values())
+            if preset not in best or score > best[preset][0]:
+                best[preset] = (score, ds[0])
+    out: dict[str, dict | None] = {}
+    for preset, (_, d) in best.items():
+        gain = ", ".join(f"{k} {x:.2f}x" for k, x in d["speedup"].items())
+        evidence = f"{tag} {d['variant']}: {gain}; parity {100 * parity['val_rel_diff']:+.2f} % with its flags"
+        out[preset] = None if d["variant"] == "plain" else {"flags": d["flags"], "evidence": evidence}
+    return out
+
+
+def write_table(path: Path, entries: dict[str, dict | None]) -> list[str]:
+    """Update the te section of the table at ``path`` with ``entries``; returns one line per change."""
+    raw = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    te = dict(raw.get("te") or {})
+    lines = []
+    for preset, entry in entries.items():
+        if entry is None and preset in te:
+            lines.append(f"  {preset}: speed defaults removed (plain won)")
+            te.pop(preset)
+        elif entry is not None and te.get(preset, {}).get("flags") != entry["flags"]:
+            lines.append(f"  {preset}: {entry['flags']} ({entry['evidence']})")
+            te[preset] = entry
+    path.write_text(TABLE_HEADER + yaml.safe_dump({"te": te}, sort_keys=False, width=200))
+    speed_defaults.load_table(path)  # what it wrote loads as the trainer reads it
+    return lines
 
 
 def report(decisions: list[dict], threshold: int | None, ratios: list[tuple], parity: dict | None, tag: str) -> str:
@@ -138,7 +203,10 @@ class DecideCommand:
                                                             "from two `yxanul train` runs instead."})
     parity_out: str | None = field(default=None, metadata={"help": "With --parity_runs: write it here."})
     parity_model: str = field(default="medium", metadata={"help": "With --parity_runs: the preset they trained."})
-    parity_flags: str = field(default="", metadata={"help": "With --parity_runs: the speed flags they trained with."})
+    parity_flags: str = field(default="", metadata={"help": "With --parity_runs: the speed flags they trained with "
+                                                            "(read from the runs' config.yaml when they have one)."})
+    write: bool = field(default=False, metadata={"help": "Write the 'default' verdicts into --table."})
+    table: str = field(default=str(speed_defaults.TABLE_FILE), metadata={"help": "The speed-defaults table."})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     ppath = Path(a.parity) if a.parity else Path(a.bench_dir) / f"{tag}-parity.json"
     parity = read_json(ppath) if ppath.is_file() else None
     threshold, ratios = fp8_threshold(by_variant.get("default", {}))
-    print(report(decide(by_variant, parity), threshold, ratios, parity, tag))
+    decisions = decide(by_variant, parity)
+    print(report(decisions, threshold, ratios, parity, tag))
+    if a.write:
+        lines = write_table(Path(a.table), table_entries(decisions, tag, parity) if parity else {})
+        print(f"{a.table}: " + ("\n".join(["changed:", *lines]) if lines else "unchanged"))
     return 0
 
 

@@ -37,6 +37,7 @@ VARIANTS = {
     "fused-qkv": "--fuse_qkv_params",
     "loss-chunked": "--loss_impl chunked",
     "compile": "--torch_compile",
+    "plain": "--speed_defaults false",  # none of yxanul/assets/speed_defaults.yaml: what the table's entries beat
 }
 # YYYY-MM-DD[.N]-<gpu>-<what>: .N numbers a later device session of the same day and card (commit picks it)
 NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}(?:\.\d+)?)-([a-z0-9]+)-([a-z0-9-]+)\.(json|xml)$")

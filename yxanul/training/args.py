@@ -17,6 +17,10 @@ class TrainArgs:
     torch_compile: bool = field(default=False, metadata={
         "help": "Compile the model with torch.compile (GPU: inductor, slower start, faster steps; CPU: the "
                 "aot_eager backend, no speed-up)."})
+    speed_defaults: bool = field(default=True, metadata={
+        "help": "Set the speed flags measured to win for this backend and preset (yxanul/assets/speed_defaults.yaml, "
+                "docs/benchmarks.md) where you did not set them; a launch that cannot run one keeps it off, a "
+                "resume keeps the run's own values. Backend te only: CPU runs never change."})
 
     def __post_init__(self):
         if self.max_steps < 1:

@@ -24,10 +24,11 @@ from ..checkpoint import load_for_resume, prepare_run_dir, resolve_resume, save_
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..models.build import build_model, describe, model_config
+from ..models.modeling_yxanul import resolve_backend
 from ..precision import resolve_precision
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
-from . import fsdp, provenance
+from . import fsdp, provenance, speed_defaults
 from .batching import plan_curriculum, resolve_batch, torch_reduce_min
 from .callbacks import CallbackList, from_config
 from .evaluation import evaluate_loss, sample
@@ -48,8 +49,9 @@ QUIET_S = 15.0  # between two logged steps, a progress line (step, %, ETA) once 
 class Trainer:
     """One training run of ``cfg`` (a :class:`yxanul.config.Config`). Every process builds one."""
 
-    def __init__(self, cfg, callbacks=()):
+    def __init__(self, cfg, callbacks=(), speed_table: dict | None = None):
         self.cfg = cfg
+        self.speed_table = speed_table  # None: yxanul/assets/speed_defaults.yaml (training/speed_defaults.py)
         self.callbacks = CallbackList(callbacks)
         self.state = TrainState()
         self.timer = StepTimer()
@@ -67,9 +69,13 @@ class Trainer:
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
         from accelerate.utils import set_seed
 
-        cfg = self.cfg
+        say0 = print if os.environ.get("RANK", "0") == "0" else quiet
+        cfg, line = speed_defaults.for_run(self.cfg, resolve_backend(self.cfg.model.backend), self.speed_table)
+        self.cfg = cfg
+        if line:
+            say0(line)
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
-        preflight(cfg, say=print if os.environ.get("RANK", "0") == "0" else quiet)
+        preflight(cfg, say=say0)
         self.cpu, self.dist = process_state()
         self.say = print if self.dist.is_main_process else quiet
         self.run_dir, cfg.checkpoint = prepare_run_dir(cfg, self.dist)  # refuses to train over other runs' work
@@ -371,10 +377,11 @@ class Trainer:
         return summary
 
 
-def train(cfg, callbacks=None) -> dict[str, Any]:
+def train(cfg, callbacks=None, speed_table: dict | None = None) -> dict[str, Any]:
     """Train according to ``cfg`` (a :class:`yxanul.config.Config`); returns a summary dict.
-    ``callbacks``: None = the ones the config asks for (:func:`~yxanul.training.callbacks.from_config`)."""
-    trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks)
+    ``callbacks``: None = the ones the config asks for (:func:`~yxanul.training.callbacks.from_config`).
+    ``speed_table``: the speed defaults (None: the shipped table, `yxanul.training.speed_defaults`)."""
+    trainer = Trainer(cfg, from_config(cfg) if callbacks is None else callbacks, speed_table)
     try:
         trainer.setup()
         trainer.resume()

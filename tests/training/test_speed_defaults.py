@@ -1,0 +1,130 @@
+"""Speed defaults (yxanul/training/speed_defaults.py): the table the device numbers write, applied to the keys the
+user did not set, held off where the launch cannot run a flag, kept as the run started on a resume. The CPU runs
+here use an injected table for the torch backend (the shipped one may hold te only) and the real trainer."""
+
+import json
+
+import pytest
+import yaml
+from tiny_run import FAST
+
+from yxanul.config import parse_args
+from yxanul.errors import UserError
+from yxanul.training.speed_defaults import (
+    TABLE_FILE,
+    Launch,
+    apply,
+    check_table,
+    flag_string,
+    for_run,
+    launch_of,
+    load_table,
+    parse_flags,
+)
+
+STACK = "--loss_impl te --fuse_qkv_params --cuda_graphs --master_weights fp32"
+
+
+def _table(flags=STACK, preset="nano", backend="te"):
+    return check_table({backend: {preset: {"flags": flags, "evidence": "2026-11-27-h200 stack"}}},
+                       backends=("te", "torch"))
+
+
+def test_the_shipped_table_holds_backend_te_only_and_bad_entries_are_one_line():
+    assert set(load_table()) <= {"te"}  # the CPU reference (backend torch) never has defaults
+    assert yaml.safe_load(TABLE_FILE.read_text()).keys() == {"te"}
+    with pytest.raises(UserError, match="backend 'torch' cannot have speed defaults"):
+        check_table({"torch": {"nano": {"flags": "--loss_impl chunked", "evidence": "x"}}})
+    with pytest.raises(UserError, match="te.gpt2: not a preset"):
+        check_table({"te": {"gpt2": {"flags": "", "evidence": "x"}}})
+    with pytest.raises(UserError, match="te.nano: expected"):
+        check_table({"te": {"nano": {"flags": "--cuda_graphs"}}})  # no evidence: no default
+    with pytest.raises(UserError, match="loss_impl"):
+        check_table({"te": {"nano": {"flags": "--loss_impl fast", "evidence": "x"}}})
+    assert parse_flags("--cuda_graphs --loss_impl te") == {"cuda_graphs": True, "loss_impl": "te"}
+    assert flag_string(parse_flags("--cuda_graphs --master_weights fp32 --loss_impl te")) == (
+        "--loss_impl te --master_weights fp32 --cuda_graphs")  # canonical: the bench variants' order
+
+
+def test_defaults_set_only_what_the_user_did_not_set(tmp_path):
+    cfg, line = apply(parse_args(["--model", "nano"]), "te", _table(), Launch())
+    assert (cfg.model.loss_impl, cfg.model.fuse_qkv_params, cfg.model.cuda_graphs, cfg.precision.master_weights) == (
+        "te", True, True, "fp32")
+    assert line == ("speed defaults for te/nano (2026-11-27-h200 stack): --loss_impl te --fuse_qkv_params "
+                    "--master_weights fp32 --cuda_graphs (--speed_defaults false: none)")
+    user = tmp_path / "run.yaml"
+    user.write_text("cuda_graphs: false\n")  # a user's YAML counts as set; the embedded default.yaml does not
+    cfg, line = apply(parse_args(["--config", str(user), "--model", "nano", "--loss_impl", "default"]), "te",
+                      _table(), Launch())
+    assert (cfg.model.loss_impl, cfg.model.cuda_graphs, cfg.model.fuse_qkv_params) == ("default", False, True)
+    assert "--fuse_qkv_params --master_weights fp32 (" in line and "cuda_graphs" not in line
+    plain = parse_args(["--model", "nano"])
+    for cfg, backend, table in ((parse_args(["--model", "nano", "--speed_defaults", "false"]), "te", _table()),
+                                (plain, "torch", _table()),  # another backend's entry
+                                (plain, "te", _table(preset="medium"))):  # another preset's
+        assert apply(cfg, backend, table, Launch()) == (cfg, None)
+
+
+@pytest.mark.parametrize("argv, env, held", [
+    ([], {"WORLD_SIZE": "2"}, {"cuda_graphs": "2 processes", "master_weights": "2 processes"}),
+    ([], {"ACCELERATE_USE_FSDP": "true"}, {"cuda_graphs": "fsdp2", "master_weights": "fsdp2"}),
+    ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, {"cuda_graphs": "deepspeed", "master_weights": "deepspeed"}),
+    (["--auto_batch_size"], {}, {"cuda_graphs": "the micro-batch or seq_length changes"}),
+    (["--gradient_checkpointing"], {}, {"cuda_graphs": "gradient_checkpointing"}),
+    (["--torch_compile"], {}, {"cuda_graphs": "torch_compile"}),
+    (["--mixed_precision", "fp32"], {}, {"master_weights": "fp32 compute"}),
+])
+def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env, held):
+    cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", _table(), launch_of(
+        parse_args(["--model", "nano", *argv]), env))
+    for key, why in held.items():
+        assert f"kept off: {key} ({why}" in line
+    assert cfg.model.cuda_graphs is ("cuda_graphs" not in held)
+    assert (cfg.precision.master_weights == "fp32") is ("master_weights" not in held)
+    assert cfg.model.loss_impl == "te" and cfg.model.fuse_qkv_params  # what every launch runs still applies
+
+
+def test_a_curriculum_keeps_cuda_graphs_off(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model: nano\ncurriculum:\n- {seq_length: 32, until_steps: 2}\n- {seq_length: 64}\n")
+    cfg = parse_args(["--config", str(f)])
+    out, line = apply(cfg, "te", _table(), launch_of(cfg, {}))
+    assert not out.model.cuda_graphs and "kept off: cuda_graphs (the micro-batch or seq_length changes" in line
+
+
+def test_a_resume_keeps_the_values_its_run_started_with(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"loss_impl": "default", "cuda_graphs": False}))
+    cfg, line = for_run(parse_args(["--model", "nano", "--output_dir", str(run), "--resume", "latest"]), "te",
+                        _table(), env={})
+    assert (cfg.model.loss_impl, cfg.model.cuda_graphs, cfg.model.fuse_qkv_params) == ("default", False, True)
+    assert "the resumed run keeps loss_impl default, cuda_graphs False" in line
+    fresh, _ = for_run(parse_args(["--model", "nano", "--output_dir", str(tmp_path / "new")]), "te", _table(), env={})
+    assert fresh.model.loss_impl == "te"
+
+
+def _losses(run_dir):
+    return [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_the_trainer_applies_the_table_records_it_and_a_resume_keeps_it(tmp_path, capsys):
+    """The real trainer on CPU with a torch-backend table: the run trains as if the flag were given (same losses,
+    config.yaml says so); resumed under an empty table it keeps the value it started with."""
+    from yxanul.training import train
+
+    def cfg(out, *extra):
+        return parse_args([*FAST, "--max_steps", "3", "--output_dir", str(out), "--checkpoint_freq", "3", *extra])
+
+    table = _table("--loss_impl chunked", backend="torch")
+    train(cfg(tmp_path / "table"), speed_table=table)
+    assert "speed defaults for torch/nano (2026-11-27-h200 stack): --loss_impl chunked (" in capsys.readouterr().out
+    assert yaml.safe_load((tmp_path / "table" / "config.yaml").read_text())["loss_impl"] == "chunked"
+    train(cfg(tmp_path / "flag", "--loss_impl", "chunked"), speed_table=table)  # the user's flag: nothing to say
+    assert "speed defaults" not in capsys.readouterr().out
+    train(cfg(tmp_path / "none"), speed_table={})
+    assert _losses(tmp_path / "table") == _losses(tmp_path / "flag") != _losses(tmp_path / "none")
+    train(cfg(tmp_path / "table", "--max_steps", "4", "--resume", "latest"), speed_table={})
+    assert "speed defaults for torch/nano: none applied; the resumed run keeps loss_impl chunked" in (
+        capsys.readouterr().out)
+    assert yaml.safe_load((tmp_path / "table" / "config.yaml").read_text())["loss_impl"] == "chunked"

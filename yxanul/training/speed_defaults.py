@@ -1,0 +1,203 @@
+"""Speed defaults: per (backend, preset), the speed flags that the device numbers made the default there.
+
+``yxanul/assets/speed_defaults.yaml`` holds them, written by ``python -m yxanul.tools.bench_decide --write`` from
+the committed bench JSONs (the rule: >= 1.03x at BF16 and FP8, on the fastest step too, finite losses, FP8 vs
+BF16 validation loss within 0.5 % in a parity run with the same flags; docs/benchmarks.md). It may hold backend
+``te`` only: the torch backend (every CPU run) has no entry, so the CPU default run's losses cannot change.
+
+At the start of a run (`Trainer.setup`, after ``backend: auto`` is resolved) and per case in ``yxanul bench``, the
+entry of the backend and preset sets each of its keys that the user did not set (flag or YAML), with one line
+naming the values and the evidence. A default that this launch cannot run is held off, said in the same line,
+never turned into a refusal:
+
+- ``cuda_graphs``: a curriculum or the batch finder (the shapes change after capture), gradient checkpointing,
+  ``torch_compile``, or several processes (FSDP2 frees the gathered weights a graph would replay; graphs
+  under DDP/DeepSpeed have never run on more than one GPU);
+- ``master_weights fp32``: several processes (DDP/DeepSpeed keep their own masters, FSDP2 its sharded scheme)
+  or fp32 compute;
+- a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
+  changes the numerics of a run half-way.
+
+``speed_defaults: false`` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ..checkpoint import RUN_DIR_RESUMES, run_dir_of, saved_config
+from ..errors import UserError
+from ..flags import given_flags, parse_command, same_as
+from ..models.args import ModelArgs
+from ..models.presets import PRESETS
+from ..precision.args import PrecisionArgs
+
+TABLE_FILE = Path(__file__).resolve().parents[1] / "assets" / "speed_defaults.yaml"
+SHIPPED_BACKENDS = ("te",)  # the torch backend runs on CPUs: its default must stay the reference
+
+
+@dataclass
+class SpeedFlags:
+    """The keys a speed default may set, defined once (the trainer's own fields), in the bench variants' order."""
+
+    loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
+    fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
+    master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
+    cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
+
+
+KEYS = tuple(f.name for f in dataclasses.fields(SpeedFlags))
+SECTION = {"master_weights": "precision"}  # the others: model
+
+
+def parse_flags(flags: str, where: str = "speed flags") -> dict[str, Any]:
+    """``'--loss_impl te --cuda_graphs'`` -> ``{'loss_impl': 'te', 'cuda_graphs': True}`` (only the keys given)."""
+    argv = shlex.split(flags or "")
+    values = dataclasses.asdict(parse_command(SpeedFlags, argv, prog=where))
+    return {k: v for k, v in values.items() if k in given_flags(argv)}
+
+
+def flag_string(values: dict[str, Any]) -> str:
+    """The canonical flags of ``values``: the keys that differ from the defaults, in `KEYS` order."""
+    defaults = dataclasses.asdict(SpeedFlags())
+    parts = []
+    for k in KEYS:
+        v = values.get(k, defaults[k])
+        if v != defaults[k]:
+            parts.append(f"--{k}" if v is True else f"--{k} {v}")
+    return " ".join(parts)
+
+
+def load_table(path: str | Path = TABLE_FILE, backends: tuple[str, ...] = SHIPPED_BACKENDS) -> dict:
+    """{backend: {preset: {"values": {...}, "flags": str, "evidence": str}}}; a bad file is one line naming it."""
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    return check_table(raw, backends, where=str(path))
+
+
+def check_table(raw: Any, backends: tuple[str, ...] = SHIPPED_BACKENDS, where: str = "speed defaults") -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a mapping backend -> preset -> {{flags, evidence}}")
+    out: dict[str, dict] = {}
+    for backend, presets in raw.items():
+        if backend not in backends:
+            raise UserError(f"{where}: backend '{backend}' cannot have speed defaults (allowed: {', '.join(backends)})")
+        out[backend] = {}
+        for preset, entry in (presets or {}).items():
+            if preset not in PRESETS:
+                raise UserError(f"{where}: {backend}.{preset}: not a preset (one of {', '.join(PRESETS)})")
+            if not isinstance(entry, dict) or not isinstance(entry.get("flags"), str) or not entry.get("evidence"):
+                raise UserError(f"{where}: {backend}.{preset}: expected {{flags: '--key value ...', evidence: ...}}")
+            values = parse_flags(entry["flags"], where=f"{where}: {backend}.{preset}")
+            out[backend][preset] = {"values": values, "flags": flag_string(values), "evidence": entry["evidence"]}
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a run does that some speed flags cannot run with (`held_off`)."""
+
+    processes: int = 1
+    engine: str = "none"  # fsdp2 / deepspeed: refuse both flags even with one process (lint/fsdp.py, master_weights)
+    fixed_shapes: bool = True  # no curriculum, no batch finder
+    gradient_checkpointing: bool = False
+    torch_compile: bool = False
+    bf16_compute: bool = True
+
+
+def held_off(key: str, value: Any, launch: Launch) -> str | None:
+    """Why this launch keeps the default ``key: value`` off (None: it can run it)."""
+    several = launch.engine if launch.engine != "none" else f"{launch.processes} processes"
+    if key == "cuda_graphs" and value:
+        if launch.processes > 1 or launch.engine != "none":
+            return several
+        if not launch.fixed_shapes:
+            return "the micro-batch or seq_length changes (curriculum / batch finder)"
+        if launch.gradient_checkpointing:
+            return "gradient_checkpointing"
+        if launch.torch_compile:
+            return "torch_compile"
+    if key == "master_weights" and value == "fp32":
+        if launch.processes > 1 or launch.engine != "none":
+            return several
+        if not launch.bf16_compute:
+            return "fp32 compute"
+    return None
+
+
+def choose(values: dict, user_keys, launch: Launch) -> tuple[dict, dict]:
+    """(values to set, {key: why held off}) of a table entry's ``values`` for the keys the user did not set."""
+    chosen, held = {}, {}
+    for key, value in values.items():
+        if key in user_keys:
+            continue
+        why = held_off(key, value, launch)
+        if why:
+            held[key] = why
+        else:
+            chosen[key] = value
+    return chosen, held
+
+
+def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None = None) -> tuple[Any, str | None]:
+    """(``cfg`` with its speed defaults set, the one line saying so). ``cfg``: a resolved `yxanul.config.Config`;
+    ``previous``: the flat config of the run a resume continues: its values of `KEYS` that the user did not set
+    win over the table's (whatever the table holds now, or no longer holds)."""
+    if not cfg.train.speed_defaults:
+        return cfg, None
+    entry = table.get(backend, {}).get(cfg.model.model)
+    chosen, held = choose(entry["values"], cfg.user_keys, launch) if entry else ({}, {})
+    would = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in KEYS} | chosen
+    previous = {k: previous[k] for k in KEYS if k in (previous or {}) and k not in cfg.user_keys}
+    kept = {k: v for k, v in previous.items() if v != would[k]}
+    final = {**chosen, **kept}
+    if not (final or held):
+        return cfg, None
+    sections = {}
+    for name in ("model", "precision"):
+        kw = {k: v for k, v in final.items() if SECTION.get(k, "model") == name}
+        if kw:
+            sections[name] = dataclasses.replace(getattr(cfg, name), **kw)
+    chosen = {k: v for k, v in chosen.items() if k not in kept}
+    return dataclasses.replace(cfg, **sections), _line(backend, cfg.model.model, entry, chosen, held, kept)
+
+
+def _line(backend: str, preset: str, entry: dict | None, chosen: dict, held: dict, kept: dict) -> str:
+    parts = [f"speed defaults for {backend}/{preset}" + (f" ({entry['evidence']})" if entry else "") + ": "
+             + (flag_string(chosen) or "none applied")]
+    parts += [f"kept off: {k} ({why})" for k, why in held.items() if k not in kept]
+    if kept:
+        parts.append("the resumed run keeps " + ", ".join(f"{k} {v}" for k, v in kept.items()))
+    return "; ".join(parts) + " (--speed_defaults false: none)"
+
+
+def launch_of(cfg, env) -> Launch:
+    """The `Launch` of a run of ``cfg`` under the environment ``env`` (``WORLD_SIZE`` as accelerate exports it)."""
+    b, truthy = cfg.batch, (lambda name: str(env.get(name, "")).lower() == "true")
+    engine = "fsdp2" if truthy("ACCELERATE_USE_FSDP") else "deepspeed" if truthy("ACCELERATE_USE_DEEPSPEED") else "none"
+    return Launch(processes=int(env.get("WORLD_SIZE", "1") or 1), engine=engine,
+                  fixed_shapes=not (b.auto_batch_size or b.curriculum),
+                  gradient_checkpointing=cfg.model.gradient_checkpointing, torch_compile=cfg.train.torch_compile,
+                  bf16_compute=cfg.precision.mixed_precision != "fp32")
+
+
+def resumed_config(cfg) -> dict | None:
+    """The flat config of the run a ``resume`` continues (its checkpoint's or run directory's config.yaml), or
+    None for a new run. Read before anything is built: the run directory is `run_dir_of` the config."""
+    resume = cfg.checkpoint.resume
+    if not resume:
+        return None
+    return saved_config(run_dir_of(cfg) if resume in RUN_DIR_RESUMES else resume) or None
+
+
+def for_run(cfg, backend: str, table: dict | None = None, env=None) -> tuple[Any, str | None]:
+    """`apply` to a `yxanul train` run: the shipped table (or ``table``), the launch of ``env``, the resumed run's
+    values. ``backend``: te or torch (``auto`` resolved)."""
+    table = load_table() if table is None else table
+    return apply(cfg, backend, table, launch_of(cfg, os.environ if env is None else env), resumed_config(cfg))
