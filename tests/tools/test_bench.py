@@ -49,6 +49,10 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     ops = prof["top_host_ops"]
     assert ops and any(o["name"] in ("aten::mm", "aten::addmm", "aten::bmm") for o in ops)  # the matmuls show
     assert [o["ms_per_step"] for o in ops] == sorted((o["ms_per_step"] for o in ops), reverse=True)
+    sites = {(r["op"], r["site"].split("(")[0], r["module"]) for r in prof["sites"]}  # who launched each op's time
+    assert ("aten::mm", "yxanul/models/modeling_torch.py", "LayerNormMLP") in sites  # the MLP's forward GEMMs
+    assert ("aten::mm", "backward of MmBackward0", None) in sites  # torch's own backward: the autograd node
+    assert "call sites by the op's own host time" in text and "aten::mm @ yxanul/models/modeling_torch.py(" in text
     assert "tok/s" in capsys.readouterr().out
 
 

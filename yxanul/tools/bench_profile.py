@@ -6,15 +6,24 @@ CUDA kernels by self device time (what the GPU runs) and the top ops by self hos
 and the dispatcher launch). The same numbers, per step, go into the bench row (``row["profile"]``), so
 they are committed with the bench JSON. Host time above device time means the step is bound by the
 launches (the host cannot keep the GPU fed), not by the kernels.
+
+One more step runs with Python stacks (``with_stack``; apart, as the tracer slows the host) for the
+**sites**: each op's own device time (CPU: own host time) grouped by where it was called from, the
+innermost Python line outside torch (a TE or yxanul line; for a backward op of torch's own autograd, the
+backward node), with its nn.Module and the kernel that took most of it. That says which line launches
+e.g. a copy kernel, which the kernel table alone cannot.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 TOP_KERNELS = 20
 TOP_HOST_OPS = 15
+TOP_SITES = 20
+PY_FRAME = re.compile(r"^(?P<file>\S+\.py)\((?P<line>\d+)\): (?P<func>.+)$")  # the python tracer's event names
 
 
 def profile_steps(step, device, folder: Path, row: dict, steps: int = 3) -> dict:
@@ -34,6 +43,11 @@ def profile_steps(step, device, folder: Path, row: dict, steps: int = 3) -> dict
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - t0
     summary = summarize(prof.key_averages(), steps, wall)
+    with profile(activities=acts, with_stack=True) as traced:
+        step(steps)
+        if cuda:
+            torch.cuda.synchronize(device)
+    summary["sites"] = sites(traced.events(), cuda)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"profile-{row['preset']}-{row['seq_length']}-{row['precision']}.txt"
     title = (f"{row['preset']} seq {row['seq_length']} micro {row['micro_batch']} {row['precision']}"
@@ -66,6 +80,61 @@ def summarize(averages, steps: int, wall_s: float) -> dict:
             "top_host_ops": top(host_ops, "self_cpu_time_total", TOP_HOST_OPS, host_us)}
 
 
+def site_of(event) -> tuple[str, str | None]:
+    """(where ``event`` was called from, its nn.Module class): the innermost Python line outside torch among its
+    ancestors, else the autograd node whose backward ran it, else its outermost ancestor's name."""
+    site = module = None
+    node, top = event.cpu_parent, event.name
+    while node is not None:
+        name = node.name
+        if module is None and name.startswith("nn.Module: "):
+            module = re.sub(r"_\d+$", "", name[len("nn.Module: "):])
+        if site is None:
+            m = PY_FRAME.match(name)
+            if m and not m["file"].startswith(("torch/", "<")) and "/torch/" not in m["file"]:
+                site = f"{_short(m['file'])}({m['line']}): {m['func']}"
+            elif name.startswith("autograd::engine::evaluate_function: "):
+                site = "backward of " + name.split(": ", 1)[1]
+        top, node = name, node.cpu_parent
+    return site or top, module
+
+
+def _short(path: str) -> str:
+    """'/x/site-packages/transformer_engine/pytorch/linear.py' -> 'transformer_engine/pytorch/linear.py'."""
+    for anchor in ("site-packages/", "dist-packages/"):
+        if anchor in path:
+            return path.split(anchor, 1)[1]
+    m = re.search(r"(yxanul/.*)$", path)
+    return m.group(1) if m else path
+
+
+def sites(events, device: bool, n: int = TOP_SITES) -> list[dict]:
+    """The top (op, site) pairs of one traced step by the op's own device time (``device``) or host time."""
+    attr = "self_device_time_total" if device else "self_cpu_time_total"
+    from torch.autograd import DeviceType
+
+    groups: dict[tuple, dict] = {}
+    for e in events:
+        t = getattr(e, attr) if e.device_type == DeviceType.CPU and not PY_FRAME.match(e.name) else 0
+        if t <= 0 or e.name.startswith(("nn.Module: ", "autograd::engine::", "<built-in")):
+            continue
+        site, module = site_of(e)
+        g = groups.setdefault((e.name, site), {"op": e.name, "site": site, "module": module, "calls": 0, "us": 0.0,
+                                               "kernels": {}})
+        g["calls"] += 1
+        g["us"] += t
+        for k in getattr(e, "kernels", ()) if device else ():
+            g["kernels"][k.name] = g["kernels"].get(k.name, 0) + k.duration
+    total = sum(g["us"] for g in groups.values())
+    out = []
+    for g in sorted(groups.values(), key=lambda g: g["us"], reverse=True)[:n]:
+        kernel = max(g["kernels"], key=g["kernels"].get) if g["kernels"] else None
+        out.append({"op": g["op"], "site": g["site"], "module": g["module"], "kernel": kernel,
+                    "calls_per_step": g["calls"], "ms_per_step": round(g["us"] / 1e3, 3),
+                    "pct": round(100 * g["us"] / total, 1) if total else None})
+    return out
+
+
 def report(s: dict, title: str) -> str:
     """The text file: totals, then the two tables."""
     device = f"{s['device_ms_per_step']:.2f} ms" if s["device_ms_per_step"] is not None else "n/a (no CUDA)"
@@ -85,5 +154,13 @@ def report(s: dict, title: str) -> str:
         lines += [f"top {len(s[key])} {label}:", f"{'ms/step':>9} {'%':>6} {'calls/step':>10}  name"]
         lines += [f"{r['ms_per_step']:>9.3f} {r['pct'] if r['pct'] is not None else '':>6} "
                   f"{r['calls_per_step']:>10}  {r['name'][:140]}" for r in s[key]]
+        lines.append("")
+    if s.get("sites"):
+        what = "device" if s["device_ms_per_step"] is not None else "host"
+        lines += [f"top {len(s['sites'])} call sites by the op's own {what} time (one step, with Python stacks):",
+                  f"{'ms/step':>9} {'%':>6} {'calls':>6}  op @ site [module] (kernel)"]
+        lines += [f"{r['ms_per_step']:>9.3f} {r['pct'] if r['pct'] is not None else '':>6} {r['calls_per_step']:>6}  "
+                  f"{r['op']} @ {r['site']}" + (f" [{r['module']}]" if r["module"] else "")
+                  + (f" ({r['kernel'][:80]})" if r["kernel"] else "") for r in s["sites"]]
         lines.append("")
     return "\n".join(lines)
