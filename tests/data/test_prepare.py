@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -358,6 +359,40 @@ def test_mixture_weights_and_different_columns_from_data_args(tmp_path):
     assert prepare(args, **Q) == out
 
 
+def test_a_process_arriving_while_the_finished_folder_is_renamed_waits_for_it(tmp_path, monkeypatch):
+    """The finishing process renames ``<out>.partial`` with its held lock inside: one that arrives just then waits
+    on that lock and then finds ``<out>`` complete. (Removing the lock first let it create a new lock inside the
+    folder being renamed, hold it at once and pack into the finished folder; seen as a FileExistsError.)"""
+    import threading
+
+    from yxanul.data import workdir
+
+    out = tmp_path / "d"
+    first = workdir.WorkDir(out)
+    first.acquire()
+    (first.path / "meta.json").write_text("{}")
+    arrived, rename = [], os.rename
+
+    def rename_as_another_arrives(src, dst):
+        other = workdir.WorkDir(out)
+        t = threading.Thread(target=lambda: (other.acquire(), arrived.append(other)), daemon=True)
+        t.start()
+        t.join(0.5)
+        arrived.append(len(arrived))  # 0: it was still waiting when the folder moved
+        rename(src, dst)
+        monkeypatch.undo()
+
+    monkeypatch.setattr(workdir.os, "rename", rename_as_another_arrives)
+    first.finish()
+    deadline = time.monotonic() + 10
+    while len(arrived) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert arrived[0] == 0 and isinstance(arrived[1], workdir.WorkDir)  # waited, then got a fresh folder's lock
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json"]  # no lock left in the finished folder
+    arrived[1].discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
 def test_streaming_gives_the_same_shards(tmp_path, docs_file):
     path, _ = docs_file(120)
     a = prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "a")), **Q)
@@ -370,6 +405,9 @@ def test_nodes_preparing_the_same_folder_at_once_race_safely(tmp_path, docs_file
     """Each node's local main process prepares a node-local cache; on a shared filesystem they all
     pack the same folder at once: every one gets the same complete folder and no temporary is left."""
     import threading
+
+    from transformers import AutoTokenizer  # noqa: F401  each node is a process that imports it alone; threads
+    # importing transformers' lazy module for the first time at once can miss a name ("cannot import AutoTokenizer")
 
     path, _ = docs_file()
     args = DataArgs(dataset=str(path), data_dir=str(tmp_path / "shared" / "d"))

@@ -72,7 +72,12 @@ class WorkDir:
     def acquire(self) -> None:
         """Block until this process holds the folder's lock (creating the folder if needed)."""
         while True:
-            self.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:  # removed by a finishing process between mkdir's EEXIST and its own is_dir()
+                if self.path.exists() and not self.path.is_dir():
+                    raise DataError(f"data_dir '{self.out}': '{self.path}' exists and is not a folder") from None
+                continue
             try:
                 fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
             except FileNotFoundError:  # removed (renamed away) between mkdir and open: try again
@@ -114,14 +119,16 @@ class WorkDir:
         shutil.rmtree(self.arrow_cache, ignore_errors=True)
 
     def finish(self) -> None:
-        """Rename the complete folder to ``out`` (bookkeeping files removed first; the lock last)."""
+        """Rename the complete folder to ``out`` (bookkeeping files removed first), the held lock file with it:
+        a process that arrives meanwhile waits on that lock, never creates a new one inside the folder being
+        renamed (and packs into it); the lock file is removed from ``out`` last, still held."""
         self.drop_arrow_cache()
         for name in (PROGRESS, PROGRESS + ".tmp"):
             (self.path / name).unlink(missing_ok=True)
-        (self.path / LOCK).unlink()
         if self.out.exists():
             self.out.rmdir()  # an empty folder the user created
         os.rename(self.path, self.out)
+        (self.out / LOCK).unlink()
         self.release()
 
     def disk_full(self, shard_bytes: int):
