@@ -5,6 +5,7 @@ available (``MemoryBudget``). The search itself and the trainer's use of it: yxa
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from ..config import parse_args, with_default_config
 from ..errors import ConfigError
 from ..flags import build_parser, parse_command_and_rest
+from ..training import speed_defaults
 from ..training.batching.args import BatchArgs, micro_multiple
 from ..training.batching.cache import cache_fields, cache_files, cache_key, store, user_cache_file
 from ..training.batching.finder import precision_label
@@ -44,25 +46,38 @@ def _parse(argv: list[str] | None):
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
+def _with_speed_defaults(cfg, backend: str, table: dict | None):
+    """``cfg`` with the speed defaults its run would get (the probe must measure the run's loss and weights),
+    cuda_graphs held off as under the batch finder: the probes change the micro-batch."""
+    launch = dataclasses.replace(speed_defaults.launch_of(cfg, os.environ), fixed_shapes=False)
+    cfg, line = speed_defaults.apply(cfg, backend, speed_defaults.load_table() if table is None else table, launch,
+                                     speed_defaults.resumed_config(cfg))
+    if line:
+        print(line)
+    return cfg
+
+
 def _print_help() -> None:
     print(main.__doc__ + "\n")
     build_parser(FindBatchCommand, "yxanul find-batch").print_help()
     print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`yxanul find-batch --model PRESET --seq_length N [any training flag] [--config FILE] [--world_size N]`."""
+def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
+    """`yxanul find-batch --model PRESET --seq_length N [any training flag] [--config FILE] [--world_size N]`.
+    ``speed_table``: the speed defaults (None: the shipped table), applied as the run would get them."""
     if {"-h", "--help"} & set(argv or []):
         _print_help()
         return 0
     import torch  # torch only past --help and flag errors (both stay under a second)
 
-    from ..models.build import build_model  # torch: --help stays light
+    from ..models.build import build_model, model_config  # torch: --help stays light
     from ..precision import resolve_precision  # torch: --help stays light
 
     ours, cfg = _parse(argv)
     t0 = time.perf_counter()
     vocab = ours.vocab_size or _tokenizer_size(cfg.data.tokenizer)
+    cfg = _with_speed_defaults(cfg, model_config(cfg.model, vocab).backend, speed_table)
     model = build_model(cfg.model, vocab_size=vocab)
     plan = resolve_precision(cfg.precision, model.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -387,3 +387,21 @@ def test_curriculum_searches_each_stage(monkeypatch, tmp_path):
     cfg.batch.auto_batch_size = False
     _, plans = plan_curriculum(cfg, batch, 256, 1, lines.append, model=model, run_dir=tmp_path)
     assert [(p.micro_batch, p.grad_accum) for p in plans] == [(4, 4), (2, 4)]
+
+
+def test_find_batch_probes_with_the_speed_defaults_the_run_would_get(capsys):
+    """The probe measures the run's own loss implementation and weights (they change its memory): the table's
+    flags apply as in `yxanul train`, cuda_graphs held off since the probes change the micro-batch."""
+    from yxanul.training.speed_defaults import check_table
+
+    table = check_table({"torch": {"nano": {"flags": "--loss_impl chunked --cuda_graphs", "evidence": "x"}}},
+                        backends=("te", "torch"))
+    argv = ["--model", "nano", "--seq_length", "32", "--max_micro_batch_size", "2", "--vocab_size", "512",
+            "--backend", "torch"]
+    assert fb.main(argv, speed_table=table) == 0
+    out = capsys.readouterr().out
+    assert ("speed defaults for torch/nano (x): --loss_impl chunked; kept off: cuda_graphs (the micro-batch or "
+            "seq_length changes (curriculum / batch finder))") in out
+    assert [line.split()[:2] for line in out.splitlines() if line.strip()[:1].isdigit()] == [["1", "ok"], ["2", "ok"]]
+    assert fb.main([*argv, "--loss_impl", "default"], speed_table=table) == 0  # the user's flag wins
+    assert "speed defaults for torch/nano (x): none applied; kept off: cuda_graphs" in capsys.readouterr().out
