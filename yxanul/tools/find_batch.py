@@ -5,7 +5,6 @@ available (``MemoryBudget``). The search itself and the trainer's use of it: yxa
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -46,17 +45,6 @@ def _parse(argv: list[str] | None):
     return own, parse_args(with_default_config(rest), prog=prog)
 
 
-def _with_speed_defaults(cfg, backend: str, table: dict | None):
-    """``cfg`` with the speed defaults its run would get (the probe must measure the run's loss and weights),
-    cuda_graphs held off as under the batch finder: the probes change the micro-batch."""
-    launch = dataclasses.replace(speed_defaults.launch_of(cfg, os.environ), fixed_shapes=False)
-    cfg, line = speed_defaults.apply(cfg, backend, speed_defaults.load_table() if table is None else table, launch,
-                                     speed_defaults.resumed_config(cfg))
-    if line:
-        print(line)
-    return cfg
-
-
 def _print_help() -> None:
     print(main.__doc__ + "\n")
     build_parser(FindBatchCommand, "yxanul find-batch").print_help()
@@ -77,7 +65,10 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
     ours, cfg = _parse(argv)
     t0 = time.perf_counter()
     vocab = ours.vocab_size or _tokenizer_size(cfg.data.tokenizer)
-    cfg = _with_speed_defaults(cfg, model_config(cfg.model, vocab).backend, speed_table)
+    # the probe measures the run's loss and weights; cuda_graphs held off: the probes change the micro-batch
+    cfg, line = speed_defaults.for_run(cfg, model_config(cfg.model, vocab).backend, speed_table, probes=True)
+    if line:
+        print(line)
     model = build_model(cfg.model, vocab_size=vocab)
     plan = resolve_precision(cfg.precision, model.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

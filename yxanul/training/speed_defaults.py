@@ -196,8 +196,11 @@ def resumed_config(cfg) -> dict | None:
     return saved_config(run_dir_of(cfg) if resume in RUN_DIR_RESUMES else resume) or None
 
 
-def for_run(cfg, backend: str, table: dict | None = None, env=None) -> tuple[Any, str | None]:
+def for_run(cfg, backend: str, table: dict | None = None, env=None, probes: bool = False) -> tuple[Any, str | None]:
     """`apply` to a `yxanul train` run: the shipped table (or ``table``), the launch of ``env``, the resumed run's
-    values. ``backend``: te or torch (``auto`` resolved)."""
+    values. ``backend``: te or torch (``auto`` resolved). ``probes``: the micro-batch changes (find-batch)."""
     table = load_table() if table is None else table
-    return apply(cfg, backend, table, launch_of(cfg, os.environ if env is None else env), resumed_config(cfg))
+    launch = launch_of(cfg, os.environ if env is None else env)
+    if probes:
+        launch = dataclasses.replace(launch, fixed_shapes=False)
+    return apply(cfg, backend, table, launch, resumed_config(cfg))
