@@ -11,6 +11,7 @@ TE_IMPORT_ERROR: str | None = None
 te = None          # transformer_engine.pytorch
 te_recipe = None   # transformer_engine.common.recipe
 parallel_cross_entropy = None  # transformer_engine.pytorch.cross_entropy.parallel_cross_entropy (TE >= 2.x)
+fused_qkv_rope = None  # transformer_engine.pytorch.attention.rope.apply_fused_qkv_rotary_pos_emb (in TE 2.20)
 te_version: str | None = None
 
 
@@ -43,6 +44,10 @@ try:  # pragma: no cover - exercised on GPU machines with TE
         from transformer_engine.pytorch.cross_entropy import parallel_cross_entropy
     except Exception:  # noqa: BLE001 - an older TE without it, or no Triton
         parallel_cross_entropy = None
+    try:  # q and k rotated, v copied out, from one packed QKV projection: one kernel each way (fuse_qkv_rope)
+        from transformer_engine.pytorch.attention.rope import apply_fused_qkv_rotary_pos_emb as fused_qkv_rope
+    except Exception:  # noqa: BLE001 - an older TE without it
+        fused_qkv_rope = None
 except Exception as e:  # noqa: BLE001 - RuntimeError when cuDNN/CUDA libs are missing
     TE_IMPORT_ERROR = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 

@@ -110,8 +110,14 @@ def test_require_fp8_is_one_line_and_no_fp8_is_plain_trainer(small_data, tmp_pat
     with pytest.raises(ConfigError, match="fp16"):
         YxanulTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), fp16=True, use_cpu=True),
                       precision=PrecisionArgs(use_fp8=True))
-    plain = YxanulTrainer(model=model, args=args, precision=PrecisionArgs())
+    with pytest.MonkeyPatch.context() as mp:  # `yxanul train`'s launch rule (lint/fsdp.py), under accelerate's FSDP2
+        mp.setenv("ACCELERATE_USE_FSDP", "true")
+        model.config.fuse_qkv_rope = True
+        with pytest.raises(ConfigError, match="^config key 'fuse_qkv_rope': expected false under FSDP2"):
+            YxanulTrainer(model=model, args=args, precision=PrecisionArgs())
+    plain = YxanulTrainer(model=model, args=args, precision=PrecisionArgs())  # one process, no engine: it may
     assert plain.accelerator.mixed_precision == "no" and not plain.plan.args.use_fp8
+    model.config.fuse_qkv_rope = False
     assert plain.accelerator.te_recipe_handler is None
     bf16 = YxanulTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), bf16=True, use_cpu=True,
                                                             report_to=[]), precision=PrecisionArgs(use_fp8=True))

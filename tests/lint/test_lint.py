@@ -237,6 +237,10 @@ def test_train_config_settings_the_launch_cannot_run_are_errors(tmp_path, capsys
     assert lint.main(["accelerate_configs/fsdp2.yaml", "--train_config", gather]) == 0
     assert lint.main(["accelerate_configs/single_gpu_fp8.yaml", "--train_config", gather]) == 1
     assert "fp8_weight_all_gather: expected false outside an FSDP2 launch" in capsys.readouterr().out
+    rope = _write(tmp_path, "r.yaml", {"model": "medium", "fuse_qkv_rope": True})
+    assert lint.main(["accelerate_configs/single_gpu_fp8.yaml", "--train_config", rope]) == 0
+    assert lint.main(["accelerate_configs/deepspeed_zero1_fp8.yaml", "--train_config", rope]) == 1
+    assert f"{rope}: error: fuse_qkv_rope: expected false under DeepSpeed" in capsys.readouterr().out
 
 
 def test_sanitize_deepspeed_config():

@@ -139,14 +139,25 @@ def test_te_model_saves_pretrained_and_loads_into_the_torch_backend(build, tmp_p
 def test_fused_qkv_keeps_the_state_dict_names_and_round_trips(build, preset, tmp_path):
     """fuse_qkv_params: ONE TE QKV weight, saved as query/key/value_weight (same names and shapes as the
     torch twin), loaded back from them; a torch-backend model loads the same tensors."""
-    from transformers import AutoModelForCausalLM
-
     m = build(preset, fuse_qkv_params=True)
     qkv = m.model.layers[0].self_attention.layernorm_qkv
     assert [n for n, _ in qkv.named_parameters()] == ["layer_norm_weight", "weight"]
     assert shapes(m) == shapes(build(preset, backend="torch"))
     if preset != "nano":
         return
+    twin, again = _through_the_torch_twin(build, m, tmp_path, preset, fuse_qkv_params=True)
+    h, kv = m.config.hidden_size, m.config.num_key_value_heads * m.config.head_dim
+    q, k, v = qkv.weight.detach().split([h, kv, kv])
+    a = twin.model.layers[0].self_attention.layernorm_qkv
+    assert torch.equal(a.query_weight, q) and torch.equal(a.key_weight, k) and torch.equal(a.value_weight, v)
+    assert torch.equal(again.model.layers[0].self_attention.layernorm_qkv.weight, qkv.weight)
+
+
+def _through_the_torch_twin(build, m, tmp_path, preset, **kw):
+    """(the torch-backend model `from_pretrained` makes of TE model ``m``'s save_pretrained folder, with random
+    weights filled in; a new TE model of ``kw`` that loaded the twin's state dict)."""
+    from transformers import AutoModelForCausalLM
+
     m.to_empty(device="cpu")
     m.tie_weights()
     gen = torch.Generator().manual_seed(0)
@@ -154,12 +165,31 @@ def test_fused_qkv_keeps_the_state_dict_names_and_round_trips(build, preset, tmp
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
     m.save_pretrained(tmp_path)
-    ref = AutoModelForCausalLM.from_pretrained(tmp_path, backend="torch")
-    h, kv = m.config.hidden_size, m.config.num_key_value_heads * m.config.head_dim
-    q, k, v = qkv.weight.detach().split([h, kv, kv])
-    a = ref.model.layers[0].self_attention.layernorm_qkv
-    assert torch.equal(a.query_weight, q) and torch.equal(a.key_weight, k) and torch.equal(a.value_weight, v)
-    again = build(preset, fuse_qkv_params=True)
+    twin = AutoModelForCausalLM.from_pretrained(tmp_path, backend="torch")
+    again = build(preset, **kw)
     again.to_empty(device="cpu")
-    again.load_state_dict(ref.state_dict(), strict=False)
-    assert torch.equal(again.model.layers[0].self_attention.layernorm_qkv.weight, qkv.weight)
+    again.load_state_dict(twin.state_dict(), strict=False)
+    return twin, again
+
+
+@pytest.mark.parametrize("preset", ["nano", "tiny"])  # GQA (4 heads, 2 KV groups) and MHA
+def test_fused_qkv_rope_groups_the_weight_per_kv_head_under_the_same_names(build, preset, tmp_path):
+    """fuse_qkv_rope: TE's MHA holds ONE QKV weight in its grouped layout (qkv_weight_interleaved, the rows TE's
+    fused QKV RoPE kernel reads); it saves as the torch twin's q/k/v, head for head, and loads back from them."""
+    if _te.fused_qkv_rope is None:
+        pytest.skip(f"TE {_te.te_version} has no apply_fused_qkv_rotary_pos_emb")
+    m = build(preset, fuse_qkv_rope=True)
+    layer = m.model.layers[0]
+    assert layer.self_attention.qkv_weight_interleaved and layer.self_attention.layernorm_qkv.weight.dim() == 2
+    assert shapes(m) == shapes(build(preset, backend="torch"))
+    c = m.config
+    ng, g, hd = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim
+    assert layer.rope_split == [g * hd, hd, hd]
+    twin, again = _through_the_torch_twin(build, m, tmp_path, preset, fuse_qkv_rope=True)
+    fused = layer.self_attention.layernorm_qkv.weight.detach().view(ng, g + 2, hd, -1)
+    a = twin.model.layers[0].self_attention.layernorm_qkv
+    q, k = a.query_weight.view(ng * g, hd, -1), a.key_weight.view(ng, hd, -1)
+    assert torch.equal(fused[ng - 1, g - 1], q[ng * g - 1]) and torch.equal(fused[ng - 1, g], k[ng - 1])
+    assert torch.equal(fused[0, g + 1], a.value_weight.view(ng, hd, -1)[0])
+    loaded = again.model.layers[0].self_attention.layernorm_qkv.weight
+    assert torch.equal(loaded, layer.self_attention.layernorm_qkv.weight)

@@ -13,6 +13,9 @@ FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
     (["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params", "--backend", "te"], {},
      "config key 'fp8_weight_all_gather': expected false outside an FSDP2 launch"),
     (["--cuda_graphs"], FSDP2, "config key 'cuda_graphs': expected false under FSDP2"),
+    (["--fuse_qkv_rope"], FSDP2, "config key 'fuse_qkv_rope': expected false under FSDP2 .*grouped rows"),
+    (["--fuse_qkv_rope"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "config key 'fuse_qkv_rope': expected false under "
+                                                                "DeepSpeed"),
 ])
 def test_a_launch_that_cannot_run_the_config_is_one_line(flags, env, expected):
     with pytest.raises(ConfigError, match=f"^{expected}"):
@@ -22,5 +25,6 @@ def test_a_launch_that_cannot_run_the_config_is_one_line(flags, env, expected):
 def test_the_same_configs_pass_where_they_can_run():
     said = []
     preflight(parse_args(["--cuda_graphs"]), say=said.append, env={}, cuda_available=False)
+    preflight(parse_args(["--fuse_qkv_rope"]), say=said.append, env={"WORLD_SIZE": "2"}, cuda_available=False)  # DDP
     preflight(parse_args(["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params", "--backend", "te"]),
               say=said.append, env=FSDP2, cuda_available=False)

@@ -67,19 +67,22 @@ def test_defaults_set_only_what_the_user_did_not_set(tmp_path):
 
 @pytest.mark.parametrize("argv, env, held", [
     ([], {"WORLD_SIZE": "2"}, {"cuda_graphs": "2 processes", "master_weights": "2 processes"}),
-    ([], {"ACCELERATE_USE_FSDP": "true"}, {"cuda_graphs": "fsdp2", "master_weights": "fsdp2"}),
-    ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, {"cuda_graphs": "deepspeed", "master_weights": "deepspeed"}),
+    ([], {"ACCELERATE_USE_FSDP": "true"}, {"cuda_graphs": "fsdp2", "master_weights": "fsdp2",
+                                           "fuse_qkv_rope": "fsdp2"}),
+    ([], {"ACCELERATE_USE_DEEPSPEED": "true"}, {"cuda_graphs": "deepspeed", "master_weights": "deepspeed",
+                                                "fuse_qkv_rope": "deepspeed"}),
     (["--auto_batch_size"], {}, {"cuda_graphs": "the micro-batch or seq_length changes"}),
     (["--gradient_checkpointing"], {}, {"cuda_graphs": "gradient_checkpointing"}),
     (["--torch_compile"], {}, {"cuda_graphs": "torch_compile"}),
     (["--mixed_precision", "fp32"], {}, {"master_weights": "fp32 compute"}),
 ])
 def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env, held):
-    cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", _table(), launch_of(
+    cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", _table(STACK + " --fuse_qkv_rope"), launch_of(
         parse_args(["--model", "nano", *argv]), env))
     for key, why in held.items():
         assert f"kept off: {key} ({why}" in line
     assert cfg.model.cuda_graphs is ("cuda_graphs" not in held)
+    assert cfg.model.fuse_qkv_rope is ("fuse_qkv_rope" not in held)  # DDP runs it: only FSDP2/DeepSpeed hold it off
     assert (cfg.precision.master_weights == "fp32") is ("master_weights" not in held)
     assert cfg.model.loss_impl == "te" and cfg.model.fuse_qkv_params  # what every launch runs still applies
 

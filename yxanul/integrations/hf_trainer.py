@@ -35,6 +35,7 @@ from transformers import Trainer
 
 from ..checkpoint import is_checkpoint_dir, verified_checkpoint
 from ..errors import ConfigError
+from ..lint.fsdp import train_conflicts
 from ..precision import resolve_precision
 from ..precision.args import PrecisionArgs
 from ..precision.state import FILE
@@ -72,6 +73,17 @@ def precision_args_from_env(env=None, **overrides) -> PrecisionArgs:
     return PrecisionArgs(**kw)
 
 
+def _check_launch(model, args) -> None:
+    """The model settings this Trainer's launch cannot run (`lint.fsdp.train_conflicts`, the rule of `yxanul
+    train`): FSDP/DeepSpeed from the TrainingArguments or from `accelerate launch`'s environment."""
+    env = os.environ
+    fsdp = bool(args.fsdp) or env.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+    deepspeed = bool(args.deepspeed) or env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    train = {"fuse_qkv_rope": getattr(model.config, "fuse_qkv_rope", False)}
+    for key, expected in train_conflicts(fsdp, train, deepspeed=deepspeed):
+        raise ConfigError(key, expected, train[key])
+
+
 class YxanulTrainer(Trainer):
     """`transformers.Trainer` + yxanul's precision plan. ``precision``: a `PrecisionArgs` (default: from
     the `accelerate launch` environment, `precision_args_from_env`); ``facts``: injected capability
@@ -88,6 +100,7 @@ class YxanulTrainer(Trainer):
         if precision.master_weights != "none":  # Trainer's optimizer would step BF16 params whose grads go to masters
             raise ConfigError("master_weights", "none under transformers' Trainer (fp32 masters need yxanul's "
                                                 "optimizer: yxanul train)", precision.master_weights)
+        _check_launch(model, args)
         if precision.use_fp8 and args.bf16 and precision.mixed_precision == "auto":
             precision = dataclasses.replace(precision, mixed_precision="bf16")  # the fallback keeps the user's bf16
         main = args.process_index == 0

@@ -124,10 +124,10 @@ def train_problems(path: str, train_path: str, train: dict) -> list[Problem]:
     data = _load(path)
     if detect_kind(path, data) != "accelerate":
         return []
-    fsdp = str(data.get("distributed_type", "")) == "FSDP"
+    kind = str(data.get("distributed_type", ""))
     return [Problem(train_path, key, ERROR, f"expected {expected} (with {os.path.basename(path)}), got "
                     f"{train[key]!r}", f"change {key} or the accelerate config")
-            for key, expected in train_conflicts(fsdp, train)]
+            for key, expected in train_conflicts(kind == "FSDP", train, deepspeed=kind == "DEEPSPEED")]
 
 
 @dataclass

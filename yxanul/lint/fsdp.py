@@ -89,12 +89,16 @@ def fix_fsdp(cfg: dict) -> None:
     fsdp.update({k: GOOD[k] for k in flagged})
 
 
-def train_conflicts(fsdp: bool, train: dict) -> list[tuple[str, str]]:
+def train_conflicts(fsdp: bool, train: dict, deepspeed: bool = False) -> list[tuple[str, str]]:
     """(key, what it must be) for each yxanul train setting that this launch cannot run: under FSDP2, CUDA
-    graphs and fp32 master weights; outside it, the FP8 weight all-gather. ``train``: the config's values
-    (missing keys: their defaults). One rule for the start-up check (training/launch.py, a ConfigError) and
-    `yxanul lint-config --train_config` (an error line)."""
+    graphs and fp32 master weights; outside it, the FP8 weight all-gather; under FSDP2 or DeepSpeed, the grouped
+    QKV weight of fuse_qkv_rope. ``train``: the config's values (missing keys: their defaults). One rule for the
+    start-up check (training/launch.py, a ConfigError) and `yxanul lint-config --train_config` (an error line)."""
     out = []
+    if (fsdp or deepspeed) and truthy(train.get("fuse_qkv_rope")):
+        out.append(("fuse_qkv_rope", f"false under {'FSDP2' if fsdp else 'DeepSpeed'} (its checkpoints keep the "
+                    "fused QKV weight by parameter name, where the readers expect cat[q, k, v] rows, not the "
+                    "grouped rows of fuse_qkv_rope; fuse_qkv_params is the fused weight they read)"))
     if fsdp and truthy(train.get("cuda_graphs")):
         out.append(("cuda_graphs", "false under FSDP2 (each block's weights are gathered before and freed after its "
                                    "forward: a captured graph would replay on freed memory)"))

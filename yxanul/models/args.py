@@ -53,6 +53,11 @@ class ModelArgs:
     fuse_qkv_params: bool = field(
         default=False, metadata={"help": "TE backend: one fused QKV weight instead of three (fewer per-step weight "
                                          "casts); checkpoints keep q/k/v names. Ignored by the torch backend."})
+    fuse_qkv_rope: bool = field(
+        default=False, metadata={"help": "TE backend: one fused QKV weight (implies fuse_qkv_params) whose q/k "
+                                         "rotation and q/k/v split run as ONE TE kernel per layer and direction "
+                                         "instead of TE's split + two RoPE launches; checkpoints keep q/k/v names. "
+                                         "Not under FSDP2 or DeepSpeed. Ignored by the torch backend."})
     cuda_graphs: bool = field(
         default=False, metadata={"help": "TE backend on CUDA: capture each decoder block as a CUDA graph (TE's "
                                          "make_graphed_callables, FP8-aware) on the first step; needs a fixed "

@@ -23,7 +23,8 @@ def model_config(args: ModelArgs, vocab_size: int) -> YxanulConfig:
     config = config_from_preset(args.model, vocab_size, args.seq_length, backend=args.backend,
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
                                 penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
-                                fuse_qkv_params=args.fuse_qkv_params, cuda_graphs=args.cuda_graphs)
+                                fuse_qkv_params=args.fuse_qkv_params, fuse_qkv_rope=args.fuse_qkv_rope,
+                                cuda_graphs=args.cuda_graphs)
     config.backend = resolve_backend(config.backend)
     return config
 

@@ -10,8 +10,10 @@ are TE's own, and equal the torch twin's (read in TE 2.20's sources):
   parameters_split={"query", "key", "value"})` when fuse_qkv_params=False, whose parameters are
   `layer_norm_weight`, `query_weight`, `key_weight`, `value_weight` (`layernorm_linear.py`:
   f"{name.rstrip('_')}_weight"). With `fuse_qkv_params` (config key, default off) it holds one
-  `weight` = cat[q, k, v] (`qkv_weight_interleaved=False`: TE splits it as [(np/ng + 2), ng, hn]);
-  state-dict hooks save/load it as q/k/v so checkpoints keep the same names; `proj = Linear(...)` -> `proj.weight`;
+  `weight` = cat[q, k, v] (`qkv_weight_interleaved=False`: TE splits it as [(np/ng + 2), ng, hn]), or with
+  `fuse_qkv_rope` grouped per KV head (`qkv_weight_interleaved=True`: [ng, (np/ng + 2), hn], the layout TE's
+  fused QKV RoPE kernel reads); state-dict hooks save/load it as q/k/v so checkpoints keep the same names;
+  `proj = Linear(...)` -> `proj.weight`;
   `core_attention` (DotProductAttention) has no parameters, only `_extra_state`.
 - `module/layernorm_mlp.py`: `layer_norm_weight`, `fc1_weight` (2*ffn x hidden for SwiGLU, gate
   first), `fc2_weight`.
@@ -31,11 +33,14 @@ and loading a pickle needs NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1. The FP8 scali
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
+from .. import _te
 from .._te import TE_AVAILABLE, TE_IMPORT_ERROR, te
+from ..errors import ConfigError
 from ..precision.state import no_pickled_extra_state
 from .state_dict import fuse_split_qkv, split_fused_qkv
 
@@ -74,7 +79,11 @@ def init_methods(config):
 
 class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
     def __init__(self, config, layer_idx: int):
+        if config.fuse_qkv_rope and _te.fused_qkv_rope is None:
+            raise ConfigError("fuse_qkv_rope", f"false with Transformer Engine {_te.te_version} (it has no "
+                                               "apply_fused_qkv_rotary_pos_emb)", True)
         init_method, output_layer_init_method = init_methods(config)
+        fused = config.fuse_qkv_params or config.fuse_qkv_rope
         super().__init__(
             hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
             num_attention_heads=config.num_attention_heads, num_gqa_groups=config.num_key_value_heads,
@@ -83,28 +92,55 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             init_method=init_method, output_layer_init_method=output_layer_init_method,
             layer_number=layer_idx + 1, self_attn_mask_type="causal", normalization="RMSNorm",
             activation="swiglu", bias=False, attn_input_format="bshd",
-            fuse_qkv_params=config.fuse_qkv_params, qkv_weight_interleaved=False,  # fused rows: cat[q, k, v]
+            # fused rows: cat[q, k, v]; for the fused RoPE kernel, grouped per KV head [ng, (g + 2), hd]
+            fuse_qkv_params=fused, qkv_weight_interleaved=config.fuse_qkv_rope,
             params_dtype=_params_dtype(), device=_device(),
         )
         self.layer_idx = layer_idx
         no_pickled_extra_state(self)
-        if config.fuse_qkv_params:  # one QKV parameter (one weight cast/quantize per step); names unchanged
-            kv = config.num_key_value_heads * config.head_dim
+        ng, hd = config.num_key_value_heads, config.head_dim
+        g = config.num_attention_heads // ng                 # query heads per KV head
+        self.rope_split = [g * hd, hd, hd] if config.fuse_qkv_rope else None  # one KV group's q | k | v columns
+        if fused:  # one QKV parameter (one weight cast/quantize per step); names unchanged
+            groups = (ng, g, hd) if config.fuse_qkv_rope else None
             qkv = self.self_attention.layernorm_qkv
-            if not qkv.primary_weights_in_fp8:  # an FP8 weight (FSDP2 shards of it) is saved fused, split by
-                qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, kv, kv)))  # the readers
-            qkv.register_load_state_dict_pre_hook(fuse_split_qkv)
+            # an FP8 weight (FSDP2 shards of it) is saved fused: the checkpoint readers split it
+            if not qkv.primary_weights_in_fp8:
+                qkv.register_state_dict_post_hook(split_fused_qkv((config.hidden_size, ng * hd, ng * hd), groups))
+            qkv.register_load_state_dict_pre_hook(functools.partial(fuse_split_qkv, groups=groups))
 
     def forward(self, hidden_states, rotary_pos_emb=None, is_first_microbatch=None, attention_mask=None):
         """(B, T, C) -> (B, T, C); ``rotary_pos_emb`` [T, 1, 1, head_dim] (non-interleaved). ``attention_mask``:
         None (causal, the training path) or yxanul's (B, 1, T, S) bool, True = attend; TE's convention is
         the opposite (True = masked out). It goes in as TE's "arbitrary" mask: "padding_causal" turns the
         mask into sequence lengths, i.e. assumes right padding, and generation pads on the left."""
+        if attention_mask is None and self.rope_split is not None and rotary_pos_emb is not None:
+            return self._fused_rope_forward(hidden_states, rotary_pos_emb, is_first_microbatch)
         if attention_mask is None:
             return super().forward(hidden_states, rotary_pos_emb=rotary_pos_emb,
                                    is_first_microbatch=is_first_microbatch)
         return super().forward(hidden_states, attention_mask=~attention_mask, self_attn_mask_type="arbitrary",
                                rotary_pos_emb=rotary_pos_emb, is_first_microbatch=is_first_microbatch)
+
+    def _fused_rope_forward(self, x, freqs, is_first_microbatch):
+        """``fuse_qkv_rope``: TransformerLayer.forward's causal path for these settings (pre-norm, no bias, no
+        dropout: x + attn(x), then + mlp) through the same child modules, with q/k RoPE and the q/k/v split done
+        by ONE TE kernel on the packed projection (and one in backward). TE's MultiheadAttention instead splits
+        the projection into strided views and rotates q and k in two launches each way (TE 2.20
+        multi_head_attention.py: it never calls the fused QKV kernel)."""
+        attn = self.self_attention
+        if torch.is_autocast_enabled("cuda"):  # as TransformerLayer.forward: the residual stream in autocast's dtype
+            x = x.to(torch.get_autocast_dtype("cuda"))
+        B, T, _ = x.shape
+        qkv = attn.layernorm_qkv(x, is_first_microbatch=is_first_microbatch)     # (B, T, ng * (g + 2) * hd)
+        qkv = qkv.view(B, T, -1, sum(self.rope_split))                          # (B, T, ng, (g + 2) * hd)
+        q, k, v = _te.fused_qkv_rope(qkv, freqs, freqs, self.rope_split, tensor_format="bshd")  # contiguous
+        q, k, v = (t.view(B, T, -1, self.rope_split[-1]) for t in (q, k, v))  # (B, T, nh, hd), (B, T, ng, hd) x 2
+        ctx = attn.core_attention(q, k, v, qkv_format="bshd", attn_mask_type="causal")  # (B, T, nh * hd)
+        out = attn.proj(ctx, is_first_microbatch=is_first_microbatch)
+        x = x + (out[0] if attn.return_bias else out)                           # the bias: empty (bias=False)
+        mlp = self.layernorm_mlp(x, is_first_microbatch=is_first_microbatch)
+        return x + (mlp[0] if self.layernorm_mlp.return_bias else mlp)
 
 
 def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only

@@ -93,29 +93,49 @@ def forgive_missing_extra_state(module, incompatible_keys):
     missing[:] = [k for k in missing if not k.endswith("_extra_state")]
 
 
-def split_fused_qkv(sizes: tuple[int, int, int]):
+def grouped_to_qkv(fused: torch.Tensor, groups: tuple[int, int, int]) -> list[torch.Tensor]:
+    """``fuse_qkv_rope``'s fused QKV rows, grouped per KV head as TE's ``qkv_weight_interleaved=True`` lays them
+    out ([ng, (g + 2), hd]: the g query heads of group j, then its key, then its value), -> [q, k, v] in the
+    contract's order (query head j*g + i is row block (j, i), as in HF's ``repeat_kv``). ``groups``: (ng, g, hd)."""
+    ng, g, hd = groups
+    rows = fused.reshape(ng, g + 2, hd, -1)                                    # (ng, g + 2, hd, C)
+    return [rows[:, :g].reshape(ng * g * hd, -1), rows[:, g].reshape(ng * hd, -1), rows[:, g + 1].reshape(ng * hd, -1)]
+
+
+def qkv_to_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: tuple[int, int, int]) -> torch.Tensor:
+    """The inverse of `grouped_to_qkv`: (h_q, C), (h_kv, C), (h_kv, C) -> (h_q + 2 h_kv, C) grouped rows."""
+    ng, g, hd = groups
+    parts = (q.reshape(ng, g, hd, -1), k.reshape(ng, 1, hd, -1), v.reshape(ng, 1, hd, -1))
+    return torch.cat(parts, dim=1).reshape(ng * (g + 2) * hd, -1)
+
+
+def split_fused_qkv(sizes: tuple[int, int, int], groups: tuple[int, int, int] | None = None):
     """``fuse_qkv_params``: TE's ``LayerNormLinear`` then holds ONE ``weight`` whose rows are cat[q, k, v]
-    (``qkv_weight_interleaved=False``). State-dict post-hook: save it under the contract's names
-    ``query_weight``/``key_weight``/``value_weight`` (views; checkpoint/io.py gives views own storage).
+    (``qkv_weight_interleaved=False``), or with ``groups`` (``fuse_qkv_rope``) the grouped rows of
+    `grouped_to_qkv`. State-dict post-hook: save it under the contract's names
+    ``query_weight``/``key_weight``/``value_weight`` (cat: views, which checkpoint/io.py gives own storage).
     An FSDP2-sharded weight (a DTensor) stays fused: torch.distributed.checkpoint resolves every state-dict
     key to a module attribute (``_get_fqns``), which the split names are not; the checkpoint readers split
-    it (`split_qkv_state`)."""
+    it (`split_qkv_state`; cat rows only: ``fuse_qkv_rope`` is refused under FSDP2 and DeepSpeed)."""
     def hook(module, state_dict, prefix, local_metadata):
         from torch.distributed.tensor import DTensor
 
         if isinstance(state_dict.get(prefix + "weight"), DTensor):
             return
         fused = state_dict.pop(prefix + "weight")                       # (h_q + 2 h_kv, C)
-        for name, part in zip(("query", "key", "value"), fused.split(list(sizes))):
+        parts = grouped_to_qkv(fused, groups) if groups else fused.split(list(sizes))
+        for name, part in zip(("query", "key", "value"), parts):
             state_dict[f"{prefix}{name}_weight"] = part
     return hook
 
 
-def fuse_split_qkv(module, state_dict, prefix, *args):
-    """Load pre-hook of a fused QKV module: a checkpoint's q/k/v weights -> the fused ``weight``."""
+def fuse_split_qkv(module, state_dict, prefix, *args, groups: tuple[int, int, int] | None = None):
+    """Load pre-hook of a fused QKV module: a checkpoint's q/k/v weights -> the fused ``weight`` (cat rows, or
+    grouped with ``groups``: bind it with functools.partial)."""
     names = [f"{prefix}{n}_weight" for n in ("query", "key", "value")]
     if all(n in state_dict for n in names):
-        state_dict[prefix + "weight"] = torch.cat([state_dict.pop(n) for n in names])
+        q, k, v = (state_dict.pop(n) for n in names)
+        state_dict[prefix + "weight"] = qkv_to_grouped(q, k, v, groups) if groups else torch.cat([q, k, v])
 
 
 def fused_qkv_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

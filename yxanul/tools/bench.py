@@ -63,6 +63,7 @@ class BenchCommand:
     gradient_checkpointing: bool = same_as(ModelArgs, "gradient_checkpointing")
     loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
+    fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
     torch_compile: bool = same_as(TrainArgs, "torch_compile")
@@ -99,7 +100,7 @@ class BenchCommand:
 def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
-    parts += ["fused_qkv"] * a.fuse_qkv_params + ["compile"] * a.torch_compile
+    parts += ["fused_qkv"] * a.fuse_qkv_params + ["qkv_rope"] * a.fuse_qkv_rope + ["compile"] * a.torch_compile
     parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["graphs"] * a.cuda_graphs
     return "+".join(parts)
 
@@ -217,8 +218,8 @@ def _config(preset: str, seq: int, a: BenchCommand):
     from ..models.configuration_yxanul import config_from_preset  # torch: --help stays light
     from ..models.modeling_yxanul import resolve_backend  # torch: --help stays light
 
-    return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), loss_impl=a.loss_impl,
-                              fuse_qkv_params=a.fuse_qkv_params, cuda_graphs=a.cuda_graphs)
+    model_flags = {k: getattr(a, k) for k in ("loss_impl", "fuse_qkv_params", "fuse_qkv_rope", "cuda_graphs")}
+    return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), **model_flags)
 
 
 def _build(config, plan, a: BenchCommand, device, notes: list):

@@ -34,7 +34,9 @@ VARIANTS = {
     "graphs": "--cuda_graphs",
     "stack": "--loss_impl te --fuse_qkv_params --master_weights fp32 --cuda_graphs",
     "stack-no-masters": "--loss_impl te --fuse_qkv_params --cuda_graphs",  # the flags of the 2026-11-26.2 parity
+    "stack-rope": "--loss_impl te --fuse_qkv_rope --cuda_graphs",  # stack-no-masters, q/k RoPE in the QKV kernel
     "fused-qkv": "--fuse_qkv_params",
+    "fused-rope": "--fuse_qkv_rope",
     "loss-chunked": "--loss_impl chunked",
     "compile": "--torch_compile",
     "plain": "--speed_defaults false",  # none of yxanul/assets/speed_defaults.yaml: what the table's entries beat

@@ -43,8 +43,10 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
     if problem:
         raise UserError(problem)
     train = {"cuda_graphs": cfg.model.cuda_graphs, "master_weights": cfg.precision.master_weights,
-             "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather}
-    for key, expected in train_conflicts(fsdp_requested(os.environ if env is None else env), train):
+             "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather, "fuse_qkv_rope": cfg.model.fuse_qkv_rope}
+    environ = os.environ if env is None else env
+    deepspeed = str(environ.get("ACCELERATE_USE_DEEPSPEED", "")).lower() == "true"
+    for key, expected in train_conflicts(fsdp_requested(environ), train, deepspeed=deepspeed):
         raise ConfigError(key, expected, train[key])
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:

@@ -15,6 +15,7 @@ never turned into a refusal:
   under DDP/DeepSpeed have never run on more than one GPU);
 - ``master_weights fp32``: several processes (DDP/DeepSpeed keep their own masters, FSDP2 its sharded scheme)
   or fp32 compute;
+- ``fuse_qkv_rope``: FSDP2 or DeepSpeed (their checkpoints keep the fused weight by name, in cat[q, k, v] rows);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
   changes the numerics of a run half-way.
 
@@ -49,6 +50,7 @@ class SpeedFlags:
 
     loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
+    fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
 
@@ -128,6 +130,8 @@ def held_off(key: str, value: Any, launch: Launch) -> str | None:
             return several
         if not launch.bf16_compute:
             return "fp32 compute"
+    if key == "fuse_qkv_rope" and value and launch.engine != "none":
+        return launch.engine
     return None
 
 
