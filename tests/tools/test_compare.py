@@ -12,7 +12,7 @@ from yxanul.tools.compare import Curves, compare, main, read_run, smooth
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cmp")
-    common = [*FAST, "--warmup_steps", "1", "--max_steps", "30", "--eval_freq", "15", "--checkpoint_freq", "0",
+    common = [*FAST, "--warmup_steps", "1", "--max_steps", "20", "--eval_freq", "10", "--checkpoint_freq", "0",
               "--log_freq", "1"]
     yx("train", *common, "--mixed_precision", "fp32", "--output_dir", str(root / "fp32"))
     yx("train", *common, "--mixed_precision", "bf16", "--output_dir", str(root / "bf16"))
@@ -25,8 +25,8 @@ def test_bf16_tracks_fp32_and_the_plot_is_written(two_runs, tmp_path, capsys):
     assert main([str(a), str(b), "--out", str(png), "--tolerance", "0.05", "--json"]) == 0
     out = capsys.readouterr().out
     res = json.JSONDecoder().raw_decode(out)[0][0]
-    assert res["common_steps"] == 30 and res["window_steps"] == [25, 30]
-    assert abs(res["train_rel_diff"]) < 0.05 and res["val_step"] == 30
+    assert res["common_steps"] == 20 and res["window_steps"] == [17, 20]
+    assert abs(res["train_rel_diff"]) < 0.05 and res["val_step"] == 20
     assert "(FP32)" in res["baseline"] and "(BF16)" in res["run"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
