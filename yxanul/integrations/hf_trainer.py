@@ -35,7 +35,7 @@ from transformers import Trainer
 
 from ..checkpoint import is_checkpoint_dir, verified_checkpoint
 from ..errors import ConfigError
-from ..lint.fsdp import train_conflicts
+from ..lint.fsdp import launch_engine, train_conflicts
 from ..precision import resolve_precision
 from ..precision.args import PrecisionArgs
 from ..precision.state import FILE
@@ -76,9 +76,8 @@ def precision_args_from_env(env=None, **overrides) -> PrecisionArgs:
 def _check_launch(model, args) -> None:
     """The model settings this Trainer's launch cannot run (`lint.fsdp.train_conflicts`, the rule of `yxanul
     train`): FSDP/DeepSpeed from the TrainingArguments or from `accelerate launch`'s environment."""
-    env = os.environ
-    fsdp = bool(args.fsdp) or env.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-    deepspeed = bool(args.deepspeed) or env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    engine = launch_engine(os.environ)
+    fsdp, deepspeed = bool(args.fsdp) or engine == "fsdp2", bool(args.deepspeed) or engine == "deepspeed"
     train = {"fuse_qkv_rope": getattr(model.config, "fuse_qkv_rope", False)}
     for key, expected in train_conflicts(fsdp, train, deepspeed=deepspeed):
         raise ConfigError(key, expected, train[key])

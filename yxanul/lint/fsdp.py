@@ -89,6 +89,13 @@ def fix_fsdp(cfg: dict) -> None:
     fsdp.update({k: GOOD[k] for k in flagged})
 
 
+def launch_engine(env) -> str:
+    """'fsdp2', 'deepspeed' or 'none': the engine `accelerate launch` exported (ACCELERATE_USE_FSDP/_DEEPSPEED)."""
+    if truthy(env.get("ACCELERATE_USE_FSDP")):
+        return "fsdp2"
+    return "deepspeed" if truthy(env.get("ACCELERATE_USE_DEEPSPEED")) else "none"
+
+
 def train_conflicts(fsdp: bool, train: dict, deepspeed: bool = False) -> list[tuple[str, str]]:
     """(key, what it must be) for each yxanul train setting that this launch cannot run: under FSDP2, CUDA
     graphs and fp32 master weights; outside it, the FP8 weight all-gather; under FSDP2 or DeepSpeed, the grouped

@@ -14,8 +14,7 @@ import os
 
 from ..errors import ConfigError, UserError
 from ..lint import ERROR, check_launch_environment
-from ..lint.fsdp import train_conflicts
-from .fsdp import fsdp_requested
+from ..lint.fsdp import launch_engine, train_conflicts
 
 
 def check_wandb_key(use_wandb: bool, env=None) -> str | None:
@@ -44,9 +43,8 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
         raise UserError(problem)
     train = {"cuda_graphs": cfg.model.cuda_graphs, "master_weights": cfg.precision.master_weights,
              "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather, "fuse_qkv_rope": cfg.model.fuse_qkv_rope}
-    environ = os.environ if env is None else env
-    deepspeed = str(environ.get("ACCELERATE_USE_DEEPSPEED", "")).lower() == "true"
-    for key, expected in train_conflicts(fsdp_requested(environ), train, deepspeed=deepspeed):
+    engine = launch_engine(os.environ if env is None else env)
+    for key, expected in train_conflicts(engine == "fsdp2", train, deepspeed=engine == "deepspeed"):
         raise ConfigError(key, expected, train[key])
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:

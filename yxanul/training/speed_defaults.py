@@ -36,6 +36,7 @@ import yaml
 from ..checkpoint import RUN_DIR_RESUMES, run_dir_of, saved_config
 from ..errors import UserError
 from ..flags import given_flags, parse_command, same_as
+from ..lint.fsdp import launch_engine
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from ..precision.args import PrecisionArgs
@@ -183,9 +184,8 @@ def _line(backend: str, preset: str, entry: dict | None, chosen: dict, held: dic
 
 def launch_of(cfg, env) -> Launch:
     """The `Launch` of a run of ``cfg`` under the environment ``env`` (``WORLD_SIZE`` as accelerate exports it)."""
-    b, truthy = cfg.batch, (lambda name: str(env.get(name, "")).lower() == "true")
-    engine = "fsdp2" if truthy("ACCELERATE_USE_FSDP") else "deepspeed" if truthy("ACCELERATE_USE_DEEPSPEED") else "none"
-    return Launch(processes=int(env.get("WORLD_SIZE", "1") or 1), engine=engine,
+    b = cfg.batch
+    return Launch(processes=int(env.get("WORLD_SIZE", "1") or 1), engine=launch_engine(env),
                   fixed_shapes=not (b.auto_batch_size or b.curriculum),
                   gradient_checkpointing=cfg.model.gradient_checkpointing, torch_compile=cfg.train.torch_compile,
                   bf16_compute=cfg.precision.mixed_precision != "fp32")
