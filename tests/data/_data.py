@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yxanul.data.prepare import load_prepared_tokenizer
 from yxanul.data.shards import open_shard
+from yxanul.data.tokenizer_load import load_prepared_tokenizer
 
 WORDS = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 

@@ -143,9 +143,10 @@ def test_a_state_after_an_epochs_last_document_resumes_at_its_end(tmp_path, epoc
     import numpy as np
 
     from yxanul.data.mixture import SourceStream
-    from yxanul.data.prepare import _encoder, load_tokenizer
+    from yxanul.data.prepare import _encoder
     from yxanul.data.sources import resolve_source
     from yxanul.data.tokenize import Pool
+    from yxanul.data.tokenizer_load import load_tokenizer
 
     src = resolve_source(str(write_docs(tmp_path / "a.jsonl", 30, 5, "a")))
     args = DataArgs(prepare_num_proc=1)

@@ -14,8 +14,9 @@ from _data import WORDS, files_of, meta_of, write_docs
 
 from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
-from yxanul.data.prepare import load_tokenizer, prepare
+from yxanul.data.prepare import prepare
 from yxanul.data.shards import open_shard
+from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.errors import DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}

@@ -14,14 +14,10 @@ from _data import split_docs
 
 from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
-from yxanul.data.prepare import (
-    ensure_prepared,
-    load_tokenizer,
-    prepare,
-    read_meta,
-)
+from yxanul.data.prepare import ensure_prepared, prepare, read_meta
 from yxanul.data.shards import ShardWriter, dtype_for_vocab, open_shard, write_shard
 from yxanul.data.sources import BUNDLED_CORPUS, BUNDLED_TOKENIZER
+from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.errors import ConfigError, DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}

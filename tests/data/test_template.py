@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from yxanul.data.args import DataArgs
-from yxanul.data.prepare import load_tokenizer, prepare
+from yxanul.data.prepare import prepare
 from yxanul.data.template import render, template_fields
+from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.errors import ConfigError, DataError
 
 MEDQA = "Question: {question}\nOptions:\n{options}\nAnswer: {answer_idx}. {answer}"

@@ -7,8 +7,9 @@ import pytest
 
 from yxanul.data.args import DataArgs
 from yxanul.data.loader import WindowLoader
-from yxanul.data.prepare import load_prepared_tokenizer, prepare
+from yxanul.data.prepare import prepare
 from yxanul.data.shards import open_shard
+from yxanul.data.tokenizer_load import load_prepared_tokenizer
 from yxanul.data.tokenizer_train import main as tokenizer_main
 from yxanul.errors import ConfigError
 
@@ -71,7 +72,7 @@ def test_a_200k_vocabulary_prepares_into_uint32_shards_the_loader_reads(tmp_path
     assert shard.dtype == np.uint32 and int(shard.min()) > 65_535  # every id in use is above uint16
     x, y = next(iter(WindowLoader(out, "train", 64, 2, seed=0)))
     assert int(x.min()) > 65_535 and x.max() < 200_005
-    from yxanul.data.prepare import load_tokenizer
+    from yxanul.data.tokenizer_load import load_tokenizer
 
     shift = 200_005 - 8192
     ids = np.asarray(shard[:300]).astype(np.int64)

@@ -14,7 +14,7 @@ from yxanul.data.sources import BUNDLED_CORPUS
 
 _PEAK = """
 import json, resource, sys
-from yxanul.data.prepare import load_tokenizer
+from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.data.tokenize import Encoder
 _, tok = load_tokenizer(None)
 enc = Encoder(tok.backend_tokenizer.to_str(), tok.eos_token_id, "uint16").build(single_thread=True)
@@ -34,8 +34,8 @@ def _corpus(chars: int) -> str:
 def test_a_long_document_is_encoded_in_pieces_with_the_same_ids():
     from tokenizers import Tokenizer
 
-    from yxanul.data.prepare import load_tokenizer
     from yxanul.data.tokenize import _chunked, _split_safe
+    from yxanul.data.tokenizer_load import load_tokenizer
 
     t = Tokenizer.from_str(load_tokenizer(None)[1].backend_tokenizer.to_str())
     t.encode_special_tokens = True

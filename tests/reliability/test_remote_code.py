@@ -53,6 +53,6 @@ def test_trusted_code_runs_but_the_prepared_folder_keeps_none(coded_tokenizer, t
     saved = out / "tokenizer"
     assert not list(saved.glob("*.py")) and "auto_map" not in (saved / "tokenizer_config.json").read_text()
     marker.unlink()
-    from yxanul.data.prepare import load_prepared_tokenizer
+    from yxanul.data.tokenizer_load import load_prepared_tokenizer
 
     assert load_prepared_tokenizer(out).decode([100, 200]) and not marker.exists()

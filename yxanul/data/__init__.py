@@ -18,8 +18,8 @@ Public API (imported lazily, so `yxanul.config` can import `DataArgs` without to
 from .._lazy import lazy_exports
 
 _WHERE = {
-    "DataArgs": "args", "prepare": "prepare", "ensure_prepared": "prepare", "load_tokenizer": "prepare",
-    "load_prepared_tokenizer": "prepare", "WindowLoader": "loader", "eval_batches": "loader",
+    "DataArgs": "args", "prepare": "prepare", "ensure_prepared": "prepare", "load_tokenizer": "tokenizer_load",
+    "load_prepared_tokenizer": "tokenizer_load", "WindowLoader": "loader", "eval_batches": "loader",
     "write_shard": "shards", "open_shard": "shards", "ShardWriter": "shards", "parse_prepare_args": "prepare",
     "Mixture": "mixture", "SourceStream": "mixture", "train_bpe": "tokenizer_train",
 }

@@ -116,7 +116,7 @@ def _pipeline(args: BenchDataCommand, path: Path, tmp: Path, procs: int, trial: 
 
 
 def run(args: BenchDataCommand, say=print) -> dict:
-    from .prepare import load_tokenizer  # numpy: --help stays light
+    from .tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
         tmp = Path(d)

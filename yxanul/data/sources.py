@@ -18,6 +18,13 @@ from .template import check_first_example, render_batch
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BUNDLED_CORPUS = ASSETS / "corpus" / "shakespeare.jsonl.gz"
 BUNDLED_TOKENIZER = ASSETS / "tokenizer"
+
+
+def cache_root() -> Path:
+    """Where prepared data and converted tokenizers are cached (``YXANUL_CACHE``)."""
+    return Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
+
+
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",
              ".parquet": "parquet", ".csv": "csv"}
 

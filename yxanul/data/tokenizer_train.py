@@ -115,7 +115,7 @@ def bytes_per_token(tok, texts: list[str]) -> float:
 
 def compare(tok, held: list[str]) -> dict[str, float]:
     """Bytes per token on ``held`` for ``tok``, the bundled tokenizer and GPT-2 (when available)."""
-    from .prepare import load_tokenizer  # numpy: --help stays light
+    from .tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     out = {"trained": bytes_per_token(tok, held), "bundled": bytes_per_token(load_tokenizer(None)[1], held)}
     try:

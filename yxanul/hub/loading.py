@@ -26,7 +26,8 @@ from ..checkpoint.io import (
     saved_config,
 )
 from ..data.args import DataArgs
-from ..data.prepare import load_prepared_tokenizer, target_dir
+from ..data.prepare import target_dir
+from ..data.tokenizer_load import load_prepared_tokenizer
 from ..errors import UserError
 from ..models.configuration_yxanul import config_from_preset
 from ..models.modeling_yxanul import YxanulForCausalLM

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
 
 
 def _tokenizer_size(name: str | None) -> int:
-    from ..data.prepare import load_tokenizer  # numpy: --help stays light
+    from ..data.tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     return len(load_tokenizer(name)[1])
 

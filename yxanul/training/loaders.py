@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from ..data.loader import WindowLoader, eval_batches
-from ..data.prepare import ensure_prepared, load_prepared_tokenizer
+from ..data.prepare import ensure_prepared
+from ..data.tokenizer_load import load_prepared_tokenizer
 
 
 def prepared_data(data_args, dist, say) -> tuple[str, int, object]:
