@@ -79,7 +79,8 @@ def test_bad_arguments_are_one_line_errors(kw, key):
 
 def test_speed_variants_master_weights_and_cuda_graphs():
     """Issue 22's flags are bench variants: master weights train on CPU (BF16 params, fp32 masters; fp32 is
-    skipped), CUDA graphs are a skipped row with the one-line reason where TE blocks on CUDA are missing."""
+    skipped), CUDA graphs and the fused QKV flags are skipped rows with a one-line reason where the TE
+    backend (on CUDA) is missing."""
     import torch
 
     a = BenchCommand(precisions="fp32,bf16", master_weights="fp32", **SMALL)
@@ -91,6 +92,10 @@ def test_speed_variants_master_weights_and_cuda_graphs():
         rows, _ = run(BenchCommand(precisions="bf16", cuda_graphs=True, **SMALL), say=lambda *x: None)
         assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "graphs"
         assert rows[0]["reason"].startswith("config key 'cuda_graphs'")
+    # the torch twin ignores the TE-only QKV flags: no row times the plain model under their label
+    rows, _ = run(BenchCommand(precisions="bf16", backend="torch", fuse_qkv_rope=True, **SMALL), say=lambda *x: None)
+    assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "qkv_rope", rows[0]
+    assert rows[0]["reason"] == "fuse_qkv_rope: Transformer Engine backend only"
 
 
 def test_cpu_vs_nanogpt_script_writes_both_rows(tmp_path, capsys):

@@ -97,6 +97,9 @@ class BenchCommand:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
 
 
+TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope")  # model flags the torch backend ignores
+
+
 def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
@@ -176,6 +179,9 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     notes: list[str] = []
     if precision == "fp32" and a.master_weights != "none":
         return {**row, "status": "skipped", "reason": "master_weights needs BF16 compute"}
+    if config.backend != "te" and (ignored := [k for k in TE_ONLY if getattr(a, k)]):
+        # the torch twin ignores them (a portable config): a row would time the plain model under their label
+        return {**row, "status": "skipped", "reason": f"{', '.join(ignored)}: Transformer Engine backend only"}
     plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim, a.master_weights), config,
                              say=notes.append)
     model = opt = None
