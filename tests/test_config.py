@@ -29,6 +29,11 @@ def test_bool_flag_forms():
     assert parse_args(["--use_tensorboard", "no"]).tracking.use_tensorboard is False
 
 
+def test_a_double_dash_before_the_flags_is_a_separator_not_a_flag():
+    """`yxanul train -- --max_steps 7` (as after `accelerate launch train.py`) trains 7 steps: no config key ''."""
+    assert parse_args(["--", "--max_steps", "7"]).train.max_steps == 7
+
+
 def test_unknown_yaml_key_suggests():
     with pytest.raises(ConfigError, match=r"max_lrr.*did you mean 'max_lr'"):
         resolve({"max_lrr": 1.0})

@@ -180,3 +180,13 @@ def test_find_batch_takes_its_own_flags_and_hands_the_rest_to_train():
     assert (own.no_cache, own.world_size, cfg.train.max_steps, cfg.model.seq_length) == (True, 2, 50, 64)
     with pytest.raises(ConfigError, match="world_size"):
         _parse(["--world_size", "0"])
+
+
+def test_a_positional_given_as_a_flag_says_it_is_positional(capsys):
+    """`yxanul export RUN --out DIR`: argparse takes DIR as OUT and leaves '--out' over; the line names OUT as
+    positional with the usage, never "did you mean '--out'" (the flag just refused)."""
+    assert main(["export", "some-run", "--out", "some-dir"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: yxanul export: unknown flag '--out' (OUT is positional: yxanul export MODEL OUT)", err
+    assert main(["export", "some-run", "some-dir", "--formt", "llama"]) == 2
+    assert "unknown flag '--formt' (did you mean '--format'?)" in capsys.readouterr().err

@@ -244,7 +244,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     """Parse CLI flags (and the YAML they point to) into a validated :class:`Config`."""
     fields = _fields()
     bools = {k for k, (_, _, tp) in fields.items() if strip_optional(tp)[0] is bool}
-    ns = parse_known(build_parser(prog), bare_booleans(list(argv or []), bools), fields)
+    argv = [a for a in argv or () if a != "--"]  # a `--` before the flags separates nothing: train has no positionals
+    ns = parse_known(build_parser(prog), bare_booleans(argv, bools), fields)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
     embedded = path is not None and os.path.abspath(path) == os.path.abspath(DEFAULT_CONFIG)

@@ -311,7 +311,11 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
         name = flag[2:].split("=", 1)[0]
         if parser.prog == "yxanul train":  # the train flags are config keys, named like the YAML's
             raise unknown_key(name, known_flags, where="see `yxanul train --help`")
-        close = difflib.get_close_matches(name, list(known_flags), n=1)
+        positional = {a.dest: a.metavar or a.dest.upper() for a in parser._actions if not a.option_strings}
+        if name in positional:  # `export run --out dir`: say how it is given, not "did you mean '--out'"
+            usage = " ".join([parser.prog, *positional.values()])
+            raise UserError(f"{parser.prog}: unknown flag '--{name}' ({positional[name]} is positional: {usage})")
+        close = difflib.get_close_matches(name, [k for k in known_flags if k not in positional], n=1)
         hint = f"did you mean '--{close[0]}'?" if close else f"see `{parser.prog} --help`"
         raise UserError(f"{parser.prog}: unknown flag '--{name}' ({hint})")
     return vars(parsed)

@@ -105,6 +105,8 @@ def test_argv_split_own_flags_from_trial_flags():
     assert rest == ["--max_steps", "3", "--datasets_mix", "--seed=4"]
     own, rest = split_argv(["--max_steps", "20", "F.yaml", "--summary"])
     assert own == ["F.yaml", "--summary=true"] and rest == ["--max_steps", "20"]
+    own, rest = split_argv(["F.yaml", "--offline", "--", "--max_steps", "20"])  # a `--` before the trial flags
+    assert own == ["F.yaml", "--offline=true"] and rest == ["--max_steps", "20"]
 
 
 def test_trial_overrides_win_and_swept_or_reserved_flags_are_refused(tmp_path):

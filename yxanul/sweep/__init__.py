@@ -57,6 +57,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     rest: list[str] = []
     target, values = own, 0  # where the next values go, and how many (-1: until the next flag)
     for t in bare_booleans(list(argv), bools):
+        if t == "--":  # `yxanul sweep FILE -- --max_steps 20`: a separator before the trials' flags, not a flag
+            continue
         if t.startswith("-"):
             name = t.lstrip("-").split("=", 1)[0]
             target = own if name in fields or name in ("h", "help") else rest
