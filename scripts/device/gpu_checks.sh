@@ -8,6 +8,8 @@
 #                                              # seq 1024 x (default, every speed variant alone, all stacked)
 #   bash scripts/device/gpu_checks.sh parity   # ~2 min: medium BF16 vs FP8 delayed, val loss within 0.5 %?
 #   bash scripts/device/gpu_checks.sh profile  # ~1 min: per-step kernel table, host vs device, gpt2-124m + medium
+#   bash scripts/device/gpu_checks.sh tests    # TESTS_FIRST (the Trainer FP8 proofs, slow ones too) first, then every
+#                                              # other GPU/TE test that is not slow
 #   bash scripts/device/gpu_checks.sh slow     # the other slow GPU tests (CLI trainings, DeepSpeed), if time is left
 #   bash scripts/device/gpu_checks.sh bench    # every FP8 recipe x presets x seqs, if time is left
 #   bash scripts/device/gpu_checks.sh speed    # the speed variants alone (FIRST_VARIANTS=... the ones `first` missed)
@@ -159,10 +161,18 @@ profile() {  # where a step's time goes: 3 profiled steps per case (kernel table
   cat "$WORK/profile"/profile-*.txt > "$OUT/profiles.txt" 2>/dev/null || true
 }
 
-tests() {  # the GPU/TE tests that are not slow, uncapped by `first`'s budget
+tests() {  # TESTS_FIRST (paths / node ids, slow ones included: the proofs the issues wait for), then every other
+  # GPU/TE test that is not slow; TESTS_ARGS: more pytest arguments for the second (e.g. --deselect)
+  local first=${TESTS_FIRST:-tests/integrations/test_trainer_gpu.py} skip=() t
+  for t in $first; do skip+=(--deselect "$t"); done
   step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   step verify python3 -m yxanul verify
-  step gpu-tests capped "${TESTS_CAP_S:-560}" "${PYTEST[@]}" -m "(gpu or te) and not slow" --junitxml="$OUT/gpu-tests.xml"
+  # shellcheck disable=SC2086  # $first and $TESTS_ARGS are pytest arguments, split on purpose
+  step first-gpu-tests capped "${TESTS_FIRST_S:-200}" "${PYTEST[@]}" $first -m "gpu or te" \
+    --junitxml="$OUT/first-tests.xml"
+  # shellcheck disable=SC2086
+  step gpu-tests capped "${TESTS_CAP_S:-560}" "${PYTEST[@]}" -m "(gpu or te) and not slow" "${skip[@]}" \
+    ${TESTS_ARGS:-} --junitxml="$OUT/gpu-tests.xml"
 }
 
 slow() {  # the GPU tests that train through the CLI / accelerate launch (several runs each)

@@ -95,10 +95,15 @@ def test_commit_keeps_tests_and_parity_under_the_archive_tag_and_rejects_strange
     shutil.copyfile(FIXTURES / "default" / "bench.json", out / "profile.json")
     (out / "parity.json").write_text(json.dumps({"model": "medium", "val_step": 250, "val_loss_bf16": 4.4,
                                                  "val_loss_fp8": 4.41, "val_rel_diff": 0.01 / 4.4}))
+    for junit, test in (("first-tests.xml", "test_zero1"), ("gpu-tests.xml", "test_other")):  # `tests`' two
+        (out / junit).write_text(f'<testsuites><testsuite name="pytest" tests="1"><testcase classname="t" '
+                                 f'name="{test}" time="1.0"/></testsuite></testsuites>')
     (tmp_path / "d.md").write_text(DOC)
     assert main(["commit", str(out), "--bench_dir", str(bench), "--doc", str(tmp_path / "d.md")]) == 0
     names = sorted(p.name for p in bench.iterdir())
     assert "2026-11-27-cpu-profile.json" in names and "2026-11-27-cpu-parity.json" in names
+    merged = (bench / "2026-11-27-cpu-tests.xml").read_text()
+    assert 'name="test_zero1"' in merged and 'name="test_other"' in merged
     assert "Parity ([2026-11-27-cpu-parity.json](bench/2026-11-27-cpu-parity.json)): medium val loss at step 250" \
         in render(bench) and "(+0.23 %)" in render(bench)
     assert "profile" not in VARIANTS and "2026-11-27-cpu-profile.json)" not in render(bench)  # not a column

@@ -44,7 +44,7 @@ VARIANTS = {
 # YYYY-MM-DD[.N]-<gpu>-<what>: .N numbers a later device session of the same day and card (commit picks it)
 NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}(?:\.\d+)?)-([a-z0-9]+)-([a-z0-9-]+)\.(json|xml)$")
 TAG = re.compile(r"^\d{4}-\d{2}-\d{2}(?:\.\d+)?-[a-z0-9]+$")
-JUNIT_FILES = ("tests.xml", "gpu-tests.xml", "gpu-slow-tests.xml")  # gpu_checks.sh: first | tests | slow
+JUNIT_FILES = ("tests.xml", "first-tests.xml", "gpu-tests.xml", "gpu-slow-tests.xml")  # first | tests (2) | slow
 START, END = "<!-- bench-table:start (python -m yxanul.tools.bench_table render) -->", "<!-- bench-table:end -->"
 
 
