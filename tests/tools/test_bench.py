@@ -5,7 +5,8 @@ import json
 import pytest
 
 from yxanul.errors import ConfigError
-from yxanul.tools.bench import BenchCommand, cases, main, markdown, run
+from yxanul.tools.bench import BenchCommand, cases, main, run
+from yxanul.tools.bench_report import markdown
 
 SMALL = dict(presets="nano", seq_lengths="32", tokens_per_micro=64, steps=2, warmup=1, vocab_size=512)
 
