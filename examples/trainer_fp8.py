@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         train_sampling_strategy="sequential",  # the dataset is already shuffled, deterministically
         label_names=["shift_labels"],  # its targets (Trainer's default also wants `labels` before it evaluates)
         logging_steps=5, eval_strategy="steps", eval_steps=max(1, a.max_steps // 2), save_steps=a.max_steps,
-        report_to=["tensorboard"], dataloader_num_workers=0, disable_tqdm=True)
+        report_to=["tensorboard"], dataloader_num_workers=0, disable_tqdm=True,
+        dataloader_pin_memory=torch.cuda.is_available())  # pinned memory serves a copy to a GPU; warns without one
 
     # New: FP8 through yxanul's precision plan (Trainer alone drops the TE recipe: docs/trainer.md)
     from yxanul.integrations import YxanulTrainer, precision_args_from_env

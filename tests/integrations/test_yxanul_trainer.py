@@ -239,3 +239,19 @@ def test_deepspeed_resume_hands_the_checkpoints_fp8_state_to_the_restore(small_d
 def _ds_env():
     cache = Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
     return dict(os.environ, HF_HUB_OFFLINE="1", TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+def test_building_the_trainer_prints_no_deepspeed_cpu_notice(tmp_path):
+    """Trainer's accelerate imports DeepSpeed, whose import logs "Setting accelerator to CPU ..." on a CPU:
+    YxanulTrainer imports it first with that one message dropped (as `yxanul train` does). Fresh process."""
+    code = ("from transformers import TrainingArguments\nfrom yxanul.integrations import YxanulTrainer\n"
+            "from yxanul.models import ModelArgs, build_model\nfrom yxanul.precision import PrecisionArgs\n"
+            "m = build_model(ModelArgs(model='nano', seq_length=32, backend='torch'), 512)\n"
+            f"a = TrainingArguments(output_dir={str(tmp_path)!r}, report_to=[], max_steps=1)\n"
+            "t = YxanulTrainer(model=m, args=a, precision=PrecisionArgs())\nimport sys\n"
+            "print('built', 'deepspeed' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1"))
+    assert r.stdout.strip().endswith("built True"), r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Setting accelerator to CPU" not in r.stdout + r.stderr

@@ -39,6 +39,7 @@ from ..lint.fsdp import launch_engine, train_conflicts
 from ..precision import resolve_precision
 from ..precision.args import PrecisionArgs
 from ..precision.state import FILE
+from ..training.runtime import import_deepspeed_quietly
 from .callback import ManifestCallback, PrecisionCallback
 
 _ENV = "ACCELERATE_FP8_"
@@ -107,6 +108,7 @@ class YxanulTrainer(Trainer):
         self.plan.prepare_model(model, say=print if main else _quiet)
         self._yx_prepared: set[int] = set()
         self._yx_prev_sync, self._yx_first_micro = True, None
+        import_deepspeed_quietly()  # before Trainer's accelerate imports it: no "Setting accelerator to CPU" line
         super().__init__(model=model, args=args, **kwargs)
         if args.label_names is None:
             self.label_names = _present_labels(self.label_names, self.train_dataset, self.eval_dataset)
