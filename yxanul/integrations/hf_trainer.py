@@ -33,13 +33,13 @@ from pathlib import Path
 
 from transformers import Trainer
 
+from .._deepspeed import import_deepspeed_quietly
 from ..checkpoint import is_checkpoint_dir, verified_checkpoint
 from ..errors import ConfigError
 from ..lint.fsdp import launch_engine, train_conflicts
 from ..precision import resolve_precision
 from ..precision.args import PrecisionArgs
 from ..precision.state import FILE
-from ..training.runtime import import_deepspeed_quietly
 from .callback import ManifestCallback, PrecisionCallback
 
 _ENV = "ACCELERATE_FP8_"

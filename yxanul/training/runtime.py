@@ -3,11 +3,11 @@ trainer fills in), ``--torch_compile``."""
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
 
+from .._deepspeed import import_deepspeed_quietly
 from ..errors import ConfigError
 from ..lint import sanitize_deepspeed_config
 from ..tracking import tracker_names
@@ -56,31 +56,6 @@ def configure_deepspeed(accelerator, cfg, micro: int, accum: int, say) -> None:
               gradient_clipping=cfg.optim.max_grad_norm)
     plugin.deepspeed_config.clear()
     plugin.deepspeed_config.update(ds)
-
-
-DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
-
-
-class _DropCpuNotice(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(DEEPSPEED_CPU_NOTICE)
-
-
-def import_deepspeed_quietly() -> None:
-    """Import DeepSpeed (when installed) without its "Setting accelerator to CPU ..." warning, which its
-    import logs on every machine without a GPU: accelerate imports it anyway (``unwrap_model``, every
-    run). Only that one message is dropped, and only during the import; its logger is "DeepSpeed"."""
-    import importlib.util
-    import sys
-
-    if "deepspeed" in sys.modules or importlib.util.find_spec("deepspeed") is None:
-        return
-    drop, ds_logger = _DropCpuNotice(), logging.getLogger("DeepSpeed")
-    ds_logger.addFilter(drop)
-    try:
-        import deepspeed  # noqa: F401
-    finally:
-        ds_logger.removeFilter(drop)
 
 
 def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=None):
