@@ -58,7 +58,8 @@ def test_eval_hub_task_offline_is_one_line(tok_run, task_dir, capsys):
     code = cli(["eval", str(run), "--tasks", "hub_only", "--task_dir", str(task_dir), "--limit", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert len(err) == 1 and "allenai/ai2_arc" in err[0] and "Hub" in err[0] and "--task_dir" in err[0]
+    assert len(err) == 1 and "Hub" in err[0] and "--task_dir" in err[0], err
+    assert "dataset 'allenai/ai2_arc'" in err[0] and "--repo-type dataset allenai/ai2_arc " in err[0], err[0]
 
 
 def test_eval_task_dir_must_exist(tok_run, tmp_path, capsys):

@@ -12,6 +12,7 @@ the Hub (cached by ``datasets`` after the first run); ``--task_dir`` adds local 
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 from ..data.sources import hub_unreachable
@@ -65,9 +66,10 @@ def evaluate_harness(model, tokenizer, names: list[str], tm, limit: int | None =
 
 
 def _dataset_named(line: str) -> str:
-    """'Couldn't reach 'allenai/ai2_arc' on the Hub' -> 'allenai/ai2_arc'."""
-    parts = line.split("'")
-    return parts[1] if len(parts) > 2 else "?"
+    """'Couldn't reach 'allenai/ai2_arc' on the Hub' -> 'allenai/ai2_arc' (the quoted name after "reach": the
+    message's own apostrophe comes first)."""
+    m = re.search(r"reach '([^']+)'", line)
+    return m.group(1) if m else "?"
 
 
 def _metrics(values: dict, n_samples: dict | None) -> dict:
