@@ -3,6 +3,7 @@ wrong selection would otherwise first show on the GPU machine, whose minutes are
 
 import os
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -18,7 +19,12 @@ def test_the_tests_stage_runs_tests_first_then_the_rest_without_them(tmp_path):
     """TESTS_FIRST runs first with its slow tests (the Trainer's ZeRO-1 proofs), the rest leaves them out;
     TESTS_ARGS reaches the rest; both junit files come back for `bench_table commit` to merge."""
     drop = "tests/models/test_qkv_rope_gpu.py"
-    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECKS_WORK=str(tmp_path / "work"), GPU_CHECKS_REAP="0",
+    bin_dir = tmp_path / "bin"  # the script runs `python3`: this interpreter, whatever python3 is on PATH here
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # not a link: a venv stays one
+    (bin_dir / "python3").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", OUT=str(tmp_path / "out"),
+               GPU_CHECKS_WORK=str(tmp_path / "work"), GPU_CHECKS_REAP="0",
                TESTS_FIRST=FIRST, TESTS_ARGS=f"--deselect {drop}", HF_HUB_OFFLINE="1")
     r = subprocess.run(["bash", "scripts/device/gpu_checks.sh", "tests"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
