@@ -190,3 +190,25 @@ def test_a_positional_given_as_a_flag_says_it_is_positional(capsys):
     assert err == "error: yxanul export: unknown flag '--out' (OUT is positional: yxanul export MODEL OUT)", err
     assert main(["export", "some-run", "some-dir", "--formt", "llama"]) == 2
     assert "unknown flag '--formt' (did you mean '--format'?)" in capsys.readouterr().err
+
+
+def test_every_flag_the_docs_show_exists():
+    """Each `yxanul <command> ... --flag` written in README.md, docs/ and scripts/device/README.md names a flag
+    that command has (the committed list; find-batch and sweep hand train's flags on; launch takes
+    accelerate's): a renamed flag cannot leave a doc whose command fails when copied."""
+    known = {cmd: {f.lstrip("-") for f in names} for cmd, names in json.loads(FIXTURE.read_text()).items()}
+    handed_on = {"yxanul find-batch": known["yxanul train"], "yxanul sweep": known["yxanul train"]}
+    commands = sorted((c for c in known if c.startswith("yxanul ")), key=len, reverse=True)
+    root = FIXTURE.parents[2]
+    docs = [root / "README.md", root / "scripts" / "device" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    wrong = []
+    for doc in docs:
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            for m in re.finditer(r"yxanul [a-z-]+(?: train)?[^`\n|]*", line):
+                cmd = next((c for c in commands if m.group(0) == c or m.group(0).startswith(c + " ")), None)
+                if cmd is None or cmd == "yxanul launch":
+                    continue
+                allowed = known[cmd] | handed_on.get(cmd, set()) | {"flag"}  # `[--flag value ...]` in a usage line
+                wrong += [f"{doc.relative_to(root)}:{n}: {cmd} --{f}" for f in re.findall(r"(?<![\w-])--([\w-]+)",
+                                                                                        m.group(0)) if f not in allowed]
+    assert not wrong, "\n".join(wrong)
