@@ -30,10 +30,22 @@ def test_tokenizer_train_is_autotokenizer_loadable_and_reports_bytes_per_token(t
     assert report["held_out_documents"] == 5 and 0 < report["sample_bytes"] <= 300000 + 200_000
     bpt = report["bytes_per_token"]
     assert 1.5 < bpt["trained"] < bpt["bundled"]  # a 600-token vocabulary compresses less than the 8k one
-    assert "bytes/token on held-out text: trained" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "bytes/token on held-out text: trained" in said and "warning: vocab" not in said  # 600 reached
     # the trained folder prepares and its ids are the tokenizer's
     data = prepare(DataArgs(tokenizer=str(out), max_documents=20, val_fraction=0.1), **Q)
     assert load_prepared_tokenizer(data).get_vocab() == tok.get_vocab()
+
+
+def test_a_sample_too_small_for_the_vocab_size_says_so(tmp_path, capsys):
+    """BPE stops when no pair is frequent enough: the smaller vocabulary is said in a warning line."""
+    docs = tmp_path / "d.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"doc {i}: " + "the cat sat on the mat " * 20}) + "\n"
+                            for i in range(300)))
+    assert tokenizer_main(["train", "--dataset", str(docs), "--out", str(tmp_path / "tok"), "--vocab_size", "4000",
+                           "--held_out_documents", "5"]) == 0
+    size = json.loads((tmp_path / "tok" / "yxanul_tokenizer_report.json").read_text())["vocab_size"]
+    assert size < 4000 and f"warning: vocab {size:,} < vocab_size 4,000" in capsys.readouterr().out
 
 
 def test_tokenizer_train_bad_flags_are_one_line():

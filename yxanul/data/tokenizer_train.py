@@ -142,4 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tokenizer: vocab {len(tok):,} trained on {len(sample):,} documents ({report['sample_bytes']:,} bytes) in "
           f"{report['seconds']}s -> {out}")
     print("bytes/token on held-out text: " + ", ".join(f"{k} {v:.3f}" for k, v in bpt.items()))
+    if len(tok) < args.vocab_size:  # BPE stops when no pair is frequent enough: say so, not just a smaller number
+        print(f"warning: vocab {len(tok):,} < vocab_size {args.vocab_size:,}: the sample has no more pairs seen "
+              f"min_frequency ({args.min_frequency}) times; train on more text for the full size")
     return 0
