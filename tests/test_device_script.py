@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST = "tests/integrations/test_trainer_gpu.py"
+GRAPHED = "tests/models/test_cuda_graphs.py::test_graphed_blocks_train_like_eager_ones[bf16-none]"  # a node id
+FIRST = f"tests/integrations/test_trainer_gpu.py {GRAPHED}"
 
 
 def names(junit: Path) -> set[str]:
@@ -32,7 +33,8 @@ def test_the_tests_stage_runs_tests_first_then_the_rest_without_them(tmp_path):
     assert "=== first-gpu-tests: exit 0" in log and "=== gpu-tests: exit 0" in log, log[-3000:]
     first, rest = names(tmp_path / "out" / "first-tests.xml"), names(tmp_path / "out" / "gpu-tests.xml")
     trainer = {n for n in first if n.startswith("tests.integrations.test_trainer_gpu::")}
-    assert first == trainer and any("deepspeed_zero1" in n for n in first), first  # slow ones included
+    graphed = "tests.models.test_cuda_graphs::" + GRAPHED.split("::")[1]
+    assert first == trainer | {graphed} and any("deepspeed_zero1" in n for n in first), first  # slow ones too
     assert rest and not rest & first, rest & first
     assert not any(n.startswith("tests.models.test_qkv_rope_gpu::") for n in rest)
     assert any(n.startswith("tests.models.") for n in rest)

@@ -163,14 +163,14 @@ profile() {  # where a step's time goes: 3 profiled steps per case (kernel table
 
 tests() {  # TESTS_FIRST (paths / node ids, slow ones included: the proofs the issues wait for), then every other
   # GPU/TE test that is not slow; TESTS_ARGS: more pytest arguments for the second (e.g. --deselect)
-  local first=${TESTS_FIRST:-tests/integrations/test_trainer_gpu.py} skip=() t
-  for t in $first; do skip+=(--deselect "$t"); done
+  local first=() skip=() t
+  read -r -a first <<< "${TESTS_FIRST:-tests/integrations/test_trainer_gpu.py}"  # split, never globbed ([params])
+  for t in "${first[@]}"; do skip+=(--deselect "$t"); done
   step nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   step verify python3 -m yxanul verify
-  # shellcheck disable=SC2086  # $first and $TESTS_ARGS are pytest arguments, split on purpose
-  step first-gpu-tests capped "${TESTS_FIRST_S:-200}" "${PYTEST[@]}" $first -m "gpu or te" \
+  step first-gpu-tests capped "${TESTS_FIRST_S:-200}" "${PYTEST[@]}" "${first[@]}" -m "gpu or te" \
     --junitxml="$OUT/first-tests.xml"
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086  # $TESTS_ARGS are pytest arguments, split on purpose
   step gpu-tests capped "${TESTS_CAP_S:-560}" "${PYTEST[@]}" -m "(gpu or te) and not slow" "${skip[@]}" \
     ${TESTS_ARGS:-} --junitxml="$OUT/gpu-tests.xml"
 }
