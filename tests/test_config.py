@@ -275,3 +275,25 @@ def test_fp8_weight_all_gather_refuses_what_fp8_weights_cannot_train_with(args, 
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_args(["--fp8_weight_all_gather", *args])
     assert parse_args(["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params"]).precision.fp8_weight_all_gather
+
+
+def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tmp_path):
+    """`--micro-batch-size` is `--micro_batch_size` (as transformers' HfArgumentParser takes both); a key another
+    trainer names differently (--learning-rate, a YAML's learning_rate, --checkpoint-dir) stays refused, and its
+    one line names yxanul's key, not the nearest spelling."""
+    from yxanul.flags import parse_command
+    from yxanul.planning.cli import PlanCommand
+
+    cfg = parse_args(["--micro-batch-size", "4", "--max-steps=7", "--use-fp8"])
+    assert (cfg.batch.micro_batch_size, cfg.train.max_steps, cfg.precision.use_fp8) == (4, 7, True)
+    assert parse_command(PlanCommand, ["--seq-length", "1024", "--gpu-memory", "40"], "yxanul plan").gpu_memory == 40
+    with pytest.raises(ConfigError, match=r"'learning-rate': .*yxanul's key is 'max_lr': the peak learning rate"):
+        parse_args(["--learning-rate", "3e-4"])
+    with pytest.raises(ConfigError, match=r"yxanul's key is 'output_dir'"):
+        parse_args(["--checkpoint_dir", "ckpts"])
+    p = tmp_path / "c.yaml"
+    p.write_text("learning_rate: 3.0e-4\n")
+    with pytest.raises(ConfigError, match=r"'learning_rate': .*yxanul's key is 'max_lr'"):
+        parse_args(["--config", str(p)])
+    with pytest.raises(ConfigError, match=r"did you mean 'max_steps'"):  # a plain typo keeps its nearest key
+        parse_args(["--max-stepz", "3"])

@@ -30,6 +30,7 @@ from .flags import (
     merge,
     parse_known,
     strip_optional,
+    underscored,
 )
 from .hub.args import HubArgs
 from .models.args import ModelArgs
@@ -245,7 +246,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     fields = _fields()
     bools = {k for k, (_, _, tp) in fields.items() if strip_optional(tp)[0] is bool}
     argv = [a for a in argv or () if a != "--"]  # a `--` before the flags separates nothing: train has no positionals
-    ns = parse_known(build_parser(prog), bare_booleans(argv, bools), fields)
+    ns = parse_known(build_parser(prog), bare_booleans(underscored(argv, fields), bools), fields)
     path = ns.pop("config", None)
     yaml_values = load_yaml(path) if path else {}
     embedded = path is not None and os.path.abspath(path) == os.path.abspath(DEFAULT_CONFIG)

@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from .errors import ConfigError, UserError
+from .foreign_keys import yxanul_key_for
 
 T = TypeVar("T")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
@@ -158,10 +159,21 @@ def did_you_mean(value, choices) -> str:
 
 
 def unknown_key(key: str, known, where: str = "see --help") -> ConfigError:
-    """A misspelt config key: one line with the closest known one."""
+    """A misspelt config key: one line with yxanul's name for another trainer's key, else the closest one."""
     close = difflib.get_close_matches(key, list(known), n=1)
-    hint = f"did you mean '{close[0]}'?" if close else where
+    hint = yxanul_key_for(key, known) or (f"did you mean '{close[0]}'?" if close else where)
     return ConfigError(key, f"a known config key ({hint})")
+
+
+def underscored(argv: list[str], names) -> list[str]:
+    """``--micro-batch-size`` -> ``--micro_batch_size`` where the underscore spelling is a field (transformers'
+    HfArgumentParser takes both): one name in --help and in YAML, either spelling on the command line."""
+    out = []
+    for a in argv:
+        name, eq, value = a[2:].partition("=")
+        dashed = a.startswith("--") and "-" in name and name not in names and name.replace("-", "_") in names
+        out.append(f"--{name.replace('-', '_')}{eq}{value}" if dashed else a)
+    return out
 
 
 # --------------------------------------------------------------------------- command fields
@@ -341,7 +353,7 @@ def _parse_command(cls, argv, prog: str, description: str | None, keep_rest: boo
     fields = fields_of(cls)
     bools = {n for n, (f, tp) in fields.items() if strip_optional(tp)[0] is bool and not f.metadata.get("positional")}
     parser = build_parser(cls, prog, description)
-    argv = bare_booleans(list(argv or []), bools)
+    argv = bare_booleans(underscored(list(argv or []), fields), bools)
     if keep_rest:
         parsed, rest = parser.parse_known_args(argv)
         ns = vars(parsed)

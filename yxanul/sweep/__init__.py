@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import _fields
 from ..errors import ConfigError, UserError
-from ..flags import _is_list, bare_booleans, fields_of, parse_command, strip_optional
+from ..flags import _is_list, bare_booleans, fields_of, parse_command, strip_optional, underscored
 from ..run_lock import DirLock
 from .local import plan, run_offline, sweep_dir
 from .online import run_online
@@ -56,7 +56,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     own: list[str] = []
     rest: list[str] = []
     target, values = own, 0  # where the next values go, and how many (-1: until the next flag)
-    for t in bare_booleans(list(argv), bools):
+    for t in bare_booleans(underscored(list(argv), set(fields) | set(_fields())), bools):
         if t == "--":  # `yxanul sweep FILE -- --max_steps 20`: a separator before the trials' flags, not a flag
             continue
         if t.startswith("-"):

@@ -1,0 +1,55 @@
+"""Other trainers' names for yxanul's config keys (transformers' TrainingArguments, Lightning, nanoGPT, Megatron,
+the scripts yxanul replaces). A flag or YAML key that is one of them is still refused -- one spelling per key --
+but its one-line error names yxanul's key and what it means, instead of the nearest spelling ("did you mean
+'checkpoint_freq'?" for --checkpoint_dir). Keys are compared with dashes as underscores, in lower case."""
+
+from __future__ import annotations
+
+_RUN_DIR = ("output_dir", "the run directory: checkpoints, metrics, TensorBoard events and samples live under it")
+_STEPS = ("max_steps", "optimizer steps (tokens = max_steps x target_tokens_per_step)")
+_CKPT_FREQ = ("checkpoint_freq", "optimizer steps between checkpoints")
+_RESUME = ("resume", "'latest', 'auto' or a checkpoint folder")
+_SEQ = ("seq_length", "tokens per sequence")
+_CLIP = ("max_grad_norm", "the gradient-norm clip")
+_ACCUM = ("gradient_accumulation_steps", "micro-batches per optimizer step")
+
+FOREIGN_KEYS: dict[str, tuple[str, str]] = {
+    "learning_rate": ("max_lr", "the peak learning rate"), "lr": ("max_lr", "the peak learning rate"),
+    "min_lr": ("min_lr_ratio", "the final learning rate as a fraction of max_lr"),
+    "checkpoint_dir": _RUN_DIR, "save_dir": _RUN_DIR, "logdir": _RUN_DIR, "log_dir": _RUN_DIR,
+    "logging_dir": _RUN_DIR, "out_dir": _RUN_DIR,
+    "save_steps": _CKPT_FREQ, "save_every_n_steps": _CKPT_FREQ, "save_interval": _CKPT_FREQ,
+    "checkpoint_interval": _CKPT_FREQ,
+    "eval_interval": ("eval_freq", "optimizer steps between evaluations"),
+    "logging_steps": ("log_freq", "optimizer steps between log lines"),
+    "log_interval": ("log_freq", "optimizer steps between log lines"),
+    "resume_from": _RESUME, "resume_from_checkpoint": _RESUME, "checkpoint": _RESUME,
+    "total_tokens": _STEPS, "max_iters": _STEPS, "total_steps": _STEPS, "num_train_steps": _STEPS,
+    "train_steps": _STEPS,
+    "warmup": ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)"),
+    "warmup_iters": ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)"),
+    "global_batch_size": ("target_tokens_per_step", "tokens per optimizer step (or target_effective_batch_size "
+                                                    "in sequences)"),
+    "batch_size": ("micro_batch_size", "sequences per process and forward (target_effective_batch_size: all)"),
+    "per_device_train_batch_size": ("micro_batch_size", "sequences per process and forward"),
+    "grad_accum": _ACCUM, "gradient_accumulation": _ACCUM, "accumulate_grad_batches": _ACCUM,
+    "grad_clip": _CLIP, "clip_grad": _CLIP, "gradient_clip_val": _CLIP, "gradient_clipping": _CLIP,
+    "block_size": _SEQ, "seq_len": _SEQ, "max_seq_length": _SEQ, "context_length": _SEQ,
+    "wandb": ("use_wandb", "true or false"), "no_wandb": ("use_wandb", "false to turn W&B off"),
+    "tensorboard": ("use_tensorboard", "true or false"),
+    "compile": ("torch_compile", "true or false"),
+    "fp8": ("use_fp8", "true or false (fp8_recipe picks the TE recipe)"),
+    "precision": ("mixed_precision", "bf16, fp16, no or auto; use_fp8 for FP8"),
+    "adam_beta1": ("beta1", "AdamW's beta1"), "adam_beta2": ("beta2", "AdamW's beta2"),
+    "adam_epsilon": ("adam_eps", "AdamW's epsilon"),
+    "dataloader_num_workers": ("num_workers", "DataLoader worker processes"),
+    "n_layer": ("model", "a preset: the shapes come from it (docs/models.md)"),
+    "n_embd": ("model", "a preset: the shapes come from it (docs/models.md)"),
+    "n_head": ("model", "a preset: the shapes come from it (docs/models.md)"),
+}
+
+
+def yxanul_key_for(key: str, known) -> str | None:
+    """"yxanul's key is 'max_lr' (the peak learning rate)" for another trainer's name of a key in ``known``."""
+    hit = FOREIGN_KEYS.get(key.replace("-", "_").lower())
+    return f"yxanul's key is '{hit[0]}': {hit[1]}" if hit and hit[0] in known else None
