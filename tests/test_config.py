@@ -295,5 +295,7 @@ def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tm
     p.write_text("learning_rate: 3.0e-4\n")
     with pytest.raises(ConfigError, match=r"'learning_rate': .*yxanul's key is 'max_lr'"):
         parse_args(["--config", str(p)])
+    with pytest.raises(ConfigError, match=r"'devices': .*\(processes and nodes are the launcher's: accelerate launch"):
+        parse_args(["--devices", "8"])  # no key: where it is set instead
     with pytest.raises(ConfigError, match=r"did you mean 'max_steps'"):  # a plain typo keeps its nearest key
         parse_args(["--max-stepz", "3"])

@@ -12,8 +12,10 @@ _RESUME = ("resume", "'latest', 'auto' or a checkpoint folder")
 _SEQ = ("seq_length", "tokens per sequence")
 _CLIP = ("max_grad_norm", "the gradient-norm clip")
 _ACCUM = ("gradient_accumulation_steps", "micro-batches per optimizer step")
+_PROCESSES = ("processes and nodes are the launcher's: accelerate launch --num_processes N [--num_machines M] "
+              "train.py ... (or yxanul launch; docs/distributed.md)")
 
-FOREIGN_KEYS: dict[str, tuple[str, str]] = {
+FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "learning_rate": ("max_lr", "the peak learning rate"), "lr": ("max_lr", "the peak learning rate"),
     "min_lr": ("min_lr_ratio", "the final learning rate as a fraction of max_lr"),
     "checkpoint_dir": _RUN_DIR, "save_dir": _RUN_DIR, "logdir": _RUN_DIR, "log_dir": _RUN_DIR,
@@ -46,10 +48,21 @@ FOREIGN_KEYS: dict[str, tuple[str, str]] = {
     "n_layer": ("model", "a preset: the shapes come from it (docs/models.md)"),
     "n_embd": ("model", "a preset: the shapes come from it (docs/models.md)"),
     "n_head": ("model", "a preset: the shapes come from it (docs/models.md)"),
+    "use_transformer_engine": ("backend", "te (Transformer Engine layers), torch (the plain twin) or auto"),
+    "compile_mode": ("torch_compile", "true or false"),
+    # no key: the launcher's, or nothing to set
+    "devices": (None, _PROCESSES), "gpus": (None, _PROCESSES), "nproc_per_node": (None, _PROCESSES),
+    "num_gpus": (None, _PROCESSES), "nodes": (None, _PROCESSES), "num_nodes": (None, _PROCESSES),
+    "strategy": (None, "the accelerate profile picks DDP, DeepSpeed ZeRO or FSDP2: accelerate launch --config_file "
+                       "accelerate_configs/<profile>.yaml train.py ... (docs/distributed.md)"),
+    "use_flash_attention": (None, "nothing to set: attention runs fused flash kernels by itself (SDPA, TE)"),
 }
 
 
 def yxanul_key_for(key: str, known) -> str | None:
-    """"yxanul's key is 'max_lr' (the peak learning rate)" for another trainer's name of a key in ``known``."""
+    """"yxanul's key is 'max_lr': the peak learning rate" for another trainer's name of a key in ``known``; for a
+    setting that is no key (processes, nodes), where it is set instead."""
     hit = FOREIGN_KEYS.get(key.replace("-", "_").lower())
-    return f"yxanul's key is '{hit[0]}': {hit[1]}" if hit and hit[0] in known else None
+    if hit is None or (hit[0] is not None and hit[0] not in known):
+        return None
+    return f"yxanul's key is '{hit[0]}': {hit[1]}" if hit[0] else hit[1]
