@@ -299,3 +299,9 @@ def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tm
         parse_args(["--devices", "8"])  # no key: where it is set instead
     with pytest.raises(ConfigError, match=r"did you mean 'max_steps'"):  # a plain typo keeps its nearest key
         parse_args(["--max-stepz", "3"])
+    from yxanul.tools.plot_lr import main as plot_lr
+
+    with pytest.raises(UserError, match=r"'--total_steps' \(yxanul's key is 'max_steps'"):  # commands too
+        plot_lr(["--total_steps", "1760"])
+    with pytest.raises(UserError, match=r"unknown flag '--devices' \(see `yxanul plan --help`\)"):
+        parse_command(PlanCommand, ["--devices", "8"], "yxanul plan")  # the launcher advice is train's only

@@ -329,6 +329,7 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
             raise UserError(f"{parser.prog}: unknown flag '--{name}' ({positional[name]} is positional: {usage})")
         close = difflib.get_close_matches(name, [k for k in known_flags if k not in positional], n=1)
         hint = f"did you mean '--{close[0]}'?" if close else f"see `{parser.prog} --help`"
+        hint = yxanul_key_for(name, [k for k in known_flags if k not in positional], advice=False) or hint
         raise UserError(f"{parser.prog}: unknown flag '--{name}' ({hint})")
     return vars(parsed)
 

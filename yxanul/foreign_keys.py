@@ -59,10 +59,10 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
 }
 
 
-def yxanul_key_for(key: str, known) -> str | None:
-    """"yxanul's key is 'max_lr': the peak learning rate" for another trainer's name of a key in ``known``; for a
-    setting that is no key (processes, nodes), where it is set instead."""
+def yxanul_key_for(key: str, known, advice: bool = True) -> str | None:
+    """"yxanul's key is 'max_lr': the peak learning rate" for another trainer's name of a key in ``known``; with
+    ``advice`` (the training config's keys), for a setting that is no key (processes, nodes), where it is set."""
     hit = FOREIGN_KEYS.get(key.replace("-", "_").lower())
-    if hit is None or (hit[0] is not None and hit[0] not in known):
+    if hit is None or (hit[0] not in known if hit[0] is not None else not advice):
         return None
     return f"yxanul's key is '{hit[0]}': {hit[1]}" if hit[0] else hit[1]
