@@ -327,9 +327,10 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
         if name in positional:  # `export run --out dir`: say how it is given, not "did you mean '--out'"
             usage = " ".join([parser.prog, *positional.values()])
             raise UserError(f"{parser.prog}: unknown flag '--{name}' ({positional[name]} is positional: {usage})")
-        close = difflib.get_close_matches(name, [k for k in known_flags if k not in positional], n=1)
-        hint = f"did you mean '--{close[0]}'?" if close else f"see `{parser.prog} --help`"
-        hint = yxanul_key_for(name, [k for k in known_flags if k not in positional], advice=False) or hint
+        flags = [k for k in known_flags if k not in positional]
+        close = difflib.get_close_matches(name, flags, n=1)
+        hint = yxanul_key_for(name, flags, advice=False) or (
+            f"did you mean '--{close[0]}'?" if close else f"see `{parser.prog} --help`")
         raise UserError(f"{parser.prog}: unknown flag '--{name}' ({hint})")
     return vars(parsed)
 
