@@ -15,7 +15,8 @@
 #   bash scripts/device/gpu_checks.sh speed    # the speed variants alone (FIRST_VARIANTS=... the ones `first` missed)
 # Several stages may follow each other in one call (`parity profile`). Files in $OUT (a call returns <= 8):
 # first: session.log, tests.xml, speed-<day>-<gpu>.tar.gz (one bench JSON per variant), summary.md;
-# parity: parity.json, parity.png, runs.tar.gz; profile: profile.json, profiles.txt. Here, afterwards:
+# parity: parity.json, parity.png, runs.tar.gz; profile: profile.json, profiles.txt; tests: first-tests.xml,
+# gpu-tests.xml. Here, afterwards:
 # `python -m yxanul.tools.bench_table commit <the calls' folders>` puts them in docs/bench/ and regenerates
 # docs/benchmarks.md's table. Knobs (env) are listed in scripts/device/README.md; the FIRST_* ones make a
 # CPU rehearsal possible (tiny presets, the torch backend: the FP8 cases are skipped with their reason).
