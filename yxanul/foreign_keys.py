@@ -12,6 +12,9 @@ _RESUME = ("resume", "'latest', 'auto' or a checkpoint folder")
 _SEQ = ("seq_length", "tokens per sequence")
 _CLIP = ("max_grad_norm", "the gradient-norm clip")
 _ACCUM = ("gradient_accumulation_steps", "micro-batches per optimizer step")
+_LOG = ("log_freq", "optimizer steps between log lines")
+_WARMUP = ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)")
+_PRESET = ("model", "a preset: the shapes come from it (docs/models.md)")
 _PROCESSES = ("processes and nodes are the launcher's: accelerate launch --num_processes N [--num_machines M] "
               "train.py ... (or yxanul launch; docs/distributed.md)")
 
@@ -23,13 +26,11 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "save_steps": _CKPT_FREQ, "save_every_n_steps": _CKPT_FREQ, "save_interval": _CKPT_FREQ,
     "checkpoint_interval": _CKPT_FREQ,
     "eval_interval": ("eval_freq", "optimizer steps between evaluations"),
-    "logging_steps": ("log_freq", "optimizer steps between log lines"),
-    "log_interval": ("log_freq", "optimizer steps between log lines"),
+    "logging_steps": _LOG, "log_interval": _LOG,
     "resume_from": _RESUME, "resume_from_checkpoint": _RESUME, "checkpoint": _RESUME,
     "total_tokens": _STEPS, "max_iters": _STEPS, "total_steps": _STEPS, "num_train_steps": _STEPS,
     "train_steps": _STEPS,
-    "warmup": ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)"),
-    "warmup_iters": ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)"),
+    "warmup": _WARMUP, "warmup_iters": _WARMUP,
     "global_batch_size": ("target_tokens_per_step", "tokens per optimizer step (or target_effective_batch_size "
                                                     "in sequences)"),
     "batch_size": ("micro_batch_size", "sequences per process and forward (target_effective_batch_size: all)"),
@@ -45,9 +46,7 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "adam_beta1": ("beta1", "AdamW's beta1"), "adam_beta2": ("beta2", "AdamW's beta2"),
     "adam_epsilon": ("adam_eps", "AdamW's epsilon"),
     "dataloader_num_workers": ("num_workers", "DataLoader worker processes"),
-    "n_layer": ("model", "a preset: the shapes come from it (docs/models.md)"),
-    "n_embd": ("model", "a preset: the shapes come from it (docs/models.md)"),
-    "n_head": ("model", "a preset: the shapes come from it (docs/models.md)"),
+    "n_layer": _PRESET, "n_embd": _PRESET, "n_head": _PRESET,
     "use_transformer_engine": ("backend", "te (Transformer Engine layers), torch (the plain twin) or auto"),
     "compile_mode": ("torch_compile", "true or false"),
     # no key: the launcher's, or nothing to set
@@ -62,7 +61,7 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
 def yxanul_key_for(key: str, known, advice: bool = True) -> str | None:
     """"yxanul's key is 'max_lr': the peak learning rate" for another trainer's name of a key in ``known``; with
     ``advice`` (the training config's keys), for a setting that is no key (processes, nodes), where it is set."""
-    hit = FOREIGN_KEYS.get(key.replace("-", "_").lower())
-    if hit is None or (hit[0] not in known if hit[0] is not None else not advice):
-        return None
-    return f"yxanul's key is '{hit[0]}': {hit[1]}" if hit[0] else hit[1]
+    ours, what = FOREIGN_KEYS.get(key.replace("-", "_").lower(), (None, None))
+    if ours is None:
+        return what if advice else None
+    return f"yxanul's key is '{ours}': {what}" if ours in known else None

@@ -27,6 +27,7 @@ from ..flags import parse_command
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS
 from .tiktoken_path import build_encoding, tiktoken_spec
+from .tokenizer_load import load_tokenizer
 
 
 @dataclass
@@ -116,7 +117,6 @@ def _pipeline(args: BenchDataCommand, path: Path, tmp: Path, procs: int, trial: 
 
 
 def run(args: BenchDataCommand, say=print) -> dict:
-    from .tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     with tempfile.TemporaryDirectory(prefix="yxanul-bench-data-") as d:
         tmp = Path(d)

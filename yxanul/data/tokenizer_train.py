@@ -26,6 +26,7 @@ from ..errors import ConfigError, DataError
 from ..flags import parse_command, same_as
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
+from .tokenizer_load import load_tokenizer
 
 
 @dataclass
@@ -115,7 +116,6 @@ def bytes_per_token(tok, texts: list[str]) -> float:
 
 def compare(tok, held: list[str]) -> dict[str, float]:
     """Bytes per token on ``held`` for ``tok``, the bundled tokenizer and GPT-2 (when available)."""
-    from .tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     out = {"trained": bytes_per_token(tok, held), "bundled": bytes_per_token(load_tokenizer(None)[1], held)}
     try:

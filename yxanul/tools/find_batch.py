@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import parse_args, with_default_config
+from ..data.tokenizer_load import load_tokenizer
 from ..errors import ConfigError
 from ..flags import build_parser, parse_command_and_rest
 from ..training import speed_defaults
@@ -102,7 +103,6 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
 
 
 def _tokenizer_size(name: str | None) -> int:
-    from ..data.tokenizer_load import load_tokenizer  # numpy: --help stays light
 
     return len(load_tokenizer(name)[1])
 
