@@ -176,3 +176,33 @@ def test_parity_flags_are_read_from_what_the_runs_trained_with(tmp_path):
                                              "master_weights: none\n")
     p = parity_from_runs(str(tmp_path / "bf16"), str(tmp_path / "fp8"), flags="--cuda_graphs")
     assert p["flags"] == "--loss_impl te --fuse_qkv_params --cuda_graphs"
+
+
+def _with_fp8(data, ratio):
+    """``data`` with its FP8 row run, ``ratio`` x its BF16 row's tokens/s (step times divided alike)."""
+    out = copy.deepcopy(data)
+    bf16 = next(r for r in out["rows"] if r["precision"] == "bf16")
+    out["rows"] = [r for r in out["rows"] if r["precision"] != "fp8-delayed"] + [dict(
+        bf16, precision="fp8-delayed", tokens_per_sec=bf16["tokens_per_sec"] * ratio,
+        **{k: bf16[k] / ratio for k in ("step_ms", "step_ms_min", "step_ms_max")})]
+    return out
+
+
+@pytest.mark.parametrize("ratio, dim", [(1.1, 0), (1.02, None)])
+def test_an_entry_takes_fp8_min_gemm_dim_0_only_where_its_own_fp8_pays(tmp_path, ratio, dim):
+    """The winner's own FP8 ÷ BF16 (every layer in FP8, as the bench runs) >= the bar, also on the fastest step:
+    its entry says FP8 pays on every layer with its flags (`fp8_min_gemm_dim: 0`); below the bar it says nothing."""
+    from yxanul.tools.bench_decide import table_entries, write_table
+    from yxanul.training.speed_defaults import load_table
+
+    base = _load("default")
+    parity = dict(PARITY_OK, flags="--loss_impl te --fuse_qkv_params --cuda_graphs")
+    stack = _with_fp8(_with_flags(_scaled(base, 1.2), parity["flags"]), 1.0)
+    stack = _with_fp8(stack, ratio)
+    decisions = decide({"default": _with_fp8(base, 0.8), "stack-no-masters": stack}, parity)
+    assert decisions[0]["fp8_vs_bf16"] == ratio and decisions[0]["verdict"] == "default"
+    entry = table_entries(decisions, "2026-11-27-cpu", parity)["nano"]
+    assert entry.get("fp8_min_gemm_dim") == dim and ("FP8 1.10x its BF16" in entry["evidence"]) is (dim == 0)
+    table = tmp_path / "speed_defaults.yaml"
+    write_table(table, {"nano": entry})
+    assert load_table(table)["te"]["nano"]["fp8_min_gemm_dim"] == dim

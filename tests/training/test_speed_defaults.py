@@ -3,6 +3,8 @@ user did not set, held off where the launch cannot run a flag, kept as the run s
 here use an injected table for the torch backend (the shipped one may hold te only) and the real trainer."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -131,3 +133,57 @@ def test_the_trainer_applies_the_table_records_it_and_a_resume_keeps_it(tmp_path
     assert "speed defaults for torch/nano: none applied; the resumed run keeps loss_impl chunked" in (
         capsys.readouterr().out)
     assert yaml.safe_load((tmp_path / "table" / "config.yaml").read_text())["loss_impl"] == "chunked"
+
+
+def test_an_entrys_fp8_threshold_applies_only_with_all_of_its_flags(tmp_path):
+    """``fp8_min_gemm_dim`` in an entry: FP8 measured to pay on every layer *with* the entry's flags (graphed). A
+    run without one of them (held off by the launch or turned off by the user) keeps its own threshold and the
+    line says why; a threshold the user set wins; a resume keeps the one its run started with."""
+    table = check_table({"te": {"nano": {"flags": "--loss_impl te --cuda_graphs", "evidence": "e",
+                                         "fp8_min_gemm_dim": 0}}})
+    cfg, line = apply(parse_args(["--model", "nano"]), "te", table, Launch())
+    assert cfg.precision.fp8_min_gemm_dim == 0 and "--loss_impl te --cuda_graphs --fp8_min_gemm_dim 0 (" in line
+    own = parse_args(["--model", "nano"]).precision.fp8_min_gemm_dim
+    for argv, launch in ((["--cuda_graphs", "false"], Launch()), ([], Launch(processes=2))):
+        cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", table, launch)
+        assert cfg.precision.fp8_min_gemm_dim == own
+        assert "kept off: fp8_min_gemm_dim (measured with --cuda_graphs, which this run does not have)" in line
+    cfg, line = apply(parse_args(["--model", "nano", "--fp8_min_gemm_dim", "512"]), "te", table, Launch())
+    assert cfg.precision.fp8_min_gemm_dim == 512 and "fp8_min_gemm_dim" not in line
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"fp8_min_gemm_dim": own}))
+    cfg, line = for_run(parse_args(["--model", "nano", "--output_dir", str(run), "--resume", "latest"]), "te",
+                        table, env={})
+    assert cfg.precision.fp8_min_gemm_dim == own and f"the resumed run keeps fp8_min_gemm_dim {own}" in line
+    with pytest.raises(UserError, match="te.nano.fp8_min_gemm_dim: expected an integer >= 0"):
+        check_table({"te": {"nano": {"flags": "", "evidence": "e", "fp8_min_gemm_dim": "0"}}})
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+def test_a_plain_fp8_run_of_gpt2_124m_gets_the_shipped_entry_and_every_layer_in_fp8(tmp_path):
+    """What a user gets without a speed flag on one GPU: `yxanul train --model gpt2-124m --backend te --use_fp8`
+    runs the shipped entry (TE loss, fused QKV, CUDA graphs) and, by the entry's threshold, every layer in FP8
+    (the 1536 rule alone falls back to BF16 at 768 wide), confirmed by TE's read-back; the losses stay finite."""
+    from yxanul import _te
+
+    ok, why = _te.availability().get("delayed", (False, "unknown"))
+    if not ok:
+        pytest.skip(f"FP8 recipe delayed unavailable here: {why}")
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "yxanul", "train", "--model", "gpt2-124m", "--backend", "te",
+                        "--seq_length", "256", "--micro_batch_size", "8", "--max_steps", "6", "--warmup_steps", "2",
+                        "--log_freq", "1", "--eval_freq", "0", "--sample_tokens", "0", "--checkpoint_freq", "0",
+                        "--use_tensorboard", "false", "--use_fp8", "--require_fp8", "--output_dir", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("speed defaults for te/gpt2-124m"))
+    assert "--loss_impl te --fuse_qkv_params --cuda_graphs --fp8_min_gemm_dim 0 (" in line, line
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["cuda_graphs"], saved["fp8_min_gemm_dim"], saved["loss_impl"]) == (True, 0, "te")
+    rep = json.loads((out / "precision_report.json").read_text())
+    assert rep["fp8"] and rep["te_readback"]["fp8_confirmed"], rep
+    assert sum(d["fp8"] for d in rep["layers"].values()) == 36 and not any(d["bf16"] for d in rep["layers"].values())
+    losses = [x["loss"] for x in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in x]
+    assert len(losses) == 6 and all(x == x and x < 20 for x in losses), losses

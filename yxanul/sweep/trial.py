@@ -90,7 +90,7 @@ def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: 
     argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "auto"]
     flat = cfg.to_flat_dict()
     # the speed flags a user left to the table are decided at run time (and a resume keeps the run's own)
-    settings = {k: v for k, v in flat.items() if k in cfg.user_keys or k not in speed_defaults.KEYS}
+    settings = {k: v for k, v in flat.items() if k in cfg.user_keys or k not in speed_defaults.TABLE_KEYS}
     return Trial(trial_id, params, run_dir, argv, cfg.train.max_steps, {k: flat[k] for k in params}, settings)
 
 

@@ -86,8 +86,20 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
                                f"step (the gain is within the steps' spread)")
             verdict, reason = _verdict(speed, why, parity, parity_tolerance, flags)
             out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed, "flags": flags,
-                        "verdict": verdict, "reason": reason})
+                        "verdict": verdict, "reason": reason, "fp8_vs_bf16": fp8_vs_bf16(rows[v], preset, seq)})
     return out
+
+
+def fp8_vs_bf16(rows: dict, preset: str, seq: int) -> float | None:
+    """A variant's own FP8 (delayed) ÷ BF16 tokens/s at (preset, seq), the smaller of the median's and the fastest
+    step's ratio (None: either did not run). The bench runs every layer in FP8 (``--fp8_min_gemm_dim 0``)."""
+    f, b = rows.get((preset, seq, "fp8-delayed")), rows.get((preset, seq, "bf16"))
+    if not (_ok(f) and _ok(b)):
+        return None
+    ratio = f["tokens_per_sec"] / b["tokens_per_sec"]
+    if f.get("step_ms_min") and b.get("step_ms_min"):
+        ratio = min(ratio, b["step_ms_min"] / f["step_ms_min"])
+    return round(ratio, 3)
 
 
 def _verdict(speed: dict, why: list, parity: dict | None, tol: float, flags: str) -> tuple[str, str]:
@@ -134,9 +146,12 @@ TABLE_HEADER = """\
 """
 
 
-def table_entries(decisions: list[dict], tag: str, parity: dict | None) -> dict[str, dict | None]:
+def table_entries(decisions: list[dict], tag: str, parity: dict | None,
+                  min_speedup: float = MIN_SPEEDUP) -> dict[str, dict | None]:
     """preset -> {flags, evidence} of the fastest variant that is 'default' at every seq measured there (None:
-    ``plain`` won, no entry). Variants with flags the table cannot hold (``--torch_compile``) never enter it."""
+    ``plain`` won, no entry), with ``fp8_min_gemm_dim: 0`` where that variant's own FP8 is >= ``min_speedup`` x
+    its BF16 at every seq (on the fastest step too). Variants with flags the table cannot hold
+    (``--torch_compile``) never enter it."""
     by: dict[tuple[str, str], list[dict]] = {}
     for d in decisions:
         by.setdefault((d["preset"], d["variant"]), []).append(d)
@@ -154,7 +169,11 @@ def table_entries(decisions: list[dict], tag: str, parity: dict | None) -> dict[
     for preset, (_, d) in best.items():
         gain = ", ".join(f"{k} {x:.2f}x" for k, x in d["speedup"].items())
         evidence = f"{tag} {d['variant']}: {gain}; parity {100 * parity['val_rel_diff']:+.2f} % with its flags"
-        out[preset] = None if d["variant"] == "plain" else {"flags": d["flags"], "evidence": evidence}
+        fp8 = [x["fp8_vs_bf16"] for x in by[(preset, d["variant"])]]
+        entry = {"flags": d["flags"], "evidence": evidence}
+        if all(x is not None and x >= min_speedup for x in fp8):  # FP8 pays on every layer with these flags
+            entry = {**entry, "evidence": f"{evidence}; FP8 {min(fp8):.2f}x its BF16", speed_defaults.THRESHOLD: 0}
+        out[preset] = None if d["variant"] == "plain" else entry
     return out
 
 
@@ -167,8 +186,9 @@ def write_table(path: Path, entries: dict[str, dict | None]) -> list[str]:
         if entry is None and preset in te:
             lines.append(f"  {preset}: speed defaults removed (plain won)")
             te.pop(preset)
-        elif entry is not None and te.get(preset, {}).get("flags") != entry["flags"]:
-            lines.append(f"  {preset}: {entry['flags']} ({entry['evidence']})")
+        elif entry is not None and te.get(preset) != entry:
+            dim = f" --{speed_defaults.THRESHOLD} {entry[speed_defaults.THRESHOLD]}" if len(entry) > 2 else ""
+            lines.append(f"  {preset}: {entry['flags']}{dim} ({entry['evidence']})")
             te[preset] = entry
     path.write_text(TABLE_HEADER + yaml.safe_dump({"te": te}, sort_keys=False, width=200))
     speed_defaults.load_table(path)  # what it wrote loads as the trainer reads it

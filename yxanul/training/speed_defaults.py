@@ -16,6 +16,8 @@ never turned into a refusal:
 - ``master_weights fp32``: several processes (DDP/DeepSpeed keep their own masters, FSDP2 its sharded scheme)
   or fp32 compute;
 - ``fuse_qkv_rope``: FSDP2 or DeepSpeed (their checkpoints keep the fused weight by name, in cat[q, k, v] rows);
+- an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
+  all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
   changes the numerics of a run half-way.
 
@@ -57,7 +59,12 @@ class SpeedFlags:
 
 
 KEYS = tuple(f.name for f in dataclasses.fields(SpeedFlags))
-SECTION = {"master_weights": "precision"}  # the others: model
+# An entry's fp8_min_gemm_dim: FP8 measured to pay on every layer of that preset *with the entry's flags* (eager,
+# small-width FP8 loses: its casts and launches cost more than its GEMMs save), so it applies only to a run that
+# has all of them. Not a bench variant flag: `yxanul bench` always sets its own.
+THRESHOLD = "fp8_min_gemm_dim"
+TABLE_KEYS = (*KEYS, THRESHOLD)
+SECTION = {"master_weights": "precision", THRESHOLD: "precision"}  # the others: model
 
 
 def parse_flags(flags: str, where: str = "speed flags") -> dict[str, Any]:
@@ -98,7 +105,11 @@ def check_table(raw: Any, backends: tuple[str, ...] = SHIPPED_BACKENDS, where: s
             if not isinstance(entry, dict) or not isinstance(entry.get("flags"), str) or not entry.get("evidence"):
                 raise UserError(f"{where}: {backend}.{preset}: expected {{flags: '--key value ...', evidence: ...}}")
             values = parse_flags(entry["flags"], where=f"{where}: {backend}.{preset}")
-            out[backend][preset] = {"values": values, "flags": flag_string(values), "evidence": entry["evidence"]}
+            dim = entry.get(THRESHOLD)
+            if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 0):
+                raise UserError(f"{where}: {backend}.{preset}.{THRESHOLD}: expected an integer >= 0, got {dim!r}")
+            out[backend][preset] = {"values": values, "flags": flag_string(values), "evidence": entry["evidence"],
+                                    THRESHOLD: dim}
     return out
 
 
@@ -150,16 +161,33 @@ def choose(values: dict, user_keys, launch: Launch) -> tuple[dict, dict]:
     return chosen, held
 
 
+def threshold(entry: dict | None, user_keys, would: dict) -> tuple[int | None, str | None]:
+    """(the entry's `THRESHOLD` for this run, or None; why it is held off, or None): it applies where the user
+    did not set it and the run ends up with every flag of the entry (``would``: the run's values)."""
+    dim = (entry or {}).get(THRESHOLD)
+    if dim is None or THRESHOLD in user_keys:
+        return None, None
+    missing = {k: v for k, v in entry["values"].items() if would[k] != v}
+    if missing:
+        return None, f"measured with {flag_string(missing)}, which this run does not have"
+    return dim, None
+
+
 def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None = None) -> tuple[Any, str | None]:
     """(``cfg`` with its speed defaults set, the one line saying so). ``cfg``: a resolved `yxanul.config.Config`;
-    ``previous``: the flat config of the run a resume continues: its values of `KEYS` that the user did not set
-    win over the table's (whatever the table holds now, or no longer holds)."""
+    ``previous``: the flat config of the run a resume continues: its values of `TABLE_KEYS` that the user did not
+    set win over the table's (whatever the table holds now, or no longer holds)."""
     if not cfg.train.speed_defaults:
         return cfg, None
     entry = table.get(backend, {}).get(cfg.model.model)
     chosen, held = choose(entry["values"], cfg.user_keys, launch) if entry else ({}, {})
-    would = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in KEYS} | chosen
-    previous = {k: previous[k] for k in KEYS if k in (previous or {}) and k not in cfg.user_keys}
+    would = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in TABLE_KEYS} | chosen
+    dim, why = threshold(entry, cfg.user_keys, would)
+    if dim is not None:
+        chosen[THRESHOLD] = would[THRESHOLD] = dim
+    elif why:
+        held[THRESHOLD] = why
+    previous = {k: previous[k] for k in TABLE_KEYS if k in (previous or {}) and k not in cfg.user_keys}
     kept = {k: v for k, v in previous.items() if v != would[k]}
     final = {**chosen, **kept}
     if not (final or held):
@@ -174,8 +202,10 @@ def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None 
 
 
 def _line(backend: str, preset: str, entry: dict | None, chosen: dict, held: dict, kept: dict) -> str:
+    flags = " ".join(x for x in (flag_string(chosen), f"--{THRESHOLD} {chosen[THRESHOLD]}" if THRESHOLD in chosen
+                                  else "") if x)
     parts = [f"speed defaults for {backend}/{preset}" + (f" ({entry['evidence']})" if entry else "") + ": "
-             + (flag_string(chosen) or "none applied")]
+             + (flags or "none applied")]
     parts += [f"kept off: {k} ({why})" for k, why in held.items() if k not in kept]
     if kept:
         parts.append("the resumed run keeps " + ", ".join(f"{k} {v}" for k, v in kept.items()))
