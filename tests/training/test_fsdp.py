@@ -51,6 +51,18 @@ def losses(run_dir, key="loss"):
     return {r["step"]: r[key] for r in read_metrics(Path(run_dir) / "metrics.jsonl") if "loss" in r}
 
 
+def saved_init(out, **model):
+    """One initialization of the runs' model, saved (torch backend: same state-dict names) for ``--init_from``:
+    runs compared step by step start from the same weights. Vocabulary: the bundled tokenizer's, as a run's."""
+    from yxanul.data.tokenizer_load import load_tokenizer
+    from yxanul.models.args import ModelArgs
+    from yxanul.models.build import build_model
+
+    torch.manual_seed(0)
+    build_model(ModelArgs(backend="torch", **model), len(load_tokenizer(None)[1])).save_pretrained(out)
+    return out
+
+
 def exported(ckpt, out):
     from safetensors.torch import load_file
 
@@ -204,8 +216,10 @@ def test_fsdp2_fp8_one_gpu_runs_the_configured_recipe(tmp_path, recipe):
 @pytest.mark.te
 def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_masters(tmp_path):
     """``--fp8_weight_all_gather`` on one GPU under fsdp2.yaml: the TE layers hold FP8 weights, FusedAdam
-    their fp32 masters. Its losses follow the BF16-all-gather run's (same recipe, same data: the GEMMs see
-    the same FP8 weights up to BF16 rounding before quantization); a resume from step 3 continues them;
+    their fp32 masters. Its losses follow the BF16-all-gather run's (same recipe, same data, the same saved
+    initialization: the GEMMs see the same FP8 weights up to BF16 rounding before quantization; without
+    ``--init_from`` the two runs would start apart: TE keeps its own draw of an FP8 weight, `_init_weights`
+    draws a BF16 one again); a resume from step 3 continues them;
     the checkpoint's optimizer shards hold the masters, and the export is made of them (an FP8-rounded
     tensor has at most 256 distinct values per tensor scale)."""
     import torch.distributed.checkpoint as dcp
@@ -228,19 +242,23 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
         return r
 
     fp8, bf16, res = tmp_path / "fp8", tmp_path / "bf16", tmp_path / "res"
-    r = run(fp8, "--fp8_weight_all_gather", "--checkpoint_freq", "3")
+    init = saved_init(tmp_path / "init", model="medium", seq_length=256)
+    r = run(fp8, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "3")
     assert "all-gather float8 (TE layers), bfloat16 (the rest), reduce float32" in r.stdout
     rep = json.loads((fp8 / "precision_report.json").read_text())
     assert rep["te_readback"]["fp8_confirmed"] and rep["sharding"]["weight_all_gather"].startswith("float8")
-    run(bf16, "--checkpoint_freq", "0")
+    run(bf16, "--init_from", init, "--checkpoint_freq", "0")
     a, b = losses(fp8), losses(bf16)
-    assert sorted(a) == sorted(b) == list(range(1, 7))
-    assert max(abs(a[s] - b[s]) / b[s] for s in a) < 2e-2 and a[6] < a[1]
+    curves = f"losses, FP8 weights: {a}; BF16 all-gather: {b}"
+    assert sorted(a) == sorted(b) == list(range(1, 7)), curves
+    assert a[6] < a[1], "the FP8-weight run does not learn: " + curves
+    assert max(abs(a[s] - b[s]) / b[s] for s in a) < 2e-2, curves
 
     continue_from(fp8 / "checkpoints" / "step_3", res)
-    run(res, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--save_final", "false", "--resume", "latest")
+    run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--save_final", "false",
+        "--resume", "latest")
     c = losses(res)
-    assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2
+    assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2, f"resumed: {c}; {curves}"
 
     ckpt = fp8 / "checkpoints" / "step_6"
     keys = dcp.FileSystemReader(str(ckpt / "optimizer_0")).read_metadata().state_dict_metadata

@@ -55,7 +55,9 @@ class PrecisionArgs:
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
     fp8_weight_all_gather: bool = field(
-        default=False, metadata={"help": "FSDP2 with TE FP8 (recipe delayed or current): the decoder layers hold FP8 "
+        default=False, metadata={"help": "Experimental (its losses have not yet matched the BF16 all-gather's on a "
+                                         "GPU: docs/distributed.md). "
+                                         "FSDP2 with TE FP8 (recipe delayed or current): the decoder layers hold FP8 "
                                          "weights (TE quantized_model_init), so FSDP2 all-gathers 1 byte per weight "
                                          "instead of 2, and TE's FusedAdam keeps the fp32 masters. Needs an FSDP2 "
                                          "profile, fuse_qkv_params, every TE layer in FP8 (fp8_min_gemm_dim 0 below "
