@@ -168,3 +168,9 @@ def test_each_case_gets_the_speed_defaults_a_run_would_get():
     plain = run(BenchCommand(precisions="fp32", speed_defaults=False, **SMALL), **quiet)[0][0]
     assert (plain["flags"], plain["speed_defaults"], plain["variant"]) == ("", "", "")
     assert run(BenchCommand(precisions="fp32", **SMALL), say=lambda *x: None)[0][0]["speed_defaults"] == ""  # shipped
+    table["torch"]["nano"]["fp8_min_gemm_dim"] = 0  # FP8 measured to pay on every layer with these flags
+    bf16 = run(BenchCommand(precisions="bf16", **SMALL), **quiet)[0][0]
+    assert bf16["speed_defaults"] == "--loss_impl chunked --master_weights fp32 --fp8_min_gemm_dim 0"
+    assert bf16["flags"] == "--loss_impl chunked --master_weights fp32"  # a variant's flags: the speed keys only
+    own = run(BenchCommand(precisions="bf16", fp8_min_gemm_dim=64, **SMALL), given={"fp8_min_gemm_dim"}, **quiet)
+    assert own[0][0]["speed_defaults"] == "--loss_impl chunked --master_weights fp32"  # the command line wins

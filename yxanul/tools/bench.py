@@ -159,6 +159,10 @@ def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: s
     launch = speed_defaults.Launch(gradient_checkpointing=a.gradient_checkpointing, torch_compile=a.torch_compile,
                                    bf16_compute=precision != "fp32")
     chosen = speed_defaults.choose(entry["values"], given, launch)[0]
+    would = {k: getattr(a, k) for k in speed_defaults.KEYS} | chosen
+    dim = speed_defaults.threshold(entry, given, would)[0]  # FP8 on every layer, where the entry measured it
+    if dim is not None:
+        chosen[speed_defaults.THRESHOLD] = dim
     return replace(a, **chosen), chosen
 
 
@@ -176,7 +180,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     config = _config(preset, seq, a)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
            "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None,
-           "flags": speed_defaults.flag_string(asdict(a)), "speed_defaults": speed_defaults.flag_string(applied)}
+           "flags": speed_defaults.flag_string(asdict(a)), "speed_defaults": speed_defaults.applied_string(applied)}
     notes: list[str] = []
     if reason := _not_this_case(a, precision, config.backend):
         return {**row, "status": "skipped", "reason": reason}

@@ -85,6 +85,12 @@ def flag_string(values: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def applied_string(chosen: dict[str, Any]) -> str:
+    """What a table entry set (`choose` and `threshold`'s values) as flags: `flag_string` and the threshold."""
+    dim = f"--{THRESHOLD} {chosen[THRESHOLD]}" if THRESHOLD in chosen else ""
+    return " ".join(x for x in (flag_string(chosen), dim) if x)
+
+
 def load_table(path: str | Path = TABLE_FILE, backends: tuple[str, ...] = SHIPPED_BACKENDS) -> dict:
     """{backend: {preset: {"values": {...}, "flags": str, "evidence": str}}}; a bad file is one line naming it."""
     raw = yaml.safe_load(Path(path).read_text()) or {}
@@ -202,10 +208,8 @@ def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None 
 
 
 def _line(backend: str, preset: str, entry: dict | None, chosen: dict, held: dict, kept: dict) -> str:
-    flags = " ".join(x for x in (flag_string(chosen), f"--{THRESHOLD} {chosen[THRESHOLD]}" if THRESHOLD in chosen
-                                  else "") if x)
     parts = [f"speed defaults for {backend}/{preset}" + (f" ({entry['evidence']})" if entry else "") + ": "
-             + (flags or "none applied")]
+             + (applied_string(chosen) or "none applied")]
     parts += [f"kept off: {k} ({why})" for k, why in held.items() if k not in kept]
     if kept:
         parts.append("the resumed run keeps " + ", ".join(f"{k} {v}" for k, v in kept.items()))
