@@ -303,5 +303,9 @@ def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tm
 
     with pytest.raises(UserError, match=r"'--total_steps' \(yxanul's key is 'max_steps'"):  # commands too
         plot_lr(["--total_steps", "1760"])
-    with pytest.raises(UserError, match=r"unknown flag '--devices' \(see `yxanul plan --help`\)"):
-        parse_command(PlanCommand, ["--devices", "8"], "yxanul plan")  # the launcher advice is train's only
+    with pytest.raises(UserError, match=r"unknown flag '--devices' \(yxanul's key is 'gpus'\)"):
+        parse_command(PlanCommand, ["--devices", "8"], "yxanul plan")  # plan has the key train leaves to the launcher
+    with pytest.raises(UserError, match=r"unknown flag '--num-machines' \(yxanul's key is 'nodes'\)"):
+        parse_command(PlanCommand, ["--num-machines", "2"], "yxanul plan")
+    with pytest.raises(UserError, match=r"unknown flag '--strategy' \(see `yxanul plan --help`\)"):
+        parse_command(PlanCommand, ["--strategy", "ddp"], "yxanul plan")  # the launcher advice is train's only

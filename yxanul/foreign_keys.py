@@ -49,9 +49,10 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "n_layer": _PRESET, "n_embd": _PRESET, "n_head": _PRESET,
     "use_transformer_engine": ("backend", "te (Transformer Engine layers), torch (the plain twin) or auto"),
     "compile_mode": ("torch_compile", "true or false"),
-    # no key: the launcher's, or nothing to set
-    "devices": (None, _PROCESSES), "gpus": (None, _PROCESSES), "nproc_per_node": (None, _PROCESSES),
-    "num_gpus": (None, _PROCESSES), "nodes": (None, _PROCESSES), "num_nodes": (None, _PROCESSES),
+    # no training key: the launcher's (`yxanul plan` has --gpus and --nodes for the same), or nothing to set
+    "devices": ("gpus", _PROCESSES), "gpus": (None, _PROCESSES), "nproc_per_node": ("gpus", _PROCESSES),
+    "num_gpus": ("gpus", _PROCESSES), "nodes": (None, _PROCESSES), "num_nodes": ("nodes", _PROCESSES),
+    "num_machines": ("nodes", _PROCESSES),
     "strategy": (None, "the accelerate profile picks DDP, DeepSpeed ZeRO or FSDP2: accelerate launch --config_file "
                        "accelerate_configs/<profile>.yaml train.py ... (docs/distributed.md)"),
     "use_flash_attention": (None, "nothing to set: attention runs fused flash kernels by itself (SDPA, TE)"),
@@ -62,6 +63,7 @@ def yxanul_key_for(key: str, known, advice: bool = True) -> str | None:
     """"yxanul's key is 'max_lr': the peak learning rate" for another trainer's name of a key in ``known``; with
     ``advice`` (the training config's keys), for a setting that is no key (processes, nodes), where it is set."""
     ours, what = FOREIGN_KEYS.get(key.replace("-", "_").lower(), (None, None))
-    if ours is None:
-        return what if advice else None
-    return f"yxanul's key is '{ours}': {what}" if ours in known else None
+    if ours is not None and ours in known:
+        return f"yxanul's key is '{ours}'" + ("" if what == _PROCESSES else f": {what}")
+    no_key_here = ours is None or what == _PROCESSES  # a setting this command has no key for: where it is set
+    return what if (advice and no_key_here) else None
