@@ -169,8 +169,10 @@ def test_each_case_gets_the_speed_defaults_a_run_would_get():
     assert (plain["flags"], plain["speed_defaults"], plain["variant"]) == ("", "", "")
     assert run(BenchCommand(precisions="fp32", **SMALL), say=lambda *x: None)[0][0]["speed_defaults"] == ""  # shipped
     table["torch"]["nano"]["fp8_min_gemm_dim"] = 0  # FP8 measured to pay on every layer with these flags
-    bf16 = run(BenchCommand(precisions="bf16", **SMALL), **quiet)[0][0]
-    assert bf16["speed_defaults"] == "--loss_impl chunked --master_weights fp32 --fp8_min_gemm_dim 0"
-    assert bf16["flags"] == "--loss_impl chunked --master_weights fp32"  # a variant's flags: the speed keys only
-    own = run(BenchCommand(precisions="bf16", fp8_min_gemm_dim=64, **SMALL), given={"fp8_min_gemm_dim"}, **quiet)
+    fp8 = run(BenchCommand(precisions="bf16,fp8-delayed", **SMALL), **quiet)[0]
+    assert fp8[0]["speed_defaults"] == "--loss_impl chunked --master_weights fp32"  # BF16: no FP8 threshold
+    assert fp8[1]["speed_defaults"] == "--loss_impl chunked --master_weights fp32 --fp8_min_gemm_dim 0"
+    assert fp8[1]["flags"] == "--loss_impl chunked --master_weights fp32"  # a variant's flags: the speed keys only
+    own = run(BenchCommand(precisions="fp8-delayed", fp8_min_gemm_dim=64, **SMALL), given={"fp8_min_gemm_dim"},
+              **quiet)
     assert own[0][0]["speed_defaults"] == "--loss_impl chunked --master_weights fp32"  # the command line wins

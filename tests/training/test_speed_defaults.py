@@ -141,20 +141,22 @@ def test_an_entrys_fp8_threshold_applies_only_with_all_of_its_flags(tmp_path):
     line says why; a threshold the user set wins; a resume keeps the one its run started with."""
     table = check_table({"te": {"nano": {"flags": "--loss_impl te --cuda_graphs", "evidence": "e",
                                          "fp8_min_gemm_dim": 0}}})
-    cfg, line = apply(parse_args(["--model", "nano"]), "te", table, Launch())
+    cfg, line = apply(parse_args(["--model", "nano", "--use_fp8"]), "te", table, Launch())
     assert cfg.precision.fp8_min_gemm_dim == 0 and "--loss_impl te --cuda_graphs --fp8_min_gemm_dim 0 (" in line
     own = parse_args(["--model", "nano"]).precision.fp8_min_gemm_dim
+    cfg, line = apply(parse_args(["--model", "nano"]), "te", table, Launch())  # BF16: the threshold means nothing
+    assert cfg.precision.fp8_min_gemm_dim == own and "fp8_min_gemm_dim" not in line
     for argv, launch in ((["--cuda_graphs", "false"], Launch()), ([], Launch(processes=2))):
-        cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", table, launch)
+        cfg, line = apply(parse_args(["--model", "nano", "--use_fp8", *argv]), "te", table, launch)
         assert cfg.precision.fp8_min_gemm_dim == own
         assert "kept off: fp8_min_gemm_dim (measured with --cuda_graphs, which this run does not have)" in line
-    cfg, line = apply(parse_args(["--model", "nano", "--fp8_min_gemm_dim", "512"]), "te", table, Launch())
+    cfg, line = apply(parse_args(["--model", "nano", "--use_fp8", "--fp8_min_gemm_dim", "512"]), "te", table, Launch())
     assert cfg.precision.fp8_min_gemm_dim == 512 and "fp8_min_gemm_dim" not in line
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"fp8_min_gemm_dim": own}))
-    cfg, line = for_run(parse_args(["--model", "nano", "--output_dir", str(run), "--resume", "latest"]), "te",
-                        table, env={})
+    cfg, line = for_run(parse_args(["--model", "nano", "--use_fp8", "--output_dir", str(run), "--resume", "latest"]),
+                        "te", table, env={})
     assert cfg.precision.fp8_min_gemm_dim == own and f"the resumed run keeps fp8_min_gemm_dim {own}" in line
     with pytest.raises(UserError, match="te.nano.fp8_min_gemm_dim: expected an integer >= 0"):
         check_table({"te": {"nano": {"flags": "", "evidence": "e", "fp8_min_gemm_dim": "0"}}})

@@ -160,7 +160,7 @@ def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: s
                                    bf16_compute=precision != "fp32")
     chosen = speed_defaults.choose(entry["values"], given, launch)[0]
     would = {k: getattr(a, k) for k in speed_defaults.KEYS} | chosen
-    dim = speed_defaults.threshold(entry, given, would)[0]  # FP8 on every layer, where the entry measured it
+    dim = speed_defaults.threshold(entry, given, would, fp8=precision.startswith("fp8"))[0]  # every layer FP8
     if dim is not None:
         chosen[speed_defaults.THRESHOLD] = dim
     return replace(a, **chosen), chosen

@@ -167,11 +167,12 @@ def choose(values: dict, user_keys, launch: Launch) -> tuple[dict, dict]:
     return chosen, held
 
 
-def threshold(entry: dict | None, user_keys, would: dict) -> tuple[int | None, str | None]:
-    """(the entry's `THRESHOLD` for this run, or None; why it is held off, or None): it applies where the user
-    did not set it and the run ends up with every flag of the entry (``would``: the run's values)."""
+def threshold(entry: dict | None, user_keys, would: dict, fp8: bool = True) -> tuple[int | None, str | None]:
+    """(the entry's `THRESHOLD` for this run, or None; why it is held off, or None): it applies to an FP8 run
+    (``fp8``) where the user did not set it and the run ends up with every flag of the entry (``would``: the
+    run's values)."""
     dim = (entry or {}).get(THRESHOLD)
-    if dim is None or THRESHOLD in user_keys:
+    if dim is None or THRESHOLD in user_keys or not fp8:
         return None, None
     missing = {k: v for k, v in entry["values"].items() if would[k] != v}
     if missing:
@@ -188,7 +189,7 @@ def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None 
     entry = table.get(backend, {}).get(cfg.model.model)
     chosen, held = choose(entry["values"], cfg.user_keys, launch) if entry else ({}, {})
     would = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in TABLE_KEYS} | chosen
-    dim, why = threshold(entry, cfg.user_keys, would)
+    dim, why = threshold(entry, cfg.user_keys, would, fp8=cfg.precision.use_fp8)
     if dim is not None:
         chosen[THRESHOLD] = would[THRESHOLD] = dim
     elif why:
