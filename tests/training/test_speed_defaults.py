@@ -167,25 +167,37 @@ def test_an_entrys_fp8_threshold_applies_only_with_all_of_its_flags(tmp_path):
 def test_a_plain_fp8_run_of_gpt2_124m_gets_the_shipped_entry_and_every_layer_in_fp8(tmp_path):
     """What a user gets without a speed flag on one GPU: `yxanul train --model gpt2-124m --backend te --use_fp8`
     runs the shipped entry (TE loss, fused QKV, CUDA graphs) and, by the entry's threshold, every layer in FP8
-    (the 1536 rule alone falls back to BF16 at 768 wide), confirmed by TE's read-back; the losses stay finite."""
+    (the 1536 rule alone falls back to BF16 at 768 wide), confirmed by TE's read-back; it checkpoints while
+    graphed, and a resume from step 3 (graphs captured again, FP8 scales restored) continues its losses."""
+    import shutil
+
     from yxanul import _te
 
     ok, why = _te.availability().get("delayed", (False, "unknown"))
     if not ok:
         pytest.skip(f"FP8 recipe delayed unavailable here: {why}")
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "yxanul", "train", "--model", "gpt2-124m", "--backend", "te",
-                        "--seq_length", "256", "--micro_batch_size", "8", "--max_steps", "6", "--warmup_steps", "2",
-                        "--log_freq", "1", "--eval_freq", "0", "--sample_tokens", "0", "--checkpoint_freq", "0",
-                        "--use_tensorboard", "false", "--use_fp8", "--require_fp8", "--output_dir", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    line = next(x for x in r.stdout.splitlines() if x.startswith("speed defaults for te/gpt2-124m"))
+
+    def train(out, *extra):
+        r = subprocess.run([sys.executable, "-m", "yxanul", "train", "--model", "gpt2-124m", "--backend", "te",
+                            "--seq_length", "256", "--micro_batch_size", "8", "--max_steps", "6", "--warmup_steps",
+                            "2", "--log_freq", "1", "--eval_freq", "0", "--sample_tokens", "0", "--use_tensorboard",
+                            "false", "--use_fp8", "--require_fp8", "--output_dir", str(out), *extra],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        rows = map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        return r.stdout, {x["step"]: x["loss"] for x in rows if "loss" in x}
+
+    out, res = tmp_path / "run", tmp_path / "resumed"
+    stdout, a = train(out, "--checkpoint_freq", "3")
+    line = next(x for x in stdout.splitlines() if x.startswith("speed defaults for te/gpt2-124m"))
     assert "--loss_impl te --fuse_qkv_params --cuda_graphs --fp8_min_gemm_dim 0 (" in line, line
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert (saved["cuda_graphs"], saved["fp8_min_gemm_dim"], saved["loss_impl"]) == (True, 0, "te")
     rep = json.loads((out / "precision_report.json").read_text())
     assert rep["fp8"] and rep["te_readback"]["fp8_confirmed"], rep
     assert sum(d["fp8"] for d in rep["layers"].values()) == 36 and not any(d["bf16"] for d in rep["layers"].values())
-    losses = [x["loss"] for x in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in x]
-    assert len(losses) == 6 and all(x == x and x < 20 for x in losses), losses
+    assert sorted(a) == list(range(1, 7)) and all(x == x and x < 20 for x in a.values()), a
+    shutil.copytree(out / "checkpoints" / "step_3", res / "checkpoints" / "step_3")
+    (res / "checkpoints" / "latest").write_text("step_3\n")
+    _, c = train(res, "--checkpoint_freq", "0", "--save_final", "false", "--resume", "latest")
+    assert sorted(c) == [4, 5, 6] and max(abs(c[s] - a[s]) / a[s] for s in c) < 1e-2, (a, c)
