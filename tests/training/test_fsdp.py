@@ -63,6 +63,16 @@ def saved_init(out, **model):
     return out
 
 
+def _init_tensor(folder, name):
+    from safetensors import safe_open
+
+    for f in sorted(Path(folder).glob("model*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if name in st.keys():
+                return st.get_tensor(name)
+    raise KeyError(name)
+
+
 def exported(ckpt, out):
     from safetensors.torch import load_file
 
@@ -266,6 +276,9 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
     llama = exported(ckpt, tmp_path / "ex")
     q = llama["model.layers.0.self_attn.q_proj.weight"]
     assert q.shape[0] == q.shape[1] == 1024 and torch.unique(q).numel() > 4096  # masters, not FP8 values
+    q0 = _init_tensor(init, "model.layers.0.self_attention.layernorm_qkv.query_weight")
+    moved = ((q.float() - q0.float()).norm() / q0.float().norm()).item()
+    assert moved > 1e-4, f"the masters never moved from the initialization ({moved:.1e}); {curves}"
 
 
 def test_slurm_script_passes_the_hsdp_sizes_and_accelerate_takes_them(tmp_path):
