@@ -158,11 +158,8 @@ def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: s
         return a, {}
     launch = speed_defaults.Launch(gradient_checkpointing=a.gradient_checkpointing, torch_compile=a.torch_compile,
                                    bf16_compute=precision != "fp32")
-    chosen = speed_defaults.choose(entry["values"], given, launch)[0]
-    would = {k: getattr(a, k) for k in speed_defaults.KEYS} | chosen
-    dim = speed_defaults.threshold(entry, given, would, fp8=precision.startswith("fp8"))[0]  # every layer FP8
-    if dim is not None:
-        chosen[speed_defaults.THRESHOLD] = dim
+    current = {k: getattr(a, k) for k in speed_defaults.KEYS}
+    chosen = speed_defaults.choose(entry, given, launch, current, fp8=precision.startswith("fp8"))[0]
     return replace(a, **chosen), chosen
 
 

@@ -187,7 +187,8 @@ def write_table(path: Path, entries: dict[str, dict | None]) -> list[str]:
             lines.append(f"  {preset}: speed defaults removed (plain won)")
             te.pop(preset)
         elif entry is not None and te.get(preset) != entry:
-            dim = f" --{speed_defaults.THRESHOLD} {entry[speed_defaults.THRESHOLD]}" if len(entry) > 2 else ""
+            t = speed_defaults.THRESHOLD
+            dim = f" --{t} {entry[t]}" if t in entry else ""
             lines.append(f"  {preset}: {entry['flags']}{dim} ({entry['evidence']})")
             te[preset] = entry
     path.write_text(TABLE_HEADER + yaml.safe_dump({"te": te}, sort_keys=False, width=200))

@@ -86,7 +86,7 @@ def flag_string(values: dict[str, Any]) -> str:
 
 
 def applied_string(chosen: dict[str, Any]) -> str:
-    """What a table entry set (`choose` and `threshold`'s values) as flags: `flag_string` and the threshold."""
+    """What a table entry set (`choose`'s values) as flags: `flag_string` and the threshold."""
     dim = f"--{THRESHOLD} {chosen[THRESHOLD]}" if THRESHOLD in chosen else ""
     return " ".join(x for x in (flag_string(chosen), dim) if x)
 
@@ -153,10 +153,12 @@ def held_off(key: str, value: Any, launch: Launch) -> str | None:
     return None
 
 
-def choose(values: dict, user_keys, launch: Launch) -> tuple[dict, dict]:
-    """(values to set, {key: why held off}) of a table entry's ``values`` for the keys the user did not set."""
+def choose(entry: dict, user_keys, launch: Launch, current: dict, fp8: bool) -> tuple[dict, dict]:
+    """(values to set, {key: why held off}) of a table ``entry`` for the keys the user did not set. ``current``:
+    the run's values of `KEYS` before the table; ``fp8``: an FP8 run. The entry's `THRESHOLD` comes last: it
+    applies only where the run ends up with every flag of the entry (it was measured with them)."""
     chosen, held = {}, {}
-    for key, value in values.items():
+    for key, value in entry["values"].items():
         if key in user_keys:
             continue
         why = held_off(key, value, launch)
@@ -164,20 +166,15 @@ def choose(values: dict, user_keys, launch: Launch) -> tuple[dict, dict]:
             held[key] = why
         else:
             chosen[key] = value
+    dim = entry.get(THRESHOLD)
+    if dim is not None and fp8 and THRESHOLD not in user_keys:
+        would = {**current, **chosen}
+        missing = {k: v for k, v in entry["values"].items() if would[k] != v}
+        if missing:
+            held[THRESHOLD] = f"measured with {flag_string(missing)}, which this run does not have"
+        else:
+            chosen[THRESHOLD] = dim
     return chosen, held
-
-
-def threshold(entry: dict | None, user_keys, would: dict, fp8: bool = True) -> tuple[int | None, str | None]:
-    """(the entry's `THRESHOLD` for this run, or None; why it is held off, or None): it applies to an FP8 run
-    (``fp8``) where the user did not set it and the run ends up with every flag of the entry (``would``: the
-    run's values)."""
-    dim = (entry or {}).get(THRESHOLD)
-    if dim is None or THRESHOLD in user_keys or not fp8:
-        return None, None
-    missing = {k: v for k, v in entry["values"].items() if would[k] != v}
-    if missing:
-        return None, f"measured with {flag_string(missing)}, which this run does not have"
-    return dim, None
 
 
 def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None = None) -> tuple[Any, str | None]:
@@ -187,13 +184,9 @@ def apply(cfg, backend: str, table: dict, launch: Launch, previous: dict | None 
     if not cfg.train.speed_defaults:
         return cfg, None
     entry = table.get(backend, {}).get(cfg.model.model)
-    chosen, held = choose(entry["values"], cfg.user_keys, launch) if entry else ({}, {})
-    would = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in TABLE_KEYS} | chosen
-    dim, why = threshold(entry, cfg.user_keys, would, fp8=cfg.precision.use_fp8)
-    if dim is not None:
-        chosen[THRESHOLD] = would[THRESHOLD] = dim
-    elif why:
-        held[THRESHOLD] = why
+    current = {k: getattr(cfg.precision if SECTION.get(k) else cfg.model, k) for k in TABLE_KEYS}
+    chosen, held = choose(entry, cfg.user_keys, launch, current, cfg.precision.use_fp8) if entry else ({}, {})
+    would = current | chosen
     previous = {k: previous[k] for k in TABLE_KEYS if k in (previous or {}) and k not in cfg.user_keys}
     kept = {k: v for k, v in previous.items() if v != would[k]}
     final = {**chosen, **kept}
