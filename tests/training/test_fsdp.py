@@ -43,8 +43,18 @@ def launch(profile, procs, *args, ok=True, extra=()):
            "--mixed_precision", "no", "--num_processes", str(procs), "--main_process_port", "0", *extra,
            str(ROOT / "train.py"), *RUN, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
-    assert (r.returncode == 0) == ok, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (r.returncode == 0) == ok, failure(r)
     return r
+
+
+def failure(r) -> str:
+    """A failed launch, readable: the child's first traceback in full (the launcher's own traceback, which
+    follows it on stderr, says only that the child failed) and the tail of stdout."""
+    err = r.stderr
+    start = err.find("Traceback (most recent call last)")
+    end = err.find("Traceback (most recent call last)", start + 1) if start >= 0 else -1
+    child = err[start:end if end > 0 else None][:8000] if start >= 0 else err[-3000:]
+    return f"exit {r.returncode}\n--- stdout (tail)\n{r.stdout[-2000:]}\n--- the child's traceback\n{child}"
 
 
 def losses(run_dir, key="loss"):
@@ -210,7 +220,7 @@ def test_fsdp2_fp8_one_gpu_runs_the_configured_recipe(tmp_path, recipe):
            "--require_fp8", "--fp8_min_gemm_dim", "0", "--fp8_recipe", recipe, "--output_dir", str(out)]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 0, failure(r)
     assert "FSDP2 (fully_shard): sharded over 1 processes, one unit per TEDecoderLayer" in r.stdout
     assert "all-gather bfloat16, reduce float32" in r.stdout
     rep = json.loads((out / "precision_report.json").read_text())
@@ -241,14 +251,16 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
         pytest.skip(f"FP8 recipe current unavailable here: {why}")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
-    def run(out, *args):
+    def run(out, *args, blocking=False):
         cmd = ["accelerate", "launch", "--config_file", str(ROOT / "accelerate_configs" / "fsdp2.yaml"),
                "--num_processes", "1", "--main_process_port", "0", str(ROOT / "train.py"), *RUN, "--model", "medium",
                "--backend", "te", "--seq_length", "256", "--max_steps", "6", "--use_fp8", "--require_fp8",
                "--fp8_min_gemm_dim", "0", "--fp8_recipe", "current", "--fuse_qkv_params", "--output_dir", str(out),
                *args]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        # blocking: a kernel fault is raised at the launch that made it, so the traceback names its call site
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900,
+                           env=dict(env, CUDA_LAUNCH_BLOCKING="1") if blocking else env)
+        assert r.returncode == 0, failure(r)
         return r
 
     fp8, bf16, res = tmp_path / "fp8", tmp_path / "bf16", tmp_path / "res"
@@ -266,7 +278,7 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
 
     continue_from(fp8 / "checkpoints" / "step_3", res)
     run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--save_final", "false",
-        "--resume", "latest")
+        "--resume", "latest", blocking=True)
     c = losses(res)
     assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2, f"resumed: {c}; {curves}"
 
