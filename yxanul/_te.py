@@ -184,3 +184,19 @@ def seed_fp32_masters(optimizer, named_params, values: dict) -> int:
         optimizer.set_scaled_state(p, "master_param", local)
         seeded += 1
     return seeded
+
+
+def gemm_weights(model) -> list[tuple[object, list[str], bool]]:
+    """(module, its GEMM weight names, concatenated) for every TE GEMM module of ``model`` (Linear,
+    LayerNormLinear: TE's ``weight_names``, concatenated into one GEMM weight every forward when there are
+    several; LayerNormMLP: fc1 and fc2, two GEMMs): the modules whose wgrad GEMM can write an fp32
+    ``main_grad`` itself (``fuse_wgrad_accumulation``, read by their forward)."""
+    if not TE_AVAILABLE:
+        return []
+    out = []
+    for m in model.modules():
+        if isinstance(m, te.LayerNormMLP):
+            out.append((m, ["fc1_weight", "fc2_weight"], False))
+        elif isinstance(m, (te.Linear, te.LayerNormLinear)):
+            out.append((m, list(m.weight_names), len(m.weight_names) > 1))
+    return out

@@ -195,6 +195,42 @@ def test_one_line_errors_without_bf16():
             resolve_precision(PrecisionArgs(master_weights="fp32"), cfg, say=lambda *a: None)
 
 
+def test_fused_wgrad_accumulation_needs_master_weights_and_the_te_backend(tiny_config):
+    """Outside what it needs, one line naming the key: no masters, or the torch backend (no TE wgrad GEMM)."""
+    with pytest.raises(ConfigError, match="fuse_wgrad_accumulation.*master_weights fp32"):
+        PrecisionArgs(mixed_precision="bf16", fuse_wgrad_accumulation=True)
+    config = tiny_config()
+    plan = resolve_precision(PrecisionArgs(mixed_precision="bf16", master_weights="fp32", fuse_wgrad_accumulation=True),
+                             config, say=lambda *a: None)
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+
+    with pytest.raises(ConfigError, match="fuse_wgrad_accumulation.*backend torch"):
+        plan.prepare_model(YxanulForCausalLM(config), say=lambda *a: None)
+
+
+def test_a_master_gradient_written_in_place_persists_and_is_zeroed_between_steps(tiny_config):
+    """What `fuse_wgrad` relies on (the buffers TE's wgrad GEMMs write, GPU only): a master whose gradient is one
+    persistent buffer keeps that buffer through the optimizer's zero_grad (zeroed in place) and through
+    `clear_grads` (CUDA-graph capture), and the step still trains it; the other masters' gradients are freed."""
+    from yxanul.precision.master_weights import FUSED, clear_grads, masters_of
+
+    mw, plan = _model(tiny_config, "fp32")
+    w = mw.model.layers[0].layernorm_mlp.fc2_weight
+    m = masters_of(mw)[id(w)]
+    m.grad = buf = torch.zeros_like(m)
+    object.__setattr__(mw, FUSED, [m])  # as fuse_wgrad records it (here the hook adds into the buffer)
+    opt = build_optimizer(mw, OptimArgs(max_lr=LR, warmup_steps=0))
+    before = m.detach().clone()
+    train_step(mw, opt, _batches(1), plan=plan, max_grad_norm=1.0, lr=LR)
+    assert m.grad is buf and not buf.any() and not torch.equal(m, before)  # stepped, then zeroed in place
+    other = next(x for x in masters_of(mw).values() if x is not m)
+    assert other.grad is None
+    train_step(mw, None, _batches(1), plan=plan)  # forward/backward only
+    assert m.grad is buf and buf.abs().sum() > 0 and other.grad is not None
+    clear_grads(mw)
+    assert m.grad is buf and not buf.any() and other.grad is None
+
+
 def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp_path):
     from safetensors.torch import load_file
 
@@ -260,3 +296,52 @@ def test_te_backend_with_master_weights_follows_fp32_weights(precision):
     assert {v.dtype for v in model.state_dict().values() if torch.is_tensor(v) and v.is_floating_point()} == {
         torch.float32}
     assert losses == pytest.approx(ref, rel=2e-2) and losses[6] < losses[0] and losses[7] < losses[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8-delayed"])
+def test_te_fused_wgrad_accumulation_trains_like_the_hook(precision, graphs):
+    """``fuse_wgrad_accumulation``: TE's wgrad GEMMs write the masters' fp32 gradients (no BF16 gradient for those
+    weights). Same weights, same batches, accumulation 2: the summed master gradients equal the hook path's up to
+    BF16 rounding (the hook's are BF16 GEMM outputs cast to fp32), and 6 steps' losses follow it; graphed too (the
+    graphs are captured writing the same buffers, and the capture's sample gradients are zeroed)."""
+    from yxanul import _te
+    from yxanul.models import config_from_preset
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+    from yxanul.models.presets import PRESETS
+    from yxanul.precision.master_weights import masters_of
+    from yxanul.tools.bench import precision_args
+
+    batches = [b.cuda() for b in _batches(4, b=8, t=64, vocab=1024)]
+
+    def run(fused: bool):
+        _te.reset_fp8_state()
+        config = config_from_preset("nano", 1024, 64, backend="te", fuse_qkv_params=True, cuda_graphs=graphs)
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = YxanulForCausalLM(config).train()
+        plan = resolve_precision(precision_args(precision, 0, "fp32", fused), config, say=lambda *a: None)
+        if precision.startswith("fp8") and not plan.fp8_enabled:
+            pytest.skip(f"{precision}: {plan.fallback_reason}")
+        plan.prepare_model(model, say=lambda *a: None)
+        opt = build_optimizer(model, OptimArgs(max_lr=3e-3, warmup_steps=0))
+        train_step(model, None, batches[:2], plan=plan)  # forward/backward only (graphs: captured first)
+        masters = masters_of(model)
+        grads = {n: masters[id(p)].grad.clone() for n, p in model.named_parameters()}
+        te_weights = [p for n, p in model.named_parameters() if n.endswith(("qkv.weight", "proj.weight", "fc1_weight",
+                                                                            "fc2_weight"))]
+        if fused:
+            assert te_weights and all(p.grad is None and p.main_grad is masters[id(p)].grad for p in te_weights)
+        opt.zero_grad()
+        losses = [train_step(model, opt, batches[2 * (i % 2):2 * (i % 2) + 2], plan=plan, max_grad_norm=1.0,
+                             lr=3e-3).loss.item() for i in range(6)]
+        return grads, losses, len(te_weights)
+
+    ref_grads, ref, n = run(False)
+    grads, losses, _ = run(True)
+    assert n == 4 * PRESETS["nano"]["num_hidden_layers"]  # qkv, proj, fc1, fc2 of each layer
+    for name, g in ref_grads.items():
+        assert (grads[name] - g).norm() <= 2e-2 * g.norm(), name
+    assert losses == pytest.approx(ref, rel=2e-2) and losses[-1] < losses[0], (losses, ref)

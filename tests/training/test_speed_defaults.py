@@ -79,10 +79,14 @@ def test_defaults_set_only_what_the_user_did_not_set(tmp_path):
     (["--mixed_precision", "fp32"], {}, {"master_weights": "fp32 compute"}),
 ])
 def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env, held):
-    cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", _table(STACK + " --fuse_qkv_rope"), launch_of(
+    table = _table(STACK + " --fuse_qkv_rope --fuse_wgrad_accumulation")
+    cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", table, launch_of(
         parse_args(["--model", "nano", *argv]), env))
     for key, why in held.items():
         assert f"kept off: {key} ({why}" in line
+    # it needs the masters: held off with them, in the same line
+    assert cfg.precision.fuse_wgrad_accumulation is ("master_weights" not in held)
+    assert ("kept off: fuse_wgrad_accumulation (no master_weights fp32" in line) is ("master_weights" in held)
     assert cfg.model.cuda_graphs is ("cuda_graphs" not in held)
     assert cfg.model.fuse_qkv_rope is ("fuse_qkv_rope" not in held)  # DDP runs it: only FSDP2/DeepSpeed hold it off
     assert (cfg.precision.master_weights == "fp32") is ("master_weights" not in held)

@@ -71,8 +71,7 @@ def ensure_captured(model, input_ids: torch.Tensor, plan) -> bool:
         _capture(base, shape, plan)
     for p in inner.parameters():  # nor any of its sample gradients the first step
         p.grad = None
-    for m in (master_weights.masters_of(inner) or {}).values():
-        m.grad = None
+    master_weights.clear_grads(inner)
     object.__setattr__(inner, ATTR, shape)
     return True
 

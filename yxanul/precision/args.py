@@ -54,6 +54,11 @@ class PrecisionArgs:
                                           "the optimizer steps fp32 master copies, gradients accumulated in fp32; "
                                           "checkpoints keep the fp32 masters (needs mixed_precision bf16, one "
                                           "process). none = fp32 weights under autocast (today)."})
+    fuse_wgrad_accumulation: bool = field(
+        default=False, metadata={"help": "With master_weights fp32 on the TE backend: the wgrad GEMM of every TE "
+                                         "weight writes (and accumulates) its fp32 master's gradient itself (TE's "
+                                         "fuse_wgrad_accumulation), instead of a BF16 gradient cast to fp32 after "
+                                         "it. Needs fuse_qkv_params or fuse_qkv_rope."})
     fp8_weight_all_gather: bool = field(
         default=False, metadata={"help": "Experimental (its losses have not yet matched the BF16 all-gather's on a "
                                          "GPU: docs/distributed.md). "
@@ -85,6 +90,9 @@ class PrecisionArgs:
         if self.master_weights == "fp32" and self.mixed_precision == "fp32":
             raise ConfigError("master_weights", "none with mixed_precision fp32 (BF16 weights need BF16 compute)",
                               "fp32")
+        if self.fuse_wgrad_accumulation and self.master_weights != "fp32":
+            raise ConfigError("fuse_wgrad_accumulation", "false without master_weights fp32 (the wgrad GEMMs write "
+                                                         "the fp32 masters' gradients)", True)
         if self.require_fp8 and not self.use_fp8:
             self.use_fp8 = True
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE

@@ -18,6 +18,9 @@ casts no weight per step, and keeps one fp32 master per parameter (tied weights:
   the module's own, e.g. the QKV fuse) before the module rounds them into its BF16 parameters. So
   save, resume, export and the batch probe's restore all see fp32 masters, and resume is exact.
 
+``fuse_wgrad_accumulation`` (TE backend, `fuse_wgrad`): the wgrad GEMM of every TE weight writes its master's
+fp32 gradient itself, so those weights skip the BF16 gradient and the hook's cast.
+
 One process only: DDP all-reduces the BF16 gradients the hook frees, DeepSpeed has its own
 ``bf16`` mode with fp32 masters (use that), and FSDP2's mixed precision is this scheme, sharded.
 """
@@ -34,6 +37,7 @@ from ..errors import ConfigError
 from ..lint.fsdp import train_conflicts
 
 ATTR = "_yx_masters"  # model attribute: {id(param): master}
+FUSED = "_yx_main_grads"  # model attribute: the masters whose persistent .grad TE's wgrad GEMMs write (fuse_wgrad)
 _paused = False  # `paused()`: the gradient hooks leave .grad alone (CUDA-graph warm-up runs its own backward)
 
 
@@ -75,6 +79,51 @@ def attach(model: torch.nn.Module) -> int:
             module._state_dict_hooks.move_to_end(handle.id, last=False)  # before e.g. the fused-QKV split
             module.register_load_state_dict_pre_hook(_load_masters(own))
     return len(masters)
+
+
+def fuse_wgrad(model: torch.nn.Module) -> int:
+    """``fuse_wgrad_accumulation`` on an attached model: each TE GEMM weight's ``main_grad`` IS its master's
+    persistent fp32 ``.grad``, and its module's wgrad GEMM writes it (TE ``fuse_wgrad_accumulation``: fp32 output,
+    accumulated over micro-steps in the GEMM, Megatron's scheme). TE then returns no gradient for the weight, so
+    the BF16 gradient, the hook's fp32 cast and, under CUDA graphs, TE's clone of each graphed gradient are gone
+    (the cast was the largest non-GEMM cost of the graphed medium step, docs/benchmarks.md). The gradients stay
+    allocated: `MasterWeightAdamW.zero_grad` and `clear_grads` zero them in place. Returns the weights fused."""
+    masters = getattr(model, ATTR, None)
+    if masters is None:
+        raise ConfigError("fuse_wgrad_accumulation", "false without master_weights fp32 (the wgrad GEMMs write the "
+                                                     "fp32 masters' gradients)", True)
+    if getattr(model, FUSED, None) is not None:
+        return 0
+    modules = _te.gemm_weights(model)
+    if not modules:
+        raise ConfigError("fuse_wgrad_accumulation", "false with backend torch (TE's wgrad GEMMs write the fp32 "
+                                                     "gradients: backend te)", True)
+    fused = []
+    for module, names, concatenated in modules:
+        if concatenated:  # TE concatenates split q/k/v per forward, and the concatenation has no main_grad
+            raise ConfigError("fuse_wgrad_accumulation", "false without fuse_qkv_params or fuse_qkv_rope (TE's "
+                                                         "split q/k/v weights are concatenated every forward)", True)
+        for name in names:
+            p = getattr(module, name)
+            if p.requires_grad:
+                master = masters[id(p)]
+                master.grad = torch.zeros_like(master)  # on the weight's device: TE modules are built on the GPU
+                p.main_grad = master.grad
+                fused.append(master)
+        module.fuse_wgrad_accumulation = True  # read by every forward (TE 2.20 Linear/LayerNormLinear/LayerNormMLP)
+    object.__setattr__(model, FUSED, fused)
+    return len(fused)
+
+
+def clear_grads(model) -> None:
+    """The masters without gradients (after CUDA-graph capture, whose warm-up backward ran on sample data):
+    those that TE's wgrad GEMMs write are zeroed in place, TE holds their address."""
+    fused = {id(m) for m in _unwrapped_attr(model, FUSED) or ()}
+    for m in (masters_of(model) or {}).values():
+        if id(m) in fused:
+            m.grad.zero_()
+        else:
+            m.grad = None
 
 
 def _to_bf16_keeping_views(params: list) -> None:
@@ -130,11 +179,15 @@ def _load_masters(own: dict[str, torch.Tensor]):
 
 def masters_of(model) -> dict[int, torch.Tensor] | None:
     """{id(param): fp32 master} of an attached model (under DDP/compile wrappers), else None."""
+    return _unwrapped_attr(model, ATTR)
+
+
+def _unwrapped_attr(model, attr: str):
     seen = set()
     while model is not None and id(model) not in seen:
         seen.add(id(model))
-        if getattr(model, ATTR, None) is not None:
-            return getattr(model, ATTR)
+        if getattr(model, attr, None) is not None:
+            return getattr(model, attr)
         model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
     return None
 
@@ -142,10 +195,19 @@ def masters_of(model) -> dict[int, torch.Tensor] | None:
 class MasterWeightAdamW(torch.optim.AdamW):
     """AdamW over the fp32 masters; every step ends by rounding them into the model's BF16 params."""
 
-    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], groups: list[dict], **kwargs):
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], groups: list[dict], main_grads=(), **kwargs):
         self.pairs = pairs  # (bf16 model param, fp32 master)
+        self.main_grads = list(main_grads)  # masters whose .grad TE's wgrad GEMMs write (`fuse_wgrad`): kept, zeroed
         self._on_device = False
         super().__init__(groups, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        keep = [m.grad for m in self.main_grads]
+        super().zero_grad(set_to_none)
+        for m, g in zip(self.main_grads, keep):
+            m.grad = g
+        if keep:
+            torch._foreach_zero_(keep)
 
     def _follow_params(self) -> None:
         """Masters onto their params' device (accelerate moves the model after `attach`)."""
@@ -191,7 +253,7 @@ def build(model, groups: list[dict], fp8_weights: bool = False, **kwargs) -> tor
     master_groups = [{**g, "params": [masters[id(p)] for p in g["params"]]} for g in groups]
     if "fused" in kwargs:
         kwargs["fused"] = kwargs["fused"] and all(m.is_cuda for _, m in pairs)
-    return MasterWeightAdamW(pairs, master_groups, **kwargs)
+    return MasterWeightAdamW(pairs, master_groups, main_grads=_unwrapped_attr(model, FUSED) or (), **kwargs)
 
 
 def grad_params(model, optimizer) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ from .. import _te
 from ..errors import ConfigError, UserError
 from .args import PrecisionArgs
 from .forward import forward
-from .master_weights import attach
+from .master_weights import attach, fuse_wgrad
 from .policy import KINDS, fp8_alignment, layer_policy, module_decisions
 from .report import install_readback
 from .state import FILE, fp8_state_dict, load_fp8_state_dict, no_pickled_extra_state
@@ -207,6 +207,8 @@ class PrecisionPlan:
         self._snapshot = {n: type(m).__name__ for n, m in model.named_modules()}
         if self.args.master_weights == "fp32":  # BF16 params, fp32 masters (build_optimizer steps those)
             attach(model)
+            if self.args.fuse_wgrad_accumulation:  # TE's wgrad GEMMs write the masters' fp32 gradients
+                fuse_wgrad(model)
         head, emb = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
         self._tied = head is not None and emb is not None and head.weight is emb.weight
         if getattr(model.config, "backend", "torch") == "te":

@@ -66,6 +66,7 @@ class BenchCommand:
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
+    fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
     torch_compile: bool = same_as(TrainArgs, "torch_compile")
     speed_defaults: bool = same_as(TrainArgs, "speed_defaults")
@@ -105,7 +106,8 @@ def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["qkv_rope"] * a.fuse_qkv_rope + ["compile"] * a.torch_compile
-    parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["graphs"] * a.cuda_graphs
+    parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["wgrad"] * a.fuse_wgrad_accumulation
+    parts += ["graphs"] * a.cuda_graphs
     return "+".join(parts)
 
 
@@ -113,15 +115,16 @@ def _split(s: str) -> list[str]:
     return [x.strip() for x in str(s).split(",") if x.strip()]
 
 
-def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "none"):
+def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "none",
+                   fuse_wgrad_accumulation: bool = False):
     """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
     if precision == "fp32":
         return PrecisionArgs(mixed_precision="fp32")
+    masters = {"master_weights": master_weights, "fuse_wgrad_accumulation": fuse_wgrad_accumulation}
     if precision == "bf16":
-        return PrecisionArgs(mixed_precision="bf16", master_weights=master_weights)
+        return PrecisionArgs(mixed_precision="bf16", **masters)
     kw = {} if min_gemm_dim < 0 else {"fp8_min_gemm_dim": min_gemm_dim}
-    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16",
-                         master_weights=master_weights, **kw)
+    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **masters, **kw)
 
 
 def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, float | None]:
@@ -181,8 +184,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     notes: list[str] = []
     if reason := _not_this_case(a, precision, config.backend):
         return {**row, "status": "skipped", "reason": reason}
-    plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim, a.master_weights), config,
-                             say=notes.append)
+    plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim, a.master_weights,
+                                            a.fuse_wgrad_accumulation), config, say=notes.append)
     model = opt = None
     try:
         reason = _skip_reason(precision, plan, device)
@@ -221,6 +224,8 @@ def _not_this_case(a: BenchCommand, precision: str, backend: str) -> str | None:
     """Why the flags make no sense for this case, before anything is built (else None)."""
     if precision == "fp32" and a.master_weights != "none":
         return "master_weights needs BF16 compute"
+    if a.fuse_wgrad_accumulation and backend != "te":
+        return "fuse_wgrad_accumulation: Transformer Engine backend only"
     if backend != "te" and (ignored := [k for k in TE_ONLY if getattr(a, k)]):
         # the torch twin ignores them (a portable config): a row would time the plain model under their label
         return f"{', '.join(ignored)}: Transformer Engine backend only"

@@ -36,6 +36,7 @@ VARIANTS = {
     "stack-no-masters": "--loss_impl te --fuse_qkv_params --cuda_graphs",  # the flags of the 2026-11-26.2 parity
     "stack-rope": "--loss_impl te --fuse_qkv_rope --cuda_graphs",  # stack-no-masters, q/k RoPE in the QKV kernel
     "rope-masters": "--fuse_qkv_rope --master_weights fp32",  # on top of the table's entry: what is left to stack
+    "wgrad-masters": "--fuse_qkv_rope --master_weights fp32 --fuse_wgrad_accumulation",  # its grad cast, in the GEMM
     "fused-qkv": "--fuse_qkv_params",
     "fused-rope": "--fuse_qkv_rope",
     "loss-chunked": "--loss_impl chunked",

@@ -16,6 +16,8 @@ never turned into a refusal:
 - ``master_weights fp32``: several processes (DDP/DeepSpeed keep their own masters, FSDP2 its sharded scheme)
   or fp32 compute;
 - ``fuse_qkv_rope``: FSDP2 or DeepSpeed (their checkpoints keep the fused weight by name, in cat[q, k, v] rows);
+- ``fuse_wgrad_accumulation``: a run that ends up without ``master_weights fp32`` or a fused QKV (the flag
+  needs both);
 - an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
   all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
@@ -55,6 +57,7 @@ class SpeedFlags:
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
+    fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
 
 
@@ -64,7 +67,7 @@ KEYS = tuple(f.name for f in dataclasses.fields(SpeedFlags))
 # has all of them. Not a bench variant flag: `yxanul bench` always sets its own.
 THRESHOLD = "fp8_min_gemm_dim"
 TABLE_KEYS = (*KEYS, THRESHOLD)
-SECTION = {"master_weights": "precision", THRESHOLD: "precision"}  # the others: model
+SECTION = {"master_weights": "precision", "fuse_wgrad_accumulation": "precision", THRESHOLD: "precision"}  # else model
 
 
 def parse_flags(flags: str, where: str = "speed flags") -> dict[str, Any]:
@@ -166,6 +169,11 @@ def choose(entry: dict, user_keys, launch: Launch, current: dict, fp8: bool) -> 
             held[key] = why
         else:
             chosen[key] = value
+    would = {**current, **chosen}
+    if chosen.get("fuse_wgrad_accumulation") and (would["master_weights"] != "fp32"
+                                                  or not (would["fuse_qkv_params"] or would["fuse_qkv_rope"])):
+        del chosen["fuse_wgrad_accumulation"]
+        held["fuse_wgrad_accumulation"] = "no master_weights fp32 or fused QKV in this run"
     dim = entry.get(THRESHOLD)
     if dim is not None and fp8 and THRESHOLD not in user_keys:
         would = {**current, **chosen}
