@@ -152,6 +152,20 @@ def fused_adam_with_masters(groups, *, lr: float, betas: tuple, eps: float):
                                    master_weight_dtype=torch.float32)
 
 
+def initialize_every_state(optimizer) -> int:
+    """FusedAdam's state for every parameter that has none, as its first step would make it (zero moments, a
+    master from the parameter). torch's ``get_optimizer_state_dict`` lists only the states that exist and a
+    resume (accelerate's DCP load) fills only what it lists: a parameter without one (the embedding and norms,
+    which `seed_fp32_masters` leaves alone) would resume with fresh moments, silently. Returns states made."""
+    made = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if len(optimizer.state[p]) == 0:
+                optimizer.initialize_state(p, store_param_remainders=False)  # FusedAdam's default, as in its step
+                made += 1
+    return made
+
+
 def take_fp32_init_values(model) -> dict:
     """name -> the fp32 value each FP8 weight was quantized from (`quantized_model_init` kept it on the
     host), released from the weight: call before sharding (FSDP2's shards are new tensors)."""

@@ -65,7 +65,8 @@ def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tin
     in pytorch_model_fsdp_0/, ``optimizer.state.<name>.<key>`` in optimizer_0/): the model shards hold the
     TE weights FP8-rounded, the fused QKV weight unsplit, and TE's FusedAdam holds the fp32 masters. What
     export, eval and --init_from read: the masters for those weights, the model shards for the rest,
-    under the q/k/v names (GQA: k and v narrower than q)."""
+    under the q/k/v names (GQA: k and v narrower than q). FusedAdam keeps a master of the other parameters too,
+    never stepped (fp32 parameters are stepped in place): those masters hold the first step's values, unread."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -79,8 +80,10 @@ def test_sharded_weights_are_the_fp32_masters_where_the_optimizer_holds_them(tin
     fp8 = [k for k in fused if k.endswith(("layernorm_qkv.weight", "fc1_weight", "fc2_weight", "proj.weight"))]
     rounded = {k: v.to(torch.float8_e4m3fn).float() if k in fp8 else v.clone() for k, v in fused.items()}
     assert all(not torch.equal(rounded[k], fused[k]) for k in fp8)
-    opt = {"state": {k: {"exp_avg": torch.zeros_like(fused[k]), "master_param": fused[k].clone()} for k in fp8},
-           "param_groups": [{"lr": 1e-3, "params": fp8}]}
+    stale = {k: torch.randn_like(v) for k, v in fused.items() if k not in fp8 and v.is_floating_point()}
+    opt = {"state": {k: {"exp_avg": torch.zeros_like(fused[k]), "master_param": fused[k].clone() if k in fp8
+                         else stale[k]} for k in [*fp8, *stale]},
+           "param_groups": [{"lr": 1e-3, "params": [*fp8, *stale]}]}
     dcp.save({"model": rounded}, checkpoint_id=tmp_path / SHARDED_MODEL_DIR, no_dist=True)
     dcp.save({"optimizer": opt}, checkpoint_id=tmp_path / SHARDED_OPTIMIZER_DIR, no_dist=True)
 

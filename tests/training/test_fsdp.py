@@ -24,6 +24,7 @@ import pytest
 import torch
 from tiny_run import FAST
 
+from yxanul.checkpoint.io import _read_dcp
 from yxanul.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,10 +278,19 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
     assert max(abs(a[s] - b[s]) / b[s] for s in a) < 2e-2, curves
 
     continue_from(fp8 / "checkpoints" / "step_3", res)
-    run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--save_final", "false",
-        "--resume", "latest", blocking=True)
+    run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--resume", "latest",
+        blocking=True)
     c = losses(res)
     assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2, f"resumed: {c}; {curves}"
+    # the resume restored the Adam moments of every parameter, the fp32 ones (embedding, norms) too: after 3 more
+    # steps they match the uninterrupted run's; restarted from zero they would be ~1 - 0.9^3 = 27 % of them
+    moments = [_read_dcp(r / "checkpoints" / "step_6" / "optimizer_0", lambda k: k.endswith("embed_tokens.weight"
+                                                                                               ".exp_avg"))
+               for r in (fp8, res)]
+    assert len(moments[0]) == 1, f"no single embedding exp_avg in the optimizer shards: {list(moments[0])}"
+    (key, want), got = next(iter(moments[0].items())), moments[1]
+    drift = ((got[key] - want).norm() / want.norm()).item()
+    assert drift < 0.1, f"{key} after the resume is {drift:.0%} off the uninterrupted run's"
 
     ckpt = fp8 / "checkpoints" / "step_6"
     keys = dcp.FileSystemReader(str(ckpt / "optimizer_0")).read_metadata().state_dict_metadata

@@ -138,6 +138,7 @@ def prepare(accelerator, model, make_optimizer, fp32_values: dict | None = None)
     if fp32_values:
         named = ((n.replace("._checkpoint_wrapped_module", ""), p) for n, p in model.named_parameters())
         _te.seed_fp32_masters(optimizer.optimizer, named, fp32_values)
+        _te.initialize_every_state(optimizer.optimizer)  # what a resume loads is what exists
     return model, optimizer
 
 
