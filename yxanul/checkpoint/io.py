@@ -172,19 +172,19 @@ def is_sharded_checkpoint(ckpt) -> bool:
     return (Path(ckpt) / SHARDED_MODEL_DIR).is_dir()
 
 
-def read_sharded_weights(ckpt) -> dict:
+def read_sharded_weights(ckpt, stepped_master) -> dict:
     """The full model state dict of a sharded (FSDP2, torch.distributed.checkpoint) checkpoint, read in
     this one process without a process group (accelerate's own merge reader). Where the optimizer shards
     hold fp32 masters of TE GEMM weights (``fp8_weight_all_gather``: the model shards hold those FP8-rounded,
     stored as TE tensor objects), the weight is its master, and its model entry is not read. TE's FusedAdam
     keeps a master of every parameter but steps only those of quantized weights: an fp32 parameter (embedding,
     norms) is stepped in place and its master keeps the value of the first step, so those come from the model
-    shards. A fused QKV weight (``fuse_qkv_params``: FSDP2 saves it fused) stays fused here: the readers above
-    this layer split it (`yxanul.models.state_dict.split_qkv_state`)."""
-    from ..models.state_dict import is_te_gemm_weight
+    shards: ``stepped_master(name)`` says which names' masters are trained (the models layer's
+    `is_te_gemm_weight`). A fused QKV weight (``fuse_qkv_params``: FSDP2 saves it fused) stays fused here: the
+    readers above this layer split it (`yxanul.models.state_dict.split_qkv_state`)."""
 
     def trained_master(key: str) -> bool:
-        return key.endswith(MASTER) and is_te_gemm_weight(key.removeprefix("optimizer.state.").removesuffix(MASTER))
+        return key.endswith(MASTER) and stepped_master(key.removeprefix("optimizer.state.").removesuffix(MASTER))
 
     masters = {k.removeprefix("optimizer.state.").removesuffix(MASTER): v
                for k, v in _read_dcp(Path(ckpt) / SHARDED_OPTIMIZER_DIR, trained_master).items()}

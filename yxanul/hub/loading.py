@@ -31,7 +31,7 @@ from ..data.tokenizer_load import load_prepared_tokenizer
 from ..errors import UserError
 from ..models.configuration_yxanul import config_from_preset
 from ..models.modeling_yxanul import YxanulForCausalLM
-from ..models.state_dict import split_qkv_state
+from ..models.state_dict import is_te_gemm_weight, split_qkv_state
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
         for f in files:
             state.update(load_file(str(f)))
     elif is_sharded_checkpoint(ckpt):  # FSDP2: torch.distributed.checkpoint shards, read in one process
-        state = read_sharded_weights(ckpt)
+        state = read_sharded_weights(ckpt, is_te_gemm_weight)
     elif (ckpt / "pytorch_model").is_dir():
         try:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -14,7 +14,7 @@ from .args import ModelArgs
 from .configuration_yxanul import YxanulConfig, config_from_preset, count_parameters
 from .cuda_graphs import check_config
 from .modeling_yxanul import YxanulForCausalLM, resolve_backend
-from .state_dict import is_llama_state, llama_to_yxanul, split_qkv_state
+from .state_dict import is_llama_state, is_te_gemm_weight, llama_to_yxanul, split_qkv_state
 
 
 def model_config(args: ModelArgs, vocab_size: int) -> YxanulConfig:
@@ -47,7 +47,7 @@ def read_weights(path: str, model) -> dict:
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files and not is_sharded_checkpoint(path):
         raise UserError(f"init_from '{path}': no model*.safetensors (nor FSDP2 shards) in that folder")
-    state = {} if files else read_sharded_weights(path)  # FSDP2: the shards joined in this process
+    state = {} if files else read_sharded_weights(path, is_te_gemm_weight)  # FSDP2: the shards joined in this process
     for f in files:
         state.update(load_file(str(f)))
     state = split_qkv_state(state)  # a fused QKV weight a save kept whole (no-op otherwise)
