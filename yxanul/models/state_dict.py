@@ -33,6 +33,7 @@ _TO_LLAMA = {
     "layernorm_mlp.fc2_weight": "mlp.down_proj.weight",
 }
 _FROM_LLAMA = {v: k for k, v in _TO_LLAMA.items()}
+_GLOBAL = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 # the per-layer weights that are TE GEMM weights (FP8 weights under fp8_weight_all_gather), fused QKV or split
 TE_GEMM_WEIGHTS = ("self_attention.layernorm_qkv.weight", "self_attention.layernorm_qkv.query_weight",
                    "self_attention.layernorm_qkv.key_weight", "self_attention.layernorm_qkv.value_weight",
@@ -42,7 +43,6 @@ TE_GEMM_WEIGHTS = ("self_attention.layernorm_qkv.weight", "self_attention.layern
 def is_te_gemm_weight(name: str) -> bool:
     m = _LAYER.match(name)
     return bool(m) and m.group(2) in TE_GEMM_WEIGHTS
-_GLOBAL = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
 
 
 def yxanul_to_llama(state: dict[str, torch.Tensor], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:

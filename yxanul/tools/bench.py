@@ -99,7 +99,7 @@ class BenchCommand:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
 
 
-TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope")  # model flags the torch backend ignores
+TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope", "fuse_wgrad_accumulation")  # the torch backend ignores or refuses
 
 
 def variant(a: BenchCommand) -> str:
@@ -224,10 +224,8 @@ def _not_this_case(a: BenchCommand, precision: str, backend: str) -> str | None:
     """Why the flags make no sense for this case, before anything is built (else None)."""
     if precision == "fp32" and a.master_weights != "none":
         return "master_weights needs BF16 compute"
-    if a.fuse_wgrad_accumulation and backend != "te":
-        return "fuse_wgrad_accumulation: Transformer Engine backend only"
     if backend != "te" and (ignored := [k for k in TE_ONLY if getattr(a, k)]):
-        # the torch twin ignores them (a portable config): a row would time the plain model under their label
+        # the torch twin ignores them (a portable config; fuse_wgrad is refused): a row would time the plain model
         return f"{', '.join(ignored)}: Transformer Engine backend only"
     return None
 
