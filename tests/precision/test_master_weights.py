@@ -230,6 +230,21 @@ def test_a_master_gradient_written_in_place_persists_and_is_zeroed_between_steps
     clear_grads(mw)
     assert m.grad is buf and not buf.any() and other.grad is None
 
+    class WgradWritten(torch.autograd.Function):  # TE's backward under fuse_wgrad_accumulation: the weight's grad None
+        @staticmethod
+        def forward(ctx, x, weight):
+            ctx.save_for_backward(weight)
+            return x @ weight.t()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad @ ctx.saved_tensors[0], None
+
+    buf.fill_(1.0)
+    x = torch.ones(2, w.shape[1], dtype=w.dtype, requires_grad=True)
+    WgradWritten.apply(x, w).sum().backward()  # autograd runs the hook with w.grad None
+    assert m.grad is buf and torch.equal(buf, torch.ones_like(buf)) and w.grad is None
+
 
 def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp_path):
     from safetensors.torch import load_file

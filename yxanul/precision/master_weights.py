@@ -146,9 +146,9 @@ def _to_bf16_keeping_views(params: list) -> None:
 
 def _accumulate_into(master: torch.Tensor):
     def hook(p: torch.Tensor) -> None:
-        if _paused:
-            return
         g = p.grad
+        if _paused or g is None:  # None: TE's wgrad GEMM wrote master.grad itself (`fuse_wgrad`), autograd still calls
+            return
         if master.device != g.device:  # accelerate moved the model after attach(): follow it once
             master.data = master.data.to(g.device)
         if master.grad is None:
