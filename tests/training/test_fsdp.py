@@ -150,6 +150,30 @@ def test_fsdp1_is_refused_in_one_line_before_anything_is_built(tmp_path):
     assert "exitcode  : 2" in out and str(ROOT / "yxanul") not in out and not run.exists()
 
 
+def test_fp8_weight_checkpoints_keep_the_model_state_on_the_gpu(monkeypatch):
+    """FP8 weights: accelerate's sharded state dict defaults to CPU copies, and TE's ``Float8Tensor.copy_`` (DCP's
+    read into each) runs a CUDA kernel on the memory it copies into (an illegal memory access on the H200). The
+    plugin keeps the model state on the device: accelerate's own options builder, the one ``load_state`` uses,
+    says ``cpu_offload`` False. A full state dict with FP8 weights is refused in one line; BF16 weights keep
+    accelerate's default."""
+    from accelerate.utils.fsdp_utils import _prepare_sd_options
+
+    from yxanul.errors import ConfigError
+    from yxanul.models import config_from_preset
+    from yxanul.models.modeling_yxanul import YxanulForCausalLM
+    from yxanul.training.fsdp import fsdp_plugin
+
+    for k, v in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2",
+                 "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}.items():
+        monkeypatch.setenv(k, v)
+    model = YxanulForCausalLM(config_from_preset("nano", 512, 32))
+    assert _prepare_sd_options(fsdp_plugin(model, "bf16")).cpu_offload
+    assert not _prepare_sd_options(fsdp_plugin(model, "bf16", fp8_weights=True)).cpu_offload
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+    with pytest.raises(ConfigError, match="'fsdp_state_dict_type': expected SHARDED_STATE_DICT"):
+        fsdp_plugin(model, "bf16", fp8_weights=True)
+
+
 @pytest.mark.slow
 def test_fsdp2_resumes_exactly_at_the_same_world_size(tmp_path):
     """A sharded checkpoint resumed at 2 processes continues the uninterrupted run's losses."""

@@ -60,8 +60,9 @@ class PrecisionArgs:
                                          "fuse_wgrad_accumulation), instead of a BF16 gradient cast to fp32 after "
                                          "it. Needs fuse_qkv_params or fuse_qkv_rope."})
     fp8_weight_all_gather: bool = field(
-        default=False, metadata={"help": "Experimental (its losses follow the BF16 all-gather's on a GPU, its "
-                                         "resume has not worked there yet: docs/distributed.md). "
+        default=False, metadata={"help": "Experimental (its losses follow the BF16 all-gather's on a GPU; its "
+                                         "resume, fixed since it faulted there, is not yet rerun: "
+                                         "docs/distributed.md). "
                                          "FSDP2 with TE FP8 (recipe delayed or current): the decoder layers hold FP8 "
                                          "weights (TE quantized_model_init), so FSDP2 all-gathers 1 byte per weight "
                                          "instead of 2, and TE's FusedAdam keeps the fp32 masters. Needs an FSDP2 "

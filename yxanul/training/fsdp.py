@@ -25,6 +25,12 @@ optimizer's parameters to the sharded ones by ``data_ptr()``, and TE's FP8 weigh
 (``fp8_weight_all_gather``: Float8Tensor, a wrapper tensor subclass) all report ``data_ptr() == 0``:
 the map would send every FP8 weight's slot to one of them, silently. Built after sharding, the
 optimizer already holds the right parameters; `prepare` puts them back after accelerate's re-map.
+
+Checkpoints of FP8 weights: accelerate's sharded state-dict config offloads to the CPU by default, so
+``load_state`` builds the model's state dict as CPU copies and DCP's read copies each loaded
+Float8Tensor into one; TE's ``Float8Tensor.copy_`` then runs its CUDA transpose kernel on that CPU
+memory (an illegal memory access, H200, TE 2.20.2). With ``offload_to_cpu=False`` the state dict is the
+sharded GPU parameters themselves, as in TE's own FSDP2 DCP test (``run_fsdp2_fused_adam.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import contextlib
 import os
 
 from .. import _te
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..models.build import read_weights
 from ..models.state_dict import fused_qkv_state
 
@@ -48,14 +54,16 @@ def decoder_layer_classes(model) -> list[str]:
     return [n for n in getattr(model, "_no_split_modules", None) or () if n in present]
 
 
-def fsdp_plugin(plan, model):
+def fsdp_plugin(model, base: str, fp8_weights: bool = False):
     """accelerate's FullyShardedDataParallelPlugin from the ``FSDP_*`` environment with yxanul's wrap
-    classes and precision policy (module doc); None when no FSDP profile was launched."""
+    classes and precision policy (module doc) for a ``base`` ("bf16"/"fp32") run; None when no FSDP profile
+    was launched. ``fp8_weights`` (TE FP8 weights, ``fp8_weight_all_gather``): checkpoints' model state stays
+    on the GPU (module doc)."""
     if not fsdp_requested():
         return None
     import torch
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import MixedPrecisionPolicy, ShardedStateDictConfig, StateDictType
 
     version = os.environ.get("FSDP_VERSION", "1")
     if version != "2":
@@ -63,8 +71,14 @@ def fsdp_plugin(plan, model):
                         "checkpoints, TE FP8); set fsdp_version: 2 (accelerate_configs/fsdp2.yaml)")
     plugin = FullyShardedDataParallelPlugin()
     plugin.transformer_cls_names_to_wrap = decoder_layer_classes(model) or None
-    if plan.base != "fp32":
+    if base != "fp32":
         plugin.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if fp8_weights:
+        if plugin.state_dict_type != StateDictType.SHARDED_STATE_DICT:
+            raise ConfigError("fsdp_state_dict_type", "SHARDED_STATE_DICT with fp8_weight_all_gather (a full state "
+                                                      "dict is gathered on the CPU, where TE's FP8 kernels cannot run)",
+                              plugin.state_dict_type.name)
+        plugin.state_dict_config = ShardedStateDictConfig(offload_to_cpu=False)
     return plugin
 
 

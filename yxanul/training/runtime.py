@@ -66,7 +66,7 @@ def build_accelerator(cfg, plan, run_dir: Path, batch, cpu: bool, say, model=Non
     from accelerate.utils import ProjectConfiguration
 
     import_deepspeed_quietly()
-    plugin = fsdp_plugin(plan, model) if model is not None else None
+    plugin = fsdp_plugin(model, plan.base, plan.fp8_weights) if model is not None else None
     with mesh_after_fsdp_on_cpu(plugin, cpu) as deferred_mesh:
         acc = Accelerator(**plan.accelerator_kwargs(), gradient_accumulation_steps=batch.grad_accum,
                           log_with=tracker_names(cfg.tracking) or None,
