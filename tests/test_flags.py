@@ -144,6 +144,9 @@ def test_command_fields_reuse_the_section_field_help_default_and_check():
     # the section's own cross-check, the same one line as `yxanul train`'s
     with pytest.raises(ConfigError, match="cuda_graphs.*gradient_checkpointing"):
         BenchCommand(cuda_graphs=True, gradient_checkpointing=True)
+    with pytest.raises(ConfigError, match="^config key 'rope_kernel': expected te without fuse_qkv_rope"):
+        BenchCommand(rope_kernel="triton")
+    assert BenchCommand(rope_kernel="triton", fuse_qkv_rope=True).rope_kernel == "triton"
     with pytest.raises(ConfigError, match="eval_steps"):
         EvalCommand(model="x", eval_steps=0)
 

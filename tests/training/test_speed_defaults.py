@@ -79,7 +79,7 @@ def test_defaults_set_only_what_the_user_did_not_set(tmp_path):
     (["--mixed_precision", "fp32"], {}, {"master_weights": "fp32 compute"}),
 ])
 def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env, held):
-    table = _table(STACK + " --fuse_qkv_rope --fuse_wgrad_accumulation")
+    table = _table(STACK + " --fuse_qkv_rope --rope_kernel triton --fuse_wgrad_accumulation")
     cfg, line = apply(parse_args(["--model", "nano", *argv]), "te", table, launch_of(
         parse_args(["--model", "nano", *argv]), env))
     for key, why in held.items():
@@ -89,6 +89,8 @@ def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env,
     assert ("kept off: fuse_wgrad_accumulation (no master_weights fp32" in line) is ("master_weights" in held)
     assert cfg.model.cuda_graphs is ("cuda_graphs" not in held)
     assert cfg.model.fuse_qkv_rope is ("fuse_qkv_rope" not in held)  # DDP runs it: only FSDP2/DeepSpeed hold it off
+    assert cfg.model.rope_kernel == ("te" if "fuse_qkv_rope" in held else "triton")  # its kernel goes with it
+    assert ("kept off: rope_kernel (no fuse_qkv_rope in this run)" in line) is ("fuse_qkv_rope" in held)
     assert (cfg.precision.master_weights == "fp32") is ("master_weights" not in held)
     assert cfg.model.loss_impl == "te" and cfg.model.fuse_qkv_params  # what every launch runs still applies
 

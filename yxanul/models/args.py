@@ -58,6 +58,10 @@ class ModelArgs:
                                          "rotation and q/k/v split run as ONE TE kernel per layer and direction "
                                          "instead of TE's split + two RoPE launches; checkpoints keep q/k/v names. "
                                          "Not under FSDP2 or DeepSpeed. Ignored by the torch backend."})
+    rope_kernel: Literal["te", "triton"] = field(
+        default="te", metadata={"help": "The kernel of fuse_qkv_rope: te (Transformer Engine's fused QKV RoPE) or "
+                                        "triton (yxanul's, models/rope_triton.py: the same split and rotation with "
+                                        "vector loads; needs triton, which CUDA builds of torch install)."})
     cuda_graphs: bool = field(
         default=False, metadata={"help": "TE backend on CUDA: capture each decoder block as a CUDA graph (TE's "
                                          "make_graphed_callables, FP8-aware) on the first step; needs a fixed "
@@ -76,6 +80,9 @@ class ModelArgs:
         if isinstance(self.penalty_weight, int) and not isinstance(self.penalty_weight, bool):
             self.penalty_weight = float(self.penalty_weight)
         validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
+        if self.rope_kernel != "te" and not self.fuse_qkv_rope:
+            raise ConfigError("rope_kernel", "te without fuse_qkv_rope (the kernel is fuse_qkv_rope's)",
+                              self.rope_kernel)
         if self.cuda_graphs and self.gradient_checkpointing:
             raise ConfigError("cuda_graphs", "false with gradient_checkpointing (TE's recompute runs outside "
                                              "the captured graphs)", True)

@@ -62,6 +62,7 @@ class YxanulConfig(PreTrainedConfig):
     loss_impl: Literal["default", "chunked", "te"] = "default"
     fuse_qkv_params: bool = False  # TE backend: one fused QKV weight (state-dict names unchanged)
     fuse_qkv_rope: bool = False  # TE backend: that weight grouped per KV head, q/k RoPE in one kernel (modeling_te.py)
+    rope_kernel: Literal["te", "triton"] = "te"  # fuse_qkv_rope's kernel: TE's or models/rope_triton.py
     cuda_graphs: bool = False  # TE backend on CUDA: each block replayed as a CUDA graph (models/cuda_graphs.py)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None

@@ -83,6 +83,7 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             raise ConfigError("fuse_qkv_rope", f"false with Transformer Engine {_te.te_version} (it has no "
                                                "apply_fused_qkv_rotary_pos_emb)", True)
         init_method, output_layer_init_method = init_methods(config)
+        self.rope_kernel = _rope_kernel(config)
         fused = config.fuse_qkv_params or config.fuse_qkv_rope
         super().__init__(
             hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
@@ -134,13 +135,29 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
         B, T, _ = x.shape
         qkv = attn.layernorm_qkv(x, is_first_microbatch=is_first_microbatch)     # (B, T, ng * (g + 2) * hd)
         qkv = qkv.view(B, T, -1, sum(self.rope_split))                          # (B, T, ng, (g + 2) * hd)
-        q, k, v = _te.fused_qkv_rope(qkv, freqs, freqs, self.rope_split, tensor_format="bshd")  # contiguous
-        q, k, v = (t.view(B, T, -1, self.rope_split[-1]) for t in (q, k, v))  # (B, T, nh, hd), (B, T, ng, hd) x 2
+        if self.rope_kernel is None:
+            q, k, v = _te.fused_qkv_rope(qkv, freqs, freqs, self.rope_split, tensor_format="bshd")  # contiguous
+            q, k, v = (t.view(B, T, -1, self.rope_split[-1]) for t in (q, k, v))  # (B, T, nh, hd), (B, T, ng, hd) x 2
+        else:  # rope_kernel triton: the same three tensors, already in that shape
+            q, k, v = self.rope_kernel(qkv, freqs, self.rope_split[0] // self.rope_split[-1])
         ctx = attn.core_attention(q, k, v, qkv_format="bshd", attn_mask_type="causal")  # (B, T, nh * hd)
         out = attn.proj(ctx, is_first_microbatch=is_first_microbatch)
         x = x + (out[0] if attn.return_bias else out)                           # the bias: empty (bias=False)
         mlp = self.layernorm_mlp(x, is_first_microbatch=is_first_microbatch)
         return x + (mlp[0] if self.layernorm_mlp.return_bias else mlp)
+
+
+def _rope_kernel(config):
+    """``fuse_qkv_rope``'s kernel when it is not TE's (``rope_kernel: triton``), else None."""
+    if config.rope_kernel == "te":
+        return None
+    if not config.fuse_qkv_rope:
+        raise ConfigError("rope_kernel", "te without fuse_qkv_rope (the kernel is fuse_qkv_rope's)", config.rope_kernel)
+    try:
+        from .rope_triton import fused_qkv_rope  # triton: CUDA builds of torch only, and only this choice needs it
+    except ImportError as e:
+        raise ConfigError("rope_kernel", f"te: triton does not import here ({e})", config.rope_kernel) from None
+    return fused_qkv_rope
 
 
 def te_rmsnorm(hidden_size: int, eps: float):  # pragma: no cover - GPU only

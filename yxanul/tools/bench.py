@@ -65,6 +65,7 @@ class BenchCommand:
     loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
+    rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
@@ -106,6 +107,7 @@ def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["qkv_rope"] * a.fuse_qkv_rope + ["compile"] * a.torch_compile
+    parts += [f"rope={a.rope_kernel}"] * (a.rope_kernel != "te")
     parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["wgrad"] * a.fuse_wgrad_accumulation
     parts += ["graphs"] * a.cuda_graphs
     return "+".join(parts)
@@ -236,7 +238,8 @@ def _config(preset: str, seq: int, a: BenchCommand):
     from ..models.configuration_yxanul import config_from_preset  # torch: --help stays light
     from ..models.modeling_yxanul import resolve_backend  # torch: --help stays light
 
-    model_flags = {k: getattr(a, k) for k in ("loss_impl", "fuse_qkv_params", "fuse_qkv_rope", "cuda_graphs")}
+    model_flags = {k: getattr(a, k) for k in ("loss_impl", "fuse_qkv_params", "fuse_qkv_rope", "rope_kernel",
+                                              "cuda_graphs")}
     return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), **model_flags)
 
 

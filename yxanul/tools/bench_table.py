@@ -37,6 +37,7 @@ VARIANTS = {
     "stack-rope": "--loss_impl te --fuse_qkv_rope --cuda_graphs",  # stack-no-masters, q/k RoPE in the QKV kernel
     "rope-masters": "--fuse_qkv_rope --master_weights fp32",  # on top of the table's entry: what is left to stack
     "wgrad-masters": "--fuse_qkv_rope --master_weights fp32 --fuse_wgrad_accumulation",  # its grad cast, in the GEMM
+    "triton-rope": "--fuse_qkv_rope --rope_kernel triton --master_weights fp32 --fuse_wgrad_accumulation",  # RoPE
     "fused-qkv": "--fuse_qkv_params",
     "fused-rope": "--fuse_qkv_rope",
     "loss-chunked": "--loss_impl chunked",

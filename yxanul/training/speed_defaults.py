@@ -18,6 +18,7 @@ never turned into a refusal:
 - ``fuse_qkv_rope``: FSDP2 or DeepSpeed (their checkpoints keep the fused weight by name, in cat[q, k, v] rows);
 - ``fuse_wgrad_accumulation``: a run that ends up without ``master_weights fp32`` or a fused QKV (the flag
   needs both);
+- ``rope_kernel``: a run that ends up without ``fuse_qkv_rope`` (it is that flag's kernel);
 - an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
   all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
@@ -56,6 +57,7 @@ class SpeedFlags:
     loss_impl: Literal["default", "chunked", "te"] = same_as(ModelArgs, "loss_impl")
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
+    rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
@@ -174,6 +176,9 @@ def choose(entry: dict, user_keys, launch: Launch, current: dict, fp8: bool) -> 
                                                   or not (would["fuse_qkv_params"] or would["fuse_qkv_rope"])):
         del chosen["fuse_wgrad_accumulation"]
         held["fuse_wgrad_accumulation"] = "no master_weights fp32 or fused QKV in this run"
+    if chosen.get("rope_kernel", "te") != "te" and not would["fuse_qkv_rope"]:
+        del chosen["rope_kernel"]
+        held["rope_kernel"] = "no fuse_qkv_rope in this run"
     dim = entry.get(THRESHOLD)
     if dim is not None and fp8 and THRESHOLD not in user_keys:
         would = {**current, **chosen}
