@@ -33,14 +33,15 @@ def _reference(packed, freqs, g):
     return apply_rotary(q, freqs), apply_rotary(x[:, :, :, g], freqs), x[:, :, :, g + 1]
 
 
-@pytest.mark.parametrize("shape", [(2, 37, 3, 2, 16), (1, 40, 2, 1, 8)])  # (B, T, ng, g, hd): rows not a block multiple
+# (B, T, ng, g, hd; positions of the angles): rows not a multiple of the kernel's block; angles for more positions
+@pytest.mark.parametrize("shape", [(2, 37, 3, 2, 16, 37), (1, 40, 2, 1, 8, 64)])
 def test_the_triton_kernel_rotates_and_splits_as_the_torch_twin(kernel, shape):
-    B, T, ng, g, hd = shape
+    B, T, ng, g, hd, positions = shape
     gen = torch.Generator().manual_seed(0)
     packed = torch.randn(B, T, ng, (g + 2) * hd, generator=gen)
-    freqs = YxanulRotaryEmbedding(hd, 10000.0)(T)
+    freqs = YxanulRotaryEmbedding(hd, 10000.0)(positions)                # [positions, 1, 1, hd]
     x, x_ref = packed.clone().requires_grad_(True), packed.clone().requires_grad_(True)
-    out, ref = kernel(x, freqs, g), _reference(x_ref, freqs, g)
+    out, ref = kernel(x, freqs, g), _reference(x_ref, freqs[:T], g)
     upstream = [torch.randn(t.shape, generator=gen) for t in ref]
     torch.autograd.backward(out, upstream)
     torch.autograd.backward(ref, upstream)

@@ -82,7 +82,7 @@ class FusedQKVRope(torch.autograd.Function):
     def forward(ctx, packed, freqs, g: int):
         B, T, ng, width = packed.shape                                    # (B, T, ng, (g + 2) * hd)
         hd = width // (g + 2)
-        angles = freqs.reshape(T, hd).float()                             # TE's [T, 1, 1, hd]
+        angles = freqs[:T].reshape(T, hd).float()                         # TE's [>= T, 1, 1, hd]
         cos, sin = angles.cos(), angles.sin()                             # (T, hd) fp32 each
         packed = packed.contiguous()
         q = packed.new_empty(B, T, ng * g, hd)
