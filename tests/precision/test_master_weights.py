@@ -360,3 +360,33 @@ def test_te_fused_wgrad_accumulation_trains_like_the_hook(precision, graphs):
     for name, g in ref_grads.items():
         assert (grads[name] - g).norm() <= 2e-2 * g.norm(), name
     assert losses == pytest.approx(ref, rel=2e-2) and losses[-1] < losses[0], (losses, ref)
+
+
+def test_the_fused_adamw_applies_the_clip_in_its_step_as_clip_grad_norm_would(tiny_config):
+    """With torch's fused AdamW (the trainer's on CUDA; it runs on a CPU too) the clip of the master gradients is
+    ``grad_scale`` in the optimizer's own kernel, not a separate pass: the same norm and the same Adam moments
+    (exp_avg = (1 - beta1) * the clipped gradient) as `clip_grad_norm_` before the same fused step, to rounding;
+    unclipped moments are ~norm / max_norm times larger. One step: later ones would compare BF16 roundings."""
+    from yxanul.precision.master_weights import MasterWeightAdamW, masters_of
+
+    class ClipFirst(MasterWeightAdamW):  # the reference: train_step clips with clip_grad_norm_, then steps
+        def clip_in_step(self, max_norm):
+            return None
+
+    def run(cls, max_norm: float):
+        mw, plan = _model(tiny_config, "fp32")
+        masters = masters_of(mw)
+        pairs = [(p, masters[id(p)]) for p in mw.parameters()]
+        opt = cls(pairs, [{"params": [m for _, m in pairs]}], lr=LR, weight_decay=0.1, fused=True)
+        norm = float(train_step(mw, opt, _batches(1), plan=plan, max_grad_norm=max_norm, lr=LR).grad_norm)
+        moments = {k: torch.cat([opt.state[m][k].flatten() for _, m in pairs]) for k in ("exp_avg", "exp_avg_sq")}
+        return norm, moments, torch.cat([m.detach().flatten() for _, m in pairs]), getattr(opt, "grad_scale", None)
+
+    norm, moments, masters, left = run(MasterWeightAdamW, 0.05)
+    ref_norm, ref_moments, ref_masters, _ = run(ClipFirst, 0.05)
+    assert norm > 0.05 * 10 and norm == pytest.approx(ref_norm, rel=1e-6) and left is None  # one step's scale
+    for k in moments:
+        torch.testing.assert_close(moments[k], ref_moments[k], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(masters, ref_masters, rtol=1e-6, atol=1e-8)
+    unclipped = run(MasterWeightAdamW, 0.0)[1]["exp_avg"]
+    assert unclipped.norm() / ref_moments["exp_avg"].norm() == pytest.approx(norm / 0.05, rel=1e-3)

@@ -223,10 +223,27 @@ class MasterWeightAdamW(torch.optim.AdamW):
         super().load_state_dict(state_dict)
 
     @torch.no_grad()
+    def clip_in_step(self, max_norm: float) -> torch.Tensor | None:
+        """The masters' gradient norm, the clip to ``max_norm`` left to the next `step`: torch's fused AdamW
+        divides each gradient by ``grad_scale`` in its kernel (the path GradScaler unscales through), so the clip
+        costs no pass of its own over the fp32 gradients (a read and a write of 8 bytes a parameter: ~0.7 ms of
+        the medium step on an H200). ``grad_scale`` is 1 / `clip_grad_norm_`'s clamped coefficient. None: not
+        fused (the caller clips)."""
+        if not self.defaults.get("fused"):
+            return None
+        norm = torch.nn.utils.get_total_norm([m.grad for _, m in self.pairs if m.grad is not None])
+        if max_norm != float("inf"):
+            self.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+        return norm
+
+    @torch.no_grad()
     def step(self, closure=None):
         if not self._on_device:  # masters of params that got no gradient yet still sit where attach() left them
             self._follow_params()
-        loss = super().step(closure)
+        try:
+            loss = super().step(closure)
+        finally:
+            self.grad_scale = None  # one step's clip
         params, masters = [p for p, _ in self.pairs], [m for _, m in self.pairs]
         if hasattr(torch, "_foreach_copy_"):
             torch._foreach_copy_(params, masters)
@@ -254,6 +271,12 @@ def build(model, groups: list[dict], fp8_weights: bool = False, **kwargs) -> tor
     if "fused" in kwargs:
         kwargs["fused"] = kwargs["fused"] and all(m.is_cuda for _, m in pairs)
     return MasterWeightAdamW(pairs, master_groups, main_grads=_unwrapped_attr(model, FUSED) or (), **kwargs)
+
+
+def clip_in_step(optimizer, max_norm: float) -> torch.Tensor | None:
+    """`MasterWeightAdamW.clip_in_step` of a (wrapped) master-weight optimizer; None for any other."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
+    return inner.clip_in_step(max_norm) if isinstance(inner, MasterWeightAdamW) else None
 
 
 def grad_params(model, optimizer) -> list[torch.Tensor]:

@@ -16,9 +16,10 @@ Without an accelerator (probe, bench, verify): BF16 autocast when the plan's bas
 (what accelerate would apply), ``loss / accum`` backward, ``torch.nn.utils.clip_grad_norm_``.
 
 Two precision flags, both no-ops by default: ``master_weights: fp32`` -- the clipped gradients are the fp32
-masters' (`precision.master_weights.grad_params`); ``cuda_graphs`` -- the TE blocks are captured
-before the first micro-batch of the first step, outside every autocast context
-(`models.cuda_graphs.ensure_captured`), and any later step must have the same (B, T).
+masters' (`precision.master_weights.grad_params`), and with the fused (CUDA) AdamW the clip is applied inside its
+step (`precision.master_weights.clip_in_step`; one process, so accelerate's clip would add nothing);
+``cuda_graphs`` -- the TE blocks are captured before the first micro-batch of the first step, outside every
+autocast context (`models.cuda_graphs.ensure_captured`), and any later step must have the same (B, T).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from ..data.loader import split_window
 from ..models.cuda_graphs import ensure_captured
 from ..precision.forward import forward
-from ..precision.master_weights import grad_params
+from ..precision.master_weights import clip_in_step, grad_params
 
 
 @dataclass
@@ -71,6 +72,19 @@ def _sync_context(accelerator, model, last: bool):
     return contextlib.nullcontext() if last else accelerator.no_sync(model)
 
 
+def _clip(model, optimizer, accelerator, max_norm: float):
+    """The gradient norm before the clip to ``max_norm``, and the clip: in the step of a fused master-weight AdamW
+    (one process, where accelerate's clip adds nothing), else by accelerate or torch here."""
+    norm = clip_in_step(optimizer, max_norm)
+    if norm is not None:
+        return norm
+    params = grad_params(model, optimizer)  # the fp32 masters under master_weights: fp32
+    if accelerator is None:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = accelerator.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+
+
 def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=None, max_grad_norm: float = 0.0,
                lr: float | None = None, device=None) -> StepOutput:
     """One optimizer step over ``batches`` (``accum`` micro-batches: (x, y) pairs of (B, T), or the loader's
@@ -103,14 +117,7 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
         pen_sum = _add(pen_sum, getattr(out, "penalty", None))
     norm = None
     if optimizer is not None:
-        clip = max_grad_norm or float("inf")
-        params = grad_params(model, optimizer)  # the fp32 masters under master_weights: fp32
-        if accelerator is not None:
-            norm = accelerator.clip_grad_norm_(params, clip)
-            if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor; the loop wants a plain tensor
-                norm = norm.full_tensor()
-        else:
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        norm = _clip(model, optimizer, accelerator, max_grad_norm or float("inf"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return StepOutput(loss_sum, lm_sum, pen_sum, norm, accum)
