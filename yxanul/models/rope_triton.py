@@ -38,13 +38,17 @@ def _rope_tile(src, dst, src_off, dst_off, cos_lo, cos_hi, sin_lo, sin_hi, half,
 
 @triton.jit
 def _qkv_rope_kernel(packed, q, k, v, cos, sin, n_rows, T, NG, G: tl.constexpr, HD: tl.constexpr,
-                     BLOCK_R: tl.constexpr, BACKWARD: tl.constexpr):
+                     BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):
     """Forward: packed (n_rows, (G + 2) * HD) -> q (n_rows, G * HD), k, v (n_rows, HD). Backward: the same
-    tensors the other way (q, k, v hold the gradients, packed receives the input gradient)."""
+    tensors the other way (q, k, v hold the gradients, packed receives the input gradient). BLOCK_H: hd/2 up to a
+    power of two (tl.arange's)."""
     HALF: tl.constexpr = HD // 2
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)             # (R,) = b * T * NG + t * NG + group
-    cols = tl.arange(0, HALF)                                             # (hd/2,)
-    mask = (rows < n_rows)[:, None]
+    cols = tl.arange(0, BLOCK_H)                                          # (hd/2 rounded up,)
+    if BLOCK_H == HALF:
+        mask = (rows < n_rows)[:, None]                                   # (R, 1): whole rows, vector access
+    else:
+        mask = (rows < n_rows)[:, None] & (cols < HALF)[None, :]          # (R, hd/2 rounded up)
     rows64 = rows.to(tl.int64)[:, None]
     t = ((rows // NG) % T)[:, None]
     table = t * HD + cols[None, :]                                        # (R, hd/2) into the (T, HD) tables
@@ -74,7 +78,8 @@ def _launch(packed, q, k, v, cos, sin, g: int, backward: bool) -> None:
     hd = k.shape[-1]
     n_rows = B * T * ng
     _qkv_rope_kernel[(triton.cdiv(n_rows, BLOCK_ROWS),)](packed, q, k, v, cos, sin, n_rows, T, ng, G=g, HD=hd,
-                                                          BLOCK_R=BLOCK_ROWS, BACKWARD=backward, num_warps=4)
+                                                          BLOCK_R=BLOCK_ROWS, BLOCK_H=triton.next_power_of_2(hd // 2),
+                                                          BACKWARD=backward, num_warps=4)
 
 
 class FusedQKVRope(torch.autograd.Function):
