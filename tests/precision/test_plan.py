@@ -83,6 +83,10 @@ def test_recipe_mapping_carries_every_value():
                                                                                  {"fp8_format": "E4M3"})
     assert recipe_spec(PrecisionArgs(fp8_recipe="mxfp8", fp8_margin=1)) == ("MXFP8BlockScaling",
                                                                            {"margin": 1, "fp8_format": "HYBRID"})
+    # fp8_attention: TE's fp8_dpa on the two recipes that take it
+    assert recipe_spec(PrecisionArgs(use_fp8=True, fp8_attention=True))[1]["fp8_dpa"] is True
+    assert recipe_spec(PrecisionArgs(use_fp8=True, fp8_recipe="current", fp8_attention=True)) == (
+        "Float8CurrentScaling", {"fp8_format": "HYBRID", "fp8_dpa": True})
 
 
 @pytest.mark.parametrize("kw,key", [({"fp8_margin": -1}, "fp8_margin"), ({"fp8_interval": 0}, "fp8_interval"),
@@ -91,7 +95,9 @@ def test_recipe_mapping_carries_every_value():
                                     ({"use_fp8": True, "fp8_format": "e5m2"}, "fp8_format"),
                                     ({"require_fp8": True, "mixed_precision": "fp32"}, "mixed_precision"),
                                     ({"fp8_keep_bf16": "model.layers.0.*"}, "fp8_keep_bf16"),
-                                    ({"fp8_keep_bf16": [""]}, "fp8_keep_bf16")])
+                                    ({"fp8_keep_bf16": [""]}, "fp8_keep_bf16"),
+                                    ({"use_fp8": True, "fp8_recipe": "mxfp8", "fp8_attention": True},
+                                     "fp8_attention': expected false with fp8_recipe mxfp8")])
 def test_args_validation(kw, key):
     with pytest.raises(ConfigError, match=key):
         PrecisionArgs(**kw)

@@ -95,6 +95,16 @@ def test_a_launch_that_cannot_run_a_default_keeps_it_off_and_says_why(argv, env,
     assert cfg.model.loss_impl == "te" and cfg.model.fuse_qkv_params  # what every launch runs still applies
 
 
+def test_fp8_attention_is_a_default_of_fp8_runs_only():
+    table = _table(STACK + " --fp8_attention")
+    fp8 = parse_args(["--model", "nano", "--use_fp8"])
+    cfg, line = apply(fp8, "te", table, launch_of(fp8, {}))
+    assert cfg.precision.fp8_attention and "kept off: fp8_attention" not in line
+    bf16 = parse_args(["--model", "nano"])
+    cfg, line = apply(bf16, "te", table, launch_of(bf16, {}))
+    assert not cfg.precision.fp8_attention and "kept off: fp8_attention (not an FP8 run)" in line
+
+
 def test_a_curriculum_keeps_cuda_graphs_off(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("model: nano\ncurriculum:\n- {seq_length: 32, until_steps: 2}\n- {seq_length: 64}\n")

@@ -42,6 +42,11 @@ class PrecisionArgs:
         default="max", metadata={"help": "DelayedScaling: scale from the max of the amax history "
                                          "or the most recent amax."})
     fp8_eval: bool = field(default=False, metadata={"help": "Run evaluation forwards in FP8 too (default: BF16 eval)."})
+    fp8_attention: bool = field(
+        default=False, metadata={"help": "Recipes delayed and current: TE's dot-product attention runs in FP8 too "
+                                         "(the recipe's fp8_dpa, a TE beta: cuDNN's fused attention casts q/k/v to "
+                                         "FP8 and its output back); off, attention stays BF16. Without FP8: no "
+                                         "effect, as every fp8_* setting."})
     fp8_min_gemm_dim: int = field(
         default=DEFAULT_MIN_GEMM_DIM,
         metadata={"help": "Small-GEMM policy: a layer runs FP8 only if every dimension of its GEMMs is >= this "
@@ -99,5 +104,8 @@ class PrecisionArgs:
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE
             raise ConfigError("mixed_precision", "auto or bf16 with use_fp8 (accelerate runs every non-FP8 layer "
                                                  "under bf16 autocast)", "fp32")
+        if self.fp8_attention and self.use_fp8 and self.fp8_recipe not in ("delayed", "current"):
+            raise ConfigError("fp8_attention", f"false with fp8_recipe {self.fp8_recipe} (TE's FP8 attention takes "
+                                               "the delayed and current recipes)", True)
         if self.use_fp8 and self.fp8_format == "e5m2":
             raise ConfigError("fp8_format", "hybrid or e4m3 (TE recipes reject pure E5M2 training)", "e5m2")

@@ -68,13 +68,14 @@ def recipe_spec(args: PrecisionArgs) -> tuple[str, dict]:
     `common/recipe/__init__.py`). Pure Python, so it is testable without TE. `fp8_interval` has no
     TE field (removed in TE 1.8; amax/scale update after every step) and is only recorded."""
     fmt = FORMATS[args.fp8_format]
+    attention = {"fp8_dpa": True} if args.fp8_attention else {}  # delayed/current only (PrecisionArgs checks)
     if args.fp8_recipe == "delayed":
         return "DelayedScaling", {"margin": args.fp8_margin, "fp8_format": fmt,
                                   "amax_history_len": args.fp8_amax_history_len,
-                                  "amax_compute_algo": args.fp8_amax_compute_algo}
+                                  "amax_compute_algo": args.fp8_amax_compute_algo, **attention}
     if args.fp8_recipe == "mxfp8":
         return "MXFP8BlockScaling", {"margin": args.fp8_margin, "fp8_format": fmt}
-    return RECIPE_CLASSES[args.fp8_recipe], {"fp8_format": fmt}
+    return RECIPE_CLASSES[args.fp8_recipe], {"fp8_format": fmt, **attention}
 
 
 def build_recipe(args: PrecisionArgs):

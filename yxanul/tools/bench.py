@@ -68,6 +68,7 @@ class BenchCommand:
     rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
+    fp8_attention: bool = same_as(PrecisionArgs, "fp8_attention")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
     torch_compile: bool = same_as(TrainArgs, "torch_compile")
     speed_defaults: bool = same_as(TrainArgs, "speed_defaults")
@@ -109,6 +110,7 @@ def variant(a: BenchCommand) -> str:
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["qkv_rope"] * a.fuse_qkv_rope + ["compile"] * a.torch_compile
     parts += [f"rope={a.rope_kernel}"] * (a.rope_kernel != "te")
     parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["wgrad"] * a.fuse_wgrad_accumulation
+    parts += ["fp8_attn"] * a.fp8_attention
     parts += ["graphs"] * a.cuda_graphs
     return "+".join(parts)
 
@@ -118,15 +120,17 @@ def _split(s: str) -> list[str]:
 
 
 def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "none",
-                   fuse_wgrad_accumulation: bool = False):
-    """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped)."""
+                   fuse_wgrad_accumulation: bool = False, fp8_attention: bool = False):
+    """The `PrecisionArgs` of a bench precision name (FP8 cases never silently fall back: skipped);
+    ``fp8_attention`` applies to the FP8 ones."""
     if precision == "fp32":
         return PrecisionArgs(mixed_precision="fp32")
     masters = {"master_weights": master_weights, "fuse_wgrad_accumulation": fuse_wgrad_accumulation}
     if precision == "bf16":
         return PrecisionArgs(mixed_precision="bf16", **masters)
     kw = {} if min_gemm_dim < 0 else {"fp8_min_gemm_dim": min_gemm_dim}
-    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **masters, **kw)
+    return PrecisionArgs(use_fp8=True, fp8_recipe=precision.split("-", 1)[1], mixed_precision="bf16", **masters, **kw,
+                         fp8_attention=fp8_attention)
 
 
 def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, float | None]:
@@ -187,7 +191,7 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     if reason := _not_this_case(a, precision, config.backend):
         return {**row, "status": "skipped", "reason": reason}
     plan = resolve_precision(precision_args(precision, a.fp8_min_gemm_dim, a.master_weights,
-                                            a.fuse_wgrad_accumulation), config, say=notes.append)
+                                            a.fuse_wgrad_accumulation, a.fp8_attention), config, say=notes.append)
     model = opt = None
     try:
         reason = _skip_reason(precision, plan, device)
@@ -226,6 +230,8 @@ def _not_this_case(a: BenchCommand, precision: str, backend: str) -> str | None:
     """Why the flags make no sense for this case, before anything is built (else None)."""
     if precision == "fp32" and a.master_weights != "none":
         return "master_weights needs BF16 compute"
+    if a.fp8_attention and precision.startswith("fp8") and precision not in ("fp8-delayed", "fp8-current"):
+        return "fp8_attention: recipes delayed and current only"
     if backend != "te" and (ignored := [k for k in TE_ONLY if getattr(a, k)]):
         # the torch twin ignores them (a portable config; fuse_wgrad is refused): a row would time the plain model
         return f"{', '.join(ignored)}: Transformer Engine backend only"

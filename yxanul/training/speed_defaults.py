@@ -19,6 +19,7 @@ never turned into a refusal:
 - ``fuse_wgrad_accumulation``: a run that ends up without ``master_weights fp32`` or a fused QKV (the flag
   needs both);
 - ``rope_kernel``: a run that ends up without ``fuse_qkv_rope`` (it is that flag's kernel);
+- ``fp8_attention``: a run that is not FP8;
 - an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
   all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
@@ -60,6 +61,7 @@ class SpeedFlags:
     rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
+    fp8_attention: bool = same_as(PrecisionArgs, "fp8_attention")
     cuda_graphs: bool = same_as(ModelArgs, "cuda_graphs")
 
 
@@ -69,7 +71,8 @@ KEYS = tuple(f.name for f in dataclasses.fields(SpeedFlags))
 # has all of them. Not a bench variant flag: `yxanul bench` always sets its own.
 THRESHOLD = "fp8_min_gemm_dim"
 TABLE_KEYS = (*KEYS, THRESHOLD)
-SECTION = {"master_weights": "precision", "fuse_wgrad_accumulation": "precision", THRESHOLD: "precision"}  # else model
+SECTION = {"master_weights": "precision", "fuse_wgrad_accumulation": "precision", "fp8_attention": "precision",
+           THRESHOLD: "precision"}  # else model
 
 
 def parse_flags(flags: str, where: str = "speed flags") -> dict[str, Any]:
@@ -176,6 +179,9 @@ def choose(entry: dict, user_keys, launch: Launch, current: dict, fp8: bool) -> 
                                                   or not (would["fuse_qkv_params"] or would["fuse_qkv_rope"])):
         del chosen["fuse_wgrad_accumulation"]
         held["fuse_wgrad_accumulation"] = "no master_weights fp32 or fused QKV in this run"
+    if chosen.get("fp8_attention") and not fp8:
+        del chosen["fp8_attention"]
+        held["fp8_attention"] = "not an FP8 run"
     if chosen.get("rope_kernel", "te") != "te" and not would["fuse_qkv_rope"]:
         del chosen["rope_kernel"]
         held["rope_kernel"] = "no fuse_qkv_rope in this run"
