@@ -148,11 +148,10 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
 
 
 def _rope_kernel(config):
-    """``fuse_qkv_rope``'s kernel when it is not TE's (``rope_kernel: triton``), else None."""
-    if config.rope_kernel == "te":
+    """``fuse_qkv_rope``'s kernel when it is not TE's (``rope_kernel: triton``), else None (ModelArgs refuses
+    the choice without ``fuse_qkv_rope``; a config that has it anyway never calls the kernel)."""
+    if config.rope_kernel == "te" or not config.fuse_qkv_rope:
         return None
-    if not config.fuse_qkv_rope:
-        raise ConfigError("rope_kernel", "te without fuse_qkv_rope (the kernel is fuse_qkv_rope's)", config.rope_kernel)
     try:
         from .rope_triton import fused_qkv_rope  # triton: CUDA builds of torch only, and only this choice needs it
     except ImportError as e:

@@ -100,12 +100,8 @@ class FusedQKVRope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk, dv):
         cos, sin = ctx.saved_tensors
-        like = next(t for t in (dq, dk, dv) if t is not None)
-        B, T, ng, width = ctx.shape
-        hd = width // (ctx.g + 2)
-        dq, dk, dv = (t.contiguous() if t is not None else like.new_zeros(s)
-                      for t, s in ((dq, (B, T, ng * ctx.g, hd)), (dk, (B, T, ng, hd)), (dv, (B, T, ng, hd))))
-        dpacked = like.new_empty(ctx.shape)
+        dq, dk, dv = dq.contiguous(), dk.contiguous(), dv.contiguous()  # autograd materializes unused ones as zeros
+        dpacked = dq.new_empty(ctx.shape)
         _launch(dpacked, dq, dk, dv, cos, sin, ctx.g, backward=True)
         return dpacked, None, None
 

@@ -147,7 +147,7 @@ def _to_bf16_keeping_views(params: list) -> None:
 def _accumulate_into(master: torch.Tensor):
     def hook(p: torch.Tensor) -> None:
         g = p.grad
-        if _paused or g is None:  # None: TE's wgrad GEMM wrote master.grad itself (`fuse_wgrad`), autograd still calls
+        if _paused or g is None:  # None: TE's wgrad GEMM wrote master.grad (`fuse_wgrad`); autograd calls us anyway
             return
         if master.device != g.device:  # accelerate moved the model after attach(): follow it once
             master.data = master.data.to(g.device)
