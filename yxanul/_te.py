@@ -6,6 +6,10 @@ so any exception means "not available" and is kept as the reason.
 
 from __future__ import annotations
 
+import os
+
+from .errors import ConfigError
+
 TE_AVAILABLE = False
 TE_IMPORT_ERROR: str | None = None
 te = None          # transformer_engine.pytorch
@@ -214,3 +218,26 @@ def gemm_weights(model) -> list[tuple[object, list[str], bool]]:
         elif isinstance(m, (te.Linear, te.LayerNormLinear)):
             out.append((m, list(m.weight_names), len(m.weight_names) > 1))
     return out
+
+
+# TE's switch to cuDNN's normalization kernels (common/normalization/common.cpp in TE 2.20: forward and backward)
+CUDNN_NORM_ENV = ("NVTE_NORM_FWD_USE_CUDNN", "NVTE_NORM_BWD_USE_CUDNN")
+_norm_kernel: str | None = None  # the choice this process made (TE keeps its first reading)
+
+
+def use_norm_kernel(kind: str) -> None:
+    """Make ``kind`` ("te" or "cudnn") the RMSNorm kernels of this process. TE reads its two switches once, at
+    its first normalization (a function-local static in common.cpp), while its PyTorch extension re-reads the
+    forward one on every call to pick the FP8 path (csrc/extensions/normalization.cpp): a process that changed
+    them after its first norm would mix the two and fail in the current-scaling recipe. So the first model
+    built decides, and a later one (or a switch set in the environment) asking otherwise is refused."""
+    global _norm_kernel  # noqa: PLW0603 - the process's one choice
+    on = [k for k in CUDNN_NORM_ENV if os.environ.get(k) == "1"]
+    current = _norm_kernel or ("cudnn" if on else None)  # None: free to choose
+    if current not in (None, kind):
+        why = "an earlier model of this process" if _norm_kernel else \
+            " and ".join(f"{k}=1" for k in on) + " in the environment"
+        raise ConfigError("norm_kernel", f"{current}: TE takes one normalization backend per process ({why})", kind)
+    if kind == "cudnn":
+        os.environ.update(dict.fromkeys(CUDNN_NORM_ENV, "1"))
+    _norm_kernel = kind

@@ -193,3 +193,19 @@ def test_fused_qkv_rope_groups_the_weight_per_kv_head_under_the_same_names(build
     assert torch.equal(fused[0, g + 1], a.value_weight.view(ng, hd, -1)[0])
     loaded = again.model.layers[0].self_attention.layernorm_qkv.weight
     assert torch.equal(loaded, layer.self_attention.layernorm_qkv.weight)
+
+
+def test_norm_kernel_cudnn_switches_te_for_the_process_when_the_tree_is_built(build, monkeypatch):
+    """TE's blocks ask for their RMSNorm kernels as they are built: ``cudnn`` sets TE's two switches before any
+    norm runs; a later tree asking for TE's own kernels in the same process is one line (TE keeps its first
+    reading: the GPU test runs each choice in its own process)."""
+    import os
+
+    monkeypatch.setattr(_te, "_norm_kernel", None)
+    for var in _te.CUDNN_NORM_ENV:
+        monkeypatch.setenv(var, "")
+    build(norm_kernel="cudnn")
+    assert [os.environ[v] for v in _te.CUDNN_NORM_ENV] == ["1", "1"]
+    with pytest.raises(ConfigError, match="^config key 'norm_kernel': expected cudnn: TE takes one normalization"):
+        build()
+    build(backend="torch")  # the torch twin has no TE norm: any choice, any time

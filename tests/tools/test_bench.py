@@ -97,6 +97,9 @@ def test_speed_variants_master_weights_and_cuda_graphs():
     rows, _ = run(BenchCommand(precisions="bf16", backend="torch", fuse_qkv_rope=True, **SMALL), say=lambda *x: None)
     assert rows[0]["status"] == "skipped" and rows[0]["variant"] == "qkv_rope", rows[0]
     assert rows[0]["reason"] == "fuse_qkv_rope: Transformer Engine backend only"
+    rows, _ = run(BenchCommand(precisions="bf16", backend="torch", norm_kernel="cudnn", **SMALL), say=lambda *x: None)
+    assert (rows[0]["status"], rows[0]["variant"]) == ("skipped", "norm=cudnn")
+    assert rows[0]["reason"] == "norm_kernel: Transformer Engine backend only"
 
 
 def test_cpu_vs_nanogpt_script_writes_both_rows(tmp_path, capsys):

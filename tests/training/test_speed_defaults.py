@@ -46,6 +46,9 @@ def test_the_shipped_table_holds_backend_te_only_and_bad_entries_are_one_line():
     assert parse_flags("--cuda_graphs --loss_impl te") == {"cuda_graphs": True, "loss_impl": "te"}
     assert flag_string(parse_flags("--cuda_graphs --master_weights fp32 --loss_impl te")) == (
         "--loss_impl te --master_weights fp32 --cuda_graphs")  # canonical: the bench variants' order
+    assert flag_string(parse_flags("--norm_kernel cudnn --fuse_qkv_rope")) == "--fuse_qkv_rope --norm_kernel cudnn"
+    with pytest.raises(UserError, match="norm_kernel"):
+        check_table({"te": {"nano": {"flags": "--norm_kernel apex", "evidence": "x"}}})
 
 
 def test_defaults_set_only_what_the_user_did_not_set(tmp_path):

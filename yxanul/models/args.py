@@ -12,6 +12,7 @@ from .presets import BACKENDS, PRESETS
 
 PENALTY_TYPES = ("none", "z_loss", "max_z_loss")
 LOSS_IMPLS = ("default", "chunked", "te")
+NORM_KERNELS = ("te", "cudnn")
 
 
 def validate_loss(penalty_type, penalty_weight, loss_impl) -> None:
@@ -62,6 +63,11 @@ class ModelArgs:
         default="te", metadata={"help": "The kernel of fuse_qkv_rope: te (Transformer Engine's fused QKV RoPE) or "
                                         "triton (yxanul's, models/rope_triton.py: the same split and rotation with "
                                         "vector loads; needs triton, which CUDA builds of torch install)."})
+    norm_kernel: Literal["te", "cudnn"] = field(
+        default="te", metadata={"help": "TE backend: the RMSNorm kernels, te (Transformer Engine's: tuned for hidden "
+                                        "512/768/1024/2048/4096/8192, a slower general kernel otherwise, e.g. "
+                                        "xlarge's 1920) or cudnn (cuDNN's, TE's NVTE_NORM_{FWD,BWD}_USE_CUDNN); "
+                                        "one choice per process. Ignored by the torch backend."})
     cuda_graphs: bool = field(
         default=False, metadata={"help": "TE backend on CUDA: capture each decoder block as a CUDA graph (TE's "
                                          "make_graphed_callables, FP8-aware) on the first step; needs a fixed "
@@ -83,6 +89,8 @@ class ModelArgs:
         if self.rope_kernel != "te" and not self.fuse_qkv_rope:
             raise ConfigError("rope_kernel", "te without fuse_qkv_rope (the kernel is fuse_qkv_rope's)",
                               self.rope_kernel)
+        if self.norm_kernel not in NORM_KERNELS:
+            raise ConfigError("norm_kernel", "one of " + ", ".join(NORM_KERNELS), self.norm_kernel)
         if self.cuda_graphs and self.gradient_checkpointing:
             raise ConfigError("cuda_graphs", "false with gradient_checkpointing (TE's recompute runs outside "
                                              "the captured graphs)", True)

@@ -24,7 +24,8 @@ def model_config(args: ModelArgs, vocab_size: int) -> YxanulConfig:
                                 tie_word_embeddings=args.tie_word_embeddings, penalty_type=args.penalty_type,
                                 penalty_weight=args.penalty_weight, loss_impl=args.loss_impl,
                                 fuse_qkv_params=args.fuse_qkv_params, fuse_qkv_rope=args.fuse_qkv_rope,
-                                rope_kernel=args.rope_kernel, cuda_graphs=args.cuda_graphs)
+                                rope_kernel=args.rope_kernel, norm_kernel=args.norm_kernel,
+                                cuda_graphs=args.cuda_graphs)
     config.backend = resolve_backend(config.backend)
     return config
 

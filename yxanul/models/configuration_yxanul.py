@@ -14,7 +14,7 @@ from typing import Literal
 from transformers.configuration_utils import PreTrainedConfig
 
 from ..errors import ConfigError
-from .args import validate_loss
+from .args import NORM_KERNELS, validate_loss
 from .presets import BACKENDS, PRESETS, VOCAB_MULTIPLE  # noqa: F401  (re-exported; the shapes live in a torch-free module)
 
 # the model classes' module, named as transformers' auto mappings name theirs: it imports this one
@@ -63,6 +63,7 @@ class YxanulConfig(PreTrainedConfig):
     fuse_qkv_params: bool = False  # TE backend: one fused QKV weight (state-dict names unchanged)
     fuse_qkv_rope: bool = False  # TE backend: that weight grouped per KV head, q/k RoPE in one kernel (modeling_te.py)
     rope_kernel: Literal["te", "triton"] = "te"  # fuse_qkv_rope's kernel: TE's or models/rope_triton.py
+    norm_kernel: Literal["te", "cudnn"] = "te"  # TE backend: TE's RMSNorm kernels or cuDNN's (modeling_te.py)
     cuda_graphs: bool = False  # TE backend on CUDA: each block replayed as a CUDA graph (models/cuda_graphs.py)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -107,6 +108,8 @@ class YxanulConfig(PreTrainedConfig):
         if self.backend not in BACKENDS:
             raise ConfigError("backend", "one of " + ", ".join(BACKENDS), self.backend)
         validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
+        if self.norm_kernel not in NORM_KERNELS:
+            raise ConfigError("norm_kernel", "one of " + ", ".join(NORM_KERNELS), self.norm_kernel)
 
 
 def _register() -> None:

@@ -83,6 +83,7 @@ class TEDecoderLayer(te.TransformerLayer):  # pragma: no cover - GPU only
             raise ConfigError("fuse_qkv_rope", f"false with Transformer Engine {_te.te_version} (it has no "
                                                "apply_fused_qkv_rotary_pos_emb)", True)
         init_method, output_layer_init_method = init_methods(config)
+        _te.use_norm_kernel(config.norm_kernel)
         self.rope_kernel = _rope_kernel(config)
         fused = config.fuse_qkv_params or config.fuse_qkv_rope
         super().__init__(

@@ -66,6 +66,7 @@ class BenchCommand:
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
+    norm_kernel: Literal["te", "cudnn"] = same_as(ModelArgs, "norm_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     fp8_attention: bool = same_as(PrecisionArgs, "fp8_attention")
@@ -102,13 +103,14 @@ class BenchCommand:
 
 
 TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope", "fuse_wgrad_accumulation")  # the torch backend ignores or refuses
+KERNEL_DEFAULTS = {"norm_kernel": "te"}  # TE-only choices with a non-boolean default
 
 
 def variant(a: BenchCommand) -> str:
     """The non-default speed options of a bench call, e.g. 'loss=chunked+fused_qkv' ('' for none)."""
     parts = [f"loss={a.loss_impl}"] if a.loss_impl != "default" else []
     parts += ["fused_qkv"] * a.fuse_qkv_params + ["qkv_rope"] * a.fuse_qkv_rope + ["compile"] * a.torch_compile
-    parts += [f"rope={a.rope_kernel}"] * (a.rope_kernel != "te")
+    parts += [f"rope={a.rope_kernel}"] * (a.rope_kernel != "te") + [f"norm={a.norm_kernel}"] * (a.norm_kernel != "te")
     parts += [f"master={a.master_weights}"] * (a.master_weights != "none") + ["wgrad"] * a.fuse_wgrad_accumulation
     parts += ["fp8_attn"] * a.fp8_attention
     parts += ["graphs"] * a.cuda_graphs
@@ -230,7 +232,8 @@ def _not_this_case(a: BenchCommand, precision: str, backend: str) -> str | None:
     """Why the flags make no sense for this case, before anything is built (else None)."""
     if precision == "fp32" and a.master_weights != "none":
         return "master_weights needs BF16 compute"
-    if backend != "te" and (ignored := [k for k in TE_ONLY if getattr(a, k)]):
+    ignored = [k for k in TE_ONLY if getattr(a, k)] + [k for k, v in KERNEL_DEFAULTS.items() if getattr(a, k) != v]
+    if backend != "te" and ignored:
         # the torch twin ignores them (a portable config; fuse_wgrad is refused): a row would time the plain model
         return f"{', '.join(ignored)}: Transformer Engine backend only"
     return None
@@ -243,7 +246,7 @@ def _config(preset: str, seq: int, a: BenchCommand):
     from ..models.modeling_yxanul import resolve_backend  # torch: --help stays light
 
     model_flags = {k: getattr(a, k) for k in ("loss_impl", "fuse_qkv_params", "fuse_qkv_rope", "rope_kernel",
-                                              "cuda_graphs")}
+                                              "norm_kernel", "cuda_graphs")}
     return config_from_preset(preset, a.vocab_size, seq, backend=resolve_backend(a.backend), **model_flags)
 
 

@@ -59,6 +59,7 @@ class SpeedFlags:
     fuse_qkv_params: bool = same_as(ModelArgs, "fuse_qkv_params")
     fuse_qkv_rope: bool = same_as(ModelArgs, "fuse_qkv_rope")
     rope_kernel: Literal["te", "triton"] = same_as(ModelArgs, "rope_kernel")
+    norm_kernel: Literal["te", "cudnn"] = same_as(ModelArgs, "norm_kernel")
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     fuse_wgrad_accumulation: bool = same_as(PrecisionArgs, "fuse_wgrad_accumulation")
     fp8_attention: bool = same_as(PrecisionArgs, "fp8_attention")
