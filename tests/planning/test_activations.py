@@ -13,17 +13,21 @@ SHAPES = {
     "mha-3-layers": dict(hidden_size=192, num_hidden_layers=3, num_attention_heads=3, num_key_value_heads=3,
                          intermediate_size=512, vocab_size=640),
 }
-LOSS_SCALAR = 4  # the fp32 loss itself, saved by the final division
+LOSS_SCALAR = 4  # the fp32 loss itself, saved by the final division (the chunked loss saves none)
 
 
+@pytest.mark.parametrize("loss_impl", ["default", "chunked"])
 @pytest.mark.parametrize("name", list(SHAPES))
 @pytest.mark.parametrize("micro,seq", [(1, 48), (3, 32)])
-def test_formula_equals_the_saved_tensors_of_a_real_bf16_step(name, micro, seq):
+def test_formula_equals_the_saved_tensors_of_a_real_bf16_step(name, micro, seq, loss_impl):
     torch.manual_seed(0)
-    c = YxanulConfig(**SHAPES[name], backend="torch")
+    c = YxanulConfig(**SHAPES[name], backend="torch", loss_impl=loss_impl)
     got = measure_saved(YxanulForCausalLM(c), micro, seq, torch.bfloat16)
-    casts = 2 * matmul_parameters(c)  # autocast's bf16 weight copies, saved for backward
-    assert got["bytes"] == activations(c, micro, seq).saved + casts + LOSS_SCALAR
+    chunked = loss_impl == "chunked"
+    head = c.vocab_size * c.hidden_size if chunked else 0  # the chunked loss keeps no bf16 copy of the head
+    casts = 2 * (matmul_parameters(c) - head)  # autocast's bf16 weight copies, saved for backward
+    saved = activations(c, micro, seq, loss_impl=loss_impl).saved
+    assert got["bytes"] == saved + casts + (0 if chunked else LOSS_SCALAR)
 
 
 def test_checkpointing_keeps_only_the_layer_inputs():

@@ -94,3 +94,42 @@ def test_plan_within_15_percent_of_cuda_max_memory_allocated(tmp_path):
         cases.append({**case, "fields": {k: getattr(c, k) for k in keys}})
     assert torch.cuda.is_available()
     check(cases, run_measure(cases, "cuda", tmp_path))
+
+
+def _te_rows():
+    """The committed H200 bench rows a plan can be checked against: TE backend, eager (a CUDA-graphed row's peak
+    reads 30-35 % below the eager row's: the graphs' private pool; ``torch_compile`` and the fused wgrad's
+    persistent gradients are other layouts), each row's loss and master weights from its variant."""
+    from pathlib import Path
+
+    rows = []
+    for f in sorted((Path(__file__).resolve().parents[2] / "docs" / "bench").glob("*-h*.json")):
+        data = json.loads(f.read_text())
+        accumulation = (data.get("args") or {}).get("gradient_accumulation_steps") or 1
+        for r in data.get("rows", ()):
+            parts = (r.get("variant") or "").split("+")
+            if r.get("status") != "ok" or r.get("backend") != "te" or {"graphs", "compile", "wgrad"} & set(parts):
+                continue
+            loss = next((p.split("=")[1] for p in parts if p.startswith("loss=")), "default")
+            rows.append((f.name, r, loss, "master=fp32" in parts, accumulation))
+    return rows
+
+
+def test_te_plan_within_15_percent_of_the_committed_h200_peaks():
+    """``torch.cuda.max_memory_allocated`` of `yxanul bench`'s timed steps on the H200 (docs/bench/*.json: model,
+    optimizer states, activations; micro-batch 16 x 1024 tokens at gpt2-124m, medium, xlarge; BF16 and FP8;
+    the three losses; with and without fp32 master weights). With one micro-batch per step the gradients are
+    made in backward after the loss's peak (zero_grad sets them to None): the plan without them there. The
+    issue's bar is 15 %; rows of only the flags the plan models are held to 5 % (they are within 1.6 %): an FP8
+    row without the SwiGLU output's byte saved is 3-5 % off."""
+    modelled = {"", "fused_qkv", "qkv_rope", "master=fp32", "loss=te", "loss=chunked"}
+    rows = _te_rows()
+    assert len({(r["preset"], r["precision"], loss, masters, acc) for _, r, loss, masters, acc in rows}) >= 20
+    for name, r, loss, masters, accumulation in rows:
+        c = config_from_preset(r["preset"], 50257, r["seq_length"])
+        m = memory("single", c, model_shapes(c), micro=r["micro_batch"], seq_length=r["seq_length"],
+                   checkpointing=False, world=1, gpus_per_node=1, backend="te", fp8=r["precision"] != "bf16",
+                   loss_impl=loss, masters=masters)
+        plan, peak = m.total - (m.gradients if accumulation == 1 else 0), r["peak_memory_gib"] * 2**30
+        bar = 0.05 if set((r.get("variant") or "").split("+")) <= modelled else TOLERANCE
+        assert abs(plan - peak) <= bar * peak, (name, r["preset"], r["precision"], loss, plan, peak)

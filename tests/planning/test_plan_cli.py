@@ -71,7 +71,7 @@ def test_max_micro_batch_is_the_largest_that_fits():
         m = r["max_micro_batch"]
         def at(b, r=r):
             return memory(r["strategy"], c, s, micro=b, seq_length=2048, checkpointing=r["checkpointing"],
-                          world=8, gpus_per_node=8).total
+                          world=8, gpus_per_node=8, backend=p["backend"], loss_impl=p["loss_impl"]).total
         assert m == 0 or at(m) <= a.budget
         assert at(m + 1) > a.budget
 
@@ -92,6 +92,8 @@ def test_nothing_fits_exits_1(capsys):
 @pytest.mark.parametrize("argv,key", [
     (["--preset", "13b"], "preset"), (["--gpus", "0"], "gpus"), (["--gpu_memory", "-1"], "gpu_memory"),
     (["--headroom", "1.5"], "headroom"), (["--seq_lenght", "4"], "seq_length"),
+    (["--backend", "torch", "--use_fp8"], "use_fp8"), (["--backend", "torch", "--loss_impl", "te"], "loss_impl"),
+    (["--master_weights", "fp32"], "master_weights"),  # 8 GPUs: DDP/DeepSpeed/FSDP2 keep their own masters
 ])
 def test_user_errors_are_one_line(capsys, argv, key):
     assert main(["plan", *argv]) == 2
@@ -116,3 +118,31 @@ def test_docs_example_is_the_real_output(capsys):
     shown = doc.split(cmd, 1)[1].split("```", 1)[0]
     assert main(cmd.split()[2:]) == 0
     assert capsys.readouterr().out == shown
+
+
+def test_the_run_s_backend_precision_and_loss_change_the_activations(capsys):
+    """TE's blocks keep less than the torch twin, FP8 less than BF16, TE's loss and the chunked one less than the
+    fp32 log-softmax; a preset's loss comes from the speed-defaults table unless given, and the launch line
+    carries what the plan assumed."""
+    def single(*argv):
+        code, p = run_json(capsys, "--preset", "medium", "--seq_length", "1024", "--micro_batch_size", "16",
+                           "--gpus", "1", "--gpu_memory", "139", *argv)
+        assert code == 0
+        return p, next(r for r in p["rows"] if not r["checkpointing"])
+
+    table, r_table = single()  # te/medium's entry: --loss_impl te
+    assert (table["backend"], table["fp8"], table["loss_impl"]) == ("te", False, "te")
+    assert "--loss_impl" not in table["choice"]["launch"]  # the run takes it from the same table
+    _, te_default = single("--loss_impl", "default")
+    _, torch_default = single("--backend", "torch", "--loss_impl", "default")
+    _, fp8 = single("--loss_impl", "default", "--use_fp8")
+    _, chunked = single("--loss_impl", "chunked")
+    assert torch_default["activations"] > te_default["activations"] > fp8["activations"]
+    assert te_default["activations"] > r_table["activations"] > chunked["activations"]
+    c = config_from_preset("medium", 50257, 1024)
+    n, layers, ffn = 16 * 1024, c.num_hidden_layers, c.intermediate_size
+    assert te_default["activations"] - fp8["activations"] == layers * ffn * n  # the SwiGLU output in FP8
+    assert te_default["activations"] - r_table["activations"] == 8 * c.vocab_size * n  # 12V -> 4V
+    p, masters = single("--loss_impl", "default", "--use_fp8", "--master_weights", "fp32")
+    assert masters["weights"] == fp8["weights"] // 2 and masters["total"] > fp8["total"]  # + FP8 copies of BF16
+    assert p["choice"]["launch"].endswith("--use_fp8 true --loss_impl default --master_weights fp32")

@@ -13,11 +13,34 @@ head dim, H heads; bytes):
 - MLP: the bf16 normalized input 2C, the fc1 output [gate; up] 4F, silu(gate) 2F, the fc2 input 2F.
 
 Together 24C + 8F + 4KV + 4H + 8 per layer and token. Outside the layers: the final norm 8C + 4, the
-LM head's bf16 input 2C, the loss's fp32 log-probabilities 4V, the int64 inputs and targets 16. At
-the loss, on top: 8V at the start of backward (the fp32 gradient of the log-probabilities and the
-one log_softmax returns, live together; more than forward's transient bf16 logits + fp32 copy, 6V). With activation
+LM head's bf16 input 2C, the int64 inputs and targets 16, and the loss (``loss_bytes``). With activation
 checkpointing each layer keeps only its input (bf16 2C; the first one the fp32 embedding, 4C) and one
 layer's activations are rebuilt at a time in backward.
+
+The loss, by ``loss_impl`` (V: the padded vocabulary; both backends run the same loss code):
+
+- ``default``: the fp32 log-probabilities 4V saved, and on top at the start of backward 8V (the fp32
+  gradient of the log-probabilities and the one log_softmax returns, live together; more than forward's
+  transient bf16 logits + fp32 copy, 6V): 12V at the peak;
+- ``te`` (TE backend): TE's cross entropy keeps the BF16 logits, into which it writes their gradient in
+  the forward, 2V, and the peak holds one more BF16 (N, V) tensor, 4V in all (2026-11-26 H200 peaks: 8.0 bytes
+  per token and vocabulary entry below ``default`` at gpt2-124m, medium and xlarge);
+- ``chunked``: no (N, V) tensor; the gradient of the hidden states, computed in the forward, takes the
+  LM-head input's place (BF16, 2C); the head weight's fp32 gradient 4VC saved, no targets and no BF16
+  copy of the head weight (``memory.py`` leaves it out of the casts); a chunk's logits, their fp32 copy,
+  softmax and BF16 gradient (12 bytes per chunk token and vocabulary entry) and the head weight's BF16
+  copy 2VC transient (`models/loss.py`).
+
+**The TE backend** (``backend="te"``: `te.TransformerLayer` blocks, cuDNN attention), per layer and token,
+from TE 2.20's ``save_for_backward`` lists: the q/k/v LayerNormLinear keeps its BF16 input 2C, its
+normalized output 2C and the fp32 1/rms 4; attention keeps the rotated q 2C and k 2KV, a contiguous v
+2KV, its output 2C (also the projection's input) and the fp32 softmax statistics 4H; LayerNormMLP keeps
+its input 2C, normalized output 2C, fc1 output [gate; up] 4F, the SwiGLU output 2F and 1/rms 4:
+12C + 4KV + 6F + 4H + 8. In FP8 (delayed scaling) the SwiGLU output is kept as fc2's FP8 input, 1 byte:
+F less (the H200 peaks: FP8 below BF16 by F per layer and token within 1.5 % at three widths; the norm
+outputs' FP8 copies save nothing measurable). Outside: the final norm's BF16 input 2C and 1/rms 4, the LM
+head's BF16 input 2C (except ``chunked``), the int64 inputs and targets 16. Checked against the committed
+H200 peaks (`tests/planning/test_measured_peak.py`, within 15 %).
 
 Per step, independent of tokens: autocast's bf16 copies of the fp32 matmul weights (2 bytes per
 matmul parameter, held from forward to backward) when the parameters are fp32, and RoPE's cos/sin
@@ -29,6 +52,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+LOSS_IMPLS = ("default", "te", "chunked")
+
 
 @dataclass(frozen=True)
 class Activations:
@@ -39,33 +64,53 @@ class Activations:
     recompute: int    # checkpointing only: one layer's activations rebuilt during backward
 
 
-def layer_bytes_per_token(c) -> int:
+def layer_bytes_per_token(c, backend: str = "torch", fp8: bool = False) -> int:
     """Bytes one decoder layer saves per token (module docstring)."""
     C, F, H = c.hidden_size, c.intermediate_size, c.num_attention_heads
     KV = c.num_key_value_heads * c.head_dim
+    if backend == "te":
+        return 12 * C + 4 * KV + 6 * F + 4 * H + 8 - (F if fp8 else 0)
     return 24 * C + 8 * F + 4 * KV + 4 * H + 8
 
 
-def outside_bytes_per_token(c) -> int:
-    """Final norm, LM-head input, fp32 log-probabilities, int64 inputs and targets, per token."""
-    return (8 * c.hidden_size + 4) + 2 * c.hidden_size + 4 * c.vocab_size + 16
+def outside_bytes_per_token(c, backend: str = "torch", loss_impl: str = "default") -> int:
+    """Final norm, LM-head input (``chunked``: the gradient of the same (N, C) BF16 tensor instead), int64
+    inputs and targets (``chunked`` keeps no targets), per token; not the loss."""
+    norm = 2 * c.hidden_size + 4 if backend == "te" else 8 * c.hidden_size + 4
+    return norm + 2 * c.hidden_size + (8 if loss_impl == "chunked" else 16)
 
 
-def rope_bytes(c, seq_length: int) -> int:
-    """cos and sin of q and k, fp32 [T, head_dim], per layer (independent of the micro-batch)."""
-    return c.num_hidden_layers * 4 * seq_length * c.head_dim * 4
+def loss_bytes(c, tokens: int, loss_impl: str = "default", backend: str = "torch") -> tuple[int, int]:
+    """(saved, transient peak on top) of the loss of ``tokens`` tokens (module docstring)."""
+    V, C = c.vocab_size, c.hidden_size
+    if loss_impl == "default":
+        return 4 * V * tokens, 8 * V * tokens
+    if loss_impl == "te":
+        return 2 * V * tokens, 2 * V * tokens
+    from ..models.loss import chunk_size  # torch: the one chunk rule, the loss's own
+
+    return 4 * V * C, 12 * chunk_size(tokens, C, V) * V + 2 * V * C
 
 
-def activations(c, micro: int, seq_length: int, checkpointing: bool = False) -> Activations:
-    """The activation bytes of a micro-batch (``c``: a YxanulConfig)."""
+def rope_bytes(c, seq_length: int, backend: str = "torch") -> int:
+    """cos and sin of q and k, fp32 [T, head_dim], per layer (independent of the micro-batch); TE's blocks
+    share one table of angles, outside these totals (T x head_dim fp32: kilobytes)."""
+    return 0 if backend == "te" else c.num_hidden_layers * 4 * seq_length * c.head_dim * 4
+
+
+def activations(c, micro: int, seq_length: int, checkpointing: bool = False, *, backend: str = "torch",
+                fp8: bool = False, loss_impl: str = "default") -> Activations:
+    """The activation bytes of a micro-batch (``c``: a YxanulConfig; ``backend`` torch or te; ``fp8``: TE's
+    FP8 delayed scaling)."""
     n = micro * seq_length
-    layer = layer_bytes_per_token(c) * n
+    layer = layer_bytes_per_token(c, backend, fp8) * n
+    outside = outside_bytes_per_token(c, backend, loss_impl) * n
+    loss_saved, loss_peak = loss_bytes(c, n, loss_impl, backend)
+    rope = rope_bytes(c, seq_length, backend)
     if checkpointing:
         kept = (4 + 2 * (c.num_hidden_layers - 1)) * c.hidden_size * n  # each layer's input
-        saved = kept + outside_bytes_per_token(c) * n
-        return Activations(saved, 8 * c.vocab_size * n, layer + rope_bytes(c, seq_length) // c.num_hidden_layers)
-    saved = c.num_hidden_layers * layer + outside_bytes_per_token(c) * n + rope_bytes(c, seq_length)
-    return Activations(saved, 8 * c.vocab_size * n, 0)
+        return Activations(kept + outside + loss_saved, loss_peak, layer + rope // c.num_hidden_layers)
+    return Activations(c.num_hidden_layers * layer + outside + loss_saved + rope, loss_peak, 0)
 
 
 @contextlib.contextmanager

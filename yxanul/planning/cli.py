@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import ConfigError
 from ..flags import check_same_as, parse_command, same_as
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
+from ..precision.args import PrecisionArgs
 from ..training.batching.args import BatchArgs
 from .memory import STRATEGIES, Memory, memory, model_shapes
 
@@ -48,6 +50,12 @@ class PlanCommand:
         "help": "Fraction of the GPU memory kept free for fragmentation and temporaries (1 GiB for the CUDA "
                 "context comes off as well)."})
     vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (padded as the trainer pads it)."})
+    backend: Literal["te", "torch"] = field(default="te", metadata={
+        "help": "Layer implementation of the run: te (Transformer Engine, what GPU runs use) or torch (the plain "
+                "twin); their activations differ (docs/distributed.md)."})
+    use_fp8: bool = same_as(PrecisionArgs, "use_fp8")
+    loss_impl: Literal["default", "chunked", "te"] | None = same_as(ModelArgs, "loss_impl", default=None)
+    master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     config: str = field(default="CONFIG.yaml", metadata={"help": "Training config named in the launch line."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON."})
 
@@ -62,6 +70,13 @@ class PlanCommand:
             raise ConfigError("gpu_memory", "a number of GiB > 0", self.gpu_memory)
         if not 0 <= self.headroom < 1:
             raise ConfigError("headroom", "a fraction in [0, 1)", self.headroom)
+        if self.backend == "torch" and self.use_fp8:
+            raise ConfigError("use_fp8", "false with backend torch (FP8 runs on Transformer Engine)", True)
+        if self.backend == "torch" and self.loss_impl == "te":
+            raise ConfigError("loss_impl", "default or chunked with backend torch (te is Transformer Engine's)", "te")
+        if self.master_weights == "fp32" and self.world > 1:
+            raise ConfigError("master_weights", "none with more than one GPU (DDP, DeepSpeed and FSDP2 keep their "
+                                                "own masters)", "fp32")
 
     @property
     def world(self) -> int:
@@ -71,6 +86,16 @@ class PlanCommand:
     def budget(self) -> int:
         """Bytes a training step may use on one GPU."""
         return int(self.gpu_memory * GiB * (1 - self.headroom)) - CUDA_CONTEXT
+
+
+def loss_of(a: PlanCommand) -> str:
+    """The run's loss: the flag, else the speed-defaults table's for (backend, preset) (every launch takes that
+    key), else ``default``."""
+    if a.loss_impl is not None:
+        return a.loss_impl
+    from ..training.speed_defaults import load_table  # yaml: --help stays light
+
+    return load_table().get(a.backend, {}).get(a.preset, {}).get("values", {}).get("loss_impl", "default")
 
 
 def candidates(a: PlanCommand) -> list[str]:
@@ -110,14 +135,16 @@ def plan(a: PlanCommand) -> dict:
     """The whole plan as plain data (what --json prints)."""
     from ..models.configuration_yxanul import config_from_preset  # transformers: --help stays light
 
-    config = config_from_preset(a.preset, a.vocab_size, a.seq_length, backend="torch")
+    config = config_from_preset(a.preset, a.vocab_size, a.seq_length, backend="torch")  # shapes: either backend
     shapes = model_shapes(config)
+    loss = loss_of(a)
     rows, choice = [], None
     for ckpt in (False, True):
         for s in candidates(a):
             def at(m, s=s, ckpt=ckpt) -> Memory:
                 return memory(s, config, shapes, micro=m, seq_length=a.seq_length, checkpointing=ckpt,
-                              world=a.world, gpus_per_node=a.gpus)
+                              world=a.world, gpus_per_node=a.gpus, backend=a.backend, fp8=a.use_fp8,
+                              loss_impl=loss, masters=a.master_weights == "fp32")
             m = at(a.micro_batch_size)
             row = {**m.as_dict(), "checkpointing": ckpt, "fits": m.total <= a.budget,
                    "max_micro_batch": max_micro(at, a.budget),
@@ -127,6 +154,7 @@ def plan(a: PlanCommand) -> dict:
                 choice = row
     return {"preset": a.preset, "params": shapes.params, "flops_per_token": config.flops_per_token(a.seq_length),
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
+            "backend": a.backend, "fp8": a.use_fp8, "loss_impl": loss, "master_weights": a.master_weights,
             "nodes": a.nodes, "gpu_memory_gib": a.gpu_memory, "budget_bytes": a.budget, "rows": rows,
             "choice": choice and {"strategy": choice["strategy"], "checkpointing": choice["checkpointing"],
                                   "max_micro_batch": choice["max_micro_batch"],
@@ -147,6 +175,10 @@ def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
               f"--micro_batch_size {a.micro_batch_size}"]
     if checkpointing:
         parts.append("--gradient_checkpointing true")
+    if a.backend == "torch":
+        parts.append("--backend torch")
+    parts += ["--use_fp8 true"] * a.use_fp8 + [f"--loss_impl {a.loss_impl}"] * (a.loss_impl is not None)
+    parts += ["--master_weights fp32"] * (a.master_weights == "fp32")
     return " ".join(parts)
 
 
@@ -158,7 +190,9 @@ def table(p: dict) -> str:
     """The readable form of ``plan()``."""
     head = (f"{p['preset']}: {p['params'] / 1e9:.2f}B parameters, {p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
             f"seq {p['seq_length']}, micro-batch {p['micro_batch_size']}, {p['nodes']} node(s) x {p['gpus_per_node']} "
-            f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU)")
+            f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU); backend "
+            f"{p['backend']}, {'FP8' if p['fp8'] else 'BF16'}, loss {p['loss_impl']}"
+            + (", fp32 master weights" if p["master_weights"] == "fp32" else ""))
     cols = ("strategy", "ckpt", "shard", "weights", "grads", "optim", "buffers", "casts", "activ", "total", "fits",
             "max micro", "comm GB/step")
     lines = [head, "GiB per GPU:", "  ".join(f"{c:>8}" for c in cols)]

@@ -19,8 +19,14 @@ A *unit* is what FSDP2 / ZeRO-3 gather at once: one decoder layer, or the root (
 norm, LM head), whichever is larger. Strategies with fp32 weights under autocast (``single``,
 ``ddp``) also hold autocast's bf16 copy of every matmul weight from forward to backward (2 bytes per
 matmul parameter), and in backward the largest weight's bf16 gradient and its fp32 copy before it is
-added to ``.grad`` (6 bytes per parameter of that weight). Gradients are counted in full: with
-gradient accumulation they live through the next micro-batch's forward and backward (the peak).
+added to ``.grad`` (6 bytes per parameter of that weight). On the TE backend those copies are TE's own:
+each fp32 weight's BF16 cast, or in FP8 its FP8 copy and transpose, the same 2 bytes. With
+``master_weights: fp32`` (one process) the weights are BF16 (2), their fp32 masters join the optimizer
+(4 + 8), the gradients are the masters' fp32 ones (4), and only FP8 keeps weight copies (2 per matmul
+parameter: the H200 peaks of 2026-11-26 hold 2 bytes per parameter more with masters in FP8, none in BF16).
+Gradients are counted in full: with gradient accumulation they live through the next micro-batch's
+forward and backward (the peak); with one micro-batch per step they are made in backward, after the loss's
+peak (the measured checks take them out there).
 """
 
 from __future__ import annotations
@@ -91,11 +97,16 @@ def shard_size(strategy: str, world: int, gpus_per_node: int) -> int:
     return gpus_per_node if strategy == "hsdp" else world
 
 
-def state_bytes(strategy: str, s: Shapes, n: int, world: int) -> tuple[int, int, int, int, int]:
-    """(weights, gradients, optimizer, buffers, weight_casts) per GPU (module docstring's table)."""
+def state_bytes(strategy: str, s: Shapes, n: int, world: int, head: int = 0, *, masters: bool = False,
+                fp8: bool = False) -> tuple[int, int, int, int, int]:
+    """(weights, gradients, optimizer, buffers, weight_casts) per GPU (module docstring's table); ``head``: LM-head
+    parameters whose BF16 copy is not kept (the chunked loss casts its own, transiently); ``masters``: one
+    process with BF16 weights and fp32 masters (``master_weights: fp32``), ``fp8`` their FP8 copies."""
     P = s.params
+    if strategy == "single" and masters:
+        return 2 * P, 4 * P, 12 * P, 0, (2 * (s.matmul - head) if fp8 else 0) + 6 * s.largest
     if strategy in ("single", "ddp"):
-        return 4 * P, 4 * P, 8 * P, (4 * P if world > 1 else 0), 2 * s.matmul + 6 * s.largest
+        return 4 * P, 4 * P, 8 * P, (4 * P if world > 1 else 0), 2 * (s.matmul - head) + 6 * s.largest
     if strategy == "zero1":
         return 2 * P, 2 * P, 16 * P // n, 0, 0
     if strategy == "zero2":
@@ -108,9 +119,12 @@ def state_bytes(strategy: str, s: Shapes, n: int, world: int) -> tuple[int, int,
 
 
 def memory(strategy: str, config, shapes: Shapes, *, micro: int, seq_length: int, checkpointing: bool,
-           world: int, gpus_per_node: int) -> Memory:
-    """The memory of one GPU training ``config`` with ``strategy``."""
+           world: int, gpus_per_node: int, backend: str = "torch", fp8: bool = False,
+           loss_impl: str = "default", masters: bool = False) -> Memory:
+    """The memory of one GPU training ``config`` with ``strategy`` (``backend``/``fp8``/``loss_impl``: the
+    activations' terms, ``activations.py``; ``masters``: `state_bytes`)."""
     n = shard_size(strategy, world, gpus_per_node)
-    a = activations(config, micro, seq_length, checkpointing)
+    a = activations(config, micro, seq_length, checkpointing, backend=backend, fp8=fp8, loss_impl=loss_impl)
     act = a.saved + max(a.loss_peak, a.recompute)
-    return Memory(strategy, n, *state_bytes(strategy, shapes, n, world), act)
+    head = config.vocab_size * config.hidden_size if loss_impl == "chunked" else 0
+    return Memory(strategy, n, *state_bytes(strategy, shapes, n, world, head, masters=masters, fp8=fp8), act)
