@@ -135,9 +135,11 @@ def precision_args(precision: str, min_gemm_dim: int, master_weights: str = "non
                          fp8_attention=fp8_attention)
 
 
-def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, float | None]:
-    """(seconds of each timed step, every step's loss, peak GiB or None): ``warmup`` untimed steps, then
-    ``steps`` timed ones, with CUDA events (no host sync inside the timed region) or perf_counter on CPU."""
+def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], list, dict]:
+    """(seconds of each timed step, every step's loss, {peak_memory_gib, peak_reserved_gib}: None on a CPU):
+    ``warmup`` untimed steps, then ``steps`` timed ones, with CUDA events (no host sync inside the timed region)
+    or perf_counter on CPU. Both peaks: the allocator's peak of live tensors, and of what it holds from the
+    device, which also covers CUDA graphs' private pools (their activations do not show as allocated)."""
     import torch
 
     losses = [step(i) for i in range(warmup)]
@@ -147,7 +149,7 @@ def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], lis
             t0 = time.perf_counter()
             losses.append(step(warmup + i))
             times.append(time.perf_counter() - t0)
-        return times, losses, None
+        return times, losses, {"peak_memory_gib": None, "peak_reserved_gib": None}
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
@@ -157,7 +159,8 @@ def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], lis
         end.record()
     torch.cuda.synchronize(device)  # the only sync: after the timed region
     times = [s.elapsed_time(e) / 1e3 for s, e in events]
-    return times, losses, round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return times, losses, {"peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+                           "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}
 
 
 def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: str, given: set[str],
@@ -211,7 +214,8 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
             return train_step(model, opt, [batches[(i + j) % 2] for j in range(accum)], plan=plan,
                               max_grad_norm=1.0).loss
 
-        times, losses, row["peak_memory_gib"] = _time_steps(step, a.warmup, a.steps, device)
+        times, losses, peaks = _time_steps(step, a.warmup, a.steps, device)
+        row.update(peaks)
         if profile_dir is not None:
             row["profile"] = profile_steps(step, device, Path(profile_dir), row)
         loss_values = [float(v) for v in torch.stack(losses).float().cpu()]
