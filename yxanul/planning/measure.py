@@ -1,7 +1,8 @@
 """Measured peak memory of real training steps, to check the planner against (tests, docs).
 
 ``python -m yxanul.planning.measure CASES.json [cpu|cuda]`` runs each case ``{"fields": {YxanulConfig
-fields}, "micro": B, "seq_length": T, "checkpointing": bool}`` in this fresh process: the model, the
+fields}, "micro": B, "seq_length": T, "checkpointing": bool}`` (optional: ``"backend": "te"`` with ``"fp8":
+bool`` -- TE's delayed scaling on every layer --, ``"loss_impl"``) in this fresh process: the model, the
 project's optimizer and ``train_step`` with BF16 autocast (what accelerate applies), two optimizer
 steps of two accumulated micro-batches (the second step is the steady state: Adam states exist,
 gradients live through the second micro-batch). It prints one JSON line per case with the peak: on
@@ -49,10 +50,17 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def wrap(model, strategy: str):
-    """``(model to step, precision plan)`` for ``strategy`` (single, ddp, fsdp2)."""
+def wrap(model, strategy: str, fp8: bool = False):
+    """``(model to step, precision plan)`` for ``strategy`` (single, ddp, fsdp2); ``fp8``: TE's delayed scaling
+    on every layer (one process)."""
     import torch
 
+    if fp8 or model.config.backend == "te":  # the plan as the trainer prepares it: TE's recipe, read-back
+        args = (PrecisionArgs(use_fp8=True, require_fp8=True, fp8_min_gemm_dim=0) if fp8
+                else PrecisionArgs(mixed_precision="bf16"))
+        plan = resolve_precision(args, model.config)
+        plan.prepare_model(model)
+        return model, plan
     bf16 = resolve_precision(PrecisionArgs(mixed_precision="bf16"), model.config)  # autocast, as accelerate
     if strategy == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model), bf16
@@ -67,11 +75,11 @@ def wrap(model, strategy: str):
 
 
 def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = False, device: str = "cpu",
-            strategy: str = "single") -> dict:
+            strategy: str = "single", backend: str = "torch", fp8: bool = False, loss_impl: str = "default") -> dict:
     """Peak bytes above the baseline of two accumulated micro-batches x two optimizer steps."""
     import torch
 
-    config = YxanulConfig(**fields, max_position_embeddings=seq_length, backend="torch")
+    config = YxanulConfig(**fields, max_position_embeddings=seq_length, backend=backend, loss_impl=loss_impl)
     batches = [torch.randint(0, config.vocab_size, (micro, seq_length + 1), device=device) for _ in range(2)]
     cuda = torch.device(device).type == "cuda"
     gc.collect()
@@ -82,10 +90,11 @@ def measure(fields: dict, micro: int, seq_length: int, checkpointing: bool = Fal
     else:
         base = rss_bytes()
         reset_peak_rss()
-    model = YxanulForCausalLM(config).to(device)
+    with torch.device(device):  # TE allocates at construction
+        model = YxanulForCausalLM(config)
     if checkpointing:
         model.set_activation_checkpointing(True)
-    wrapped, plan = wrap(model, strategy)
+    wrapped, plan = wrap(model, strategy, fp8)
     opt = build_optimizer(model, OptimArgs())  # after fully_shard: the optimizer steps the local shards
     for _ in range(2):
         train_step(wrapped, opt, batches, plan=plan, max_grad_norm=1.0, device=device)
@@ -109,4 +118,6 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
     for case in cases:
         print(json.dumps(measure(case["fields"], case["micro"], case["seq_length"], case.get("checkpointing", False),
-                                 device=dev, strategy=how)), flush=True)
+                                 device=dev, strategy=how, backend=case.get("backend", "torch"),
+                                 fp8=case.get("fp8", False), loss_impl=case.get("loss_impl", "default"))),
+              flush=True)
