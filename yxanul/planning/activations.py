@@ -39,7 +39,7 @@ its input 2C, normalized output 2C, fc1 output [gate; up] 4F, the SwiGLU output 
 12C + 4KV + 6F + 4H + 8. In FP8 (delayed scaling) the SwiGLU output is kept as fc2's FP8 input, 1 byte:
 F less (the H200 peaks: FP8 below BF16 by F per layer and token within 1.5 % at three widths; the norm
 outputs' FP8 copies save nothing measurable). Outside: the final norm's BF16 input 2C and 1/rms 4, the LM
-head's BF16 input 2C (except ``chunked``), the int64 inputs and targets 16. Checked against the committed
+head's BF16 input 2C (``chunked``: its gradient instead), the int64 inputs and targets 16. Checked against the committed
 H200 peaks (`tests/planning/test_measured_peak.py`, within 15 %).
 
 Per step, independent of tokens: autocast's bf16 copies of the fp32 matmul weights (2 bytes per
@@ -51,8 +51,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-
-LOSS_IMPLS = ("default", "te", "chunked")
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ def outside_bytes_per_token(c, backend: str = "torch", loss_impl: str = "default
     return norm + 2 * c.hidden_size + (8 if loss_impl == "chunked" else 16)
 
 
-def loss_bytes(c, tokens: int, loss_impl: str = "default", backend: str = "torch") -> tuple[int, int]:
+def loss_bytes(c, tokens: int, loss_impl: str = "default") -> tuple[int, int]:
     """(saved, transient peak on top) of the loss of ``tokens`` tokens (module docstring)."""
     V, C = c.vocab_size, c.hidden_size
     if loss_impl == "default":
@@ -105,7 +103,7 @@ def activations(c, micro: int, seq_length: int, checkpointing: bool = False, *, 
     n = micro * seq_length
     layer = layer_bytes_per_token(c, backend, fp8) * n
     outside = outside_bytes_per_token(c, backend, loss_impl) * n
-    loss_saved, loss_peak = loss_bytes(c, n, loss_impl, backend)
+    loss_saved, loss_peak = loss_bytes(c, n, loss_impl)
     rope = rope_bytes(c, seq_length, backend)
     if checkpointing:
         kept = (4 + 2 * (c.num_hidden_layers - 1)) * c.hidden_size * n  # each layer's input
