@@ -206,3 +206,26 @@ def test_an_entry_takes_fp8_min_gemm_dim_0_only_where_its_own_fp8_pays(tmp_path,
     table = tmp_path / "speed_defaults.yaml"
     write_table(table, {"nano": entry})
     assert load_table(table)["te"]["nano"]["fp8_min_gemm_dim"] == dim
+
+
+def test_an_fp8_only_flag_is_asked_its_gain_in_fp8_and_no_loss_in_bf16():
+    """``--fp8_attention`` leaves the BF16 step as it is: there it must only not be slower than the noise; its
+    3 % is asked of FP8 (rows made FP8 here from the CPU fixture's BF16 one: the rule is tested, not TE)."""
+    base = copy.deepcopy(_load("default"))
+    bf16 = next(r for r in base["rows"] if r["precision"] == "bf16")
+    base["rows"] = [bf16, dict(copy.deepcopy(bf16), precision="fp8-delayed")]
+    parity = dict(PARITY_OK, flags="--fp8_attention")
+
+    def variant(bf16_factor, fp8_factor, flags="--fp8_attention"):
+        return _with_flags(_scaled(_scaled(base, bf16_factor), fp8_factor, "fp8-delayed"), flags)
+
+    d = decide({"default": base, "fp8-attention": variant(0.99, 1.05)}, parity)[0]
+    assert d["verdict"] == "default" and d["speedup"] == {"bf16": 0.99, "fp8-delayed": 1.05}, d
+    d = decide({"default": base, "fp8-attention": variant(0.95, 1.05)}, parity)[0]
+    assert d["verdict"] == "flag" and d["reason"] == "bf16 0.95x < 0.97x where its flags change nothing"
+    d = decide({"default": base, "fp8-attention": variant(1.0, 1.02)}, parity)[0]
+    assert d["verdict"] == "flag" and d["reason"] == "fp8-delayed 1.02x < 1.03x"
+    # a flag that changes BF16 too is asked its gain there as before
+    loss_te = variant(0.99, 1.05, "--loss_impl te")
+    d = decide({"default": base, "loss-te": loss_te}, dict(parity, flags="--loss_impl te"))
+    assert d[0]["verdict"] == "flag" and d[0]["reason"] == "bf16 0.99x < 1.03x"

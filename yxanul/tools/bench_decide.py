@@ -5,8 +5,10 @@ FP8 delayed), its tokens/s is at least ``--min_speedup`` (1.03) x today's defaul
 group (same date, GPU, preset, seq and precision), and so is its fastest step's time (a host-bound eager step
 jitters by tens of %: a median gain inside that spread is not one), its losses stay finite, and the parity
 run (FP8 vs BF16 validation loss, ``medium``), trained with every flag of the variant, is within
-``--parity_tolerance`` (0.5 %); with some flags missing the verdict is 'pending'. A variant that is slower anywhere, or
-that was not measured, stays a flag with the reason. From the default's own rows it also says where FP8
+``--parity_tolerance`` (0.5 %); with some flags missing the verdict is 'pending'. A variant whose own flags act
+on FP8 runs only (``speed_defaults.FP8_ONLY``: ``--fp8_attention``) runs its BF16 cases unchanged: there it
+must only not be slower than ``1 / min_speedup`` (noise), its gain is asked of FP8. A variant that is slower
+anywhere, or that was not measured, stays a flag with the reason. From the default's own rows it also says where FP8
 (delayed) pays: the smallest hidden size from which FP8 is >= min_speedup x BF16 at every measured larger
 preset, the measurement ``fp8_min_gemm_dim`` may move to.
 
@@ -67,8 +69,8 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
     for v in (v for v in VARIANTS if v in rows and v != "default"):
         for preset, seq in dict.fromkeys((p, s) for p, s, _ in base):
             speed, why = {}, []
-            flags = next((r["flags"] for (p, s, _), r in rows[v].items() if (p, s) == (preset, seq) and "flags" in r),
-                         VARIANTS[v])  # what it ran with: its own flags and the speed defaults of that day
+            flags = _flags(rows[v], preset, seq, VARIANTS[v])  # what it ran with: its own and the table's that day
+            fp8_only = _fp8_only(flags, _flags(base, preset, seq, ""))
             for (p, s, prec), b in base.items():
                 r = rows[v].get((p, s, prec))
                 if (p, s) != (preset, seq) or not _ok(b):  # nothing to compare with where the default did not run
@@ -77,6 +79,10 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
                     why.append(f"{prec} not measured ({(r or {}).get('status', 'missing')})")
                     continue
                 speed[prec] = round(r["tokens_per_sec"] / b["tokens_per_sec"], 3)
+                if fp8_only and prec == "bf16":  # the same BF16 step: only not slower than the noise
+                    if speed[prec] < 1 / min_speedup:
+                        why.append(f"bf16 {speed[prec]:.2f}x < {1 / min_speedup:.2f}x where its flags change nothing")
+                    continue
                 best = round(b["step_ms_min"] / r["step_ms_min"], 3) if r.get("step_ms_min") and b.get(
                     "step_ms_min") else None  # the fastest step of each: a gain that is not jitter holds there too
                 if speed[prec] < min_speedup:
@@ -88,6 +94,20 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
             out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed, "flags": flags,
                         "verdict": verdict, "reason": reason, "fp8_vs_bf16": fp8_vs_bf16(rows[v], preset, seq)})
     return out
+
+
+def _flags(rows: dict, preset: str, seq: int, fallback: str) -> str:
+    return next((r["flags"] for (p, s, _), r in rows.items() if (p, s) == (preset, seq) and "flags" in r), fallback)
+
+
+def _fp8_only(flags: str, base_flags: str) -> bool:
+    """Does a variant differ from the default only by flags that act on FP8 runs alone?"""
+    try:
+        own, base = speed_defaults.parse_flags(flags), speed_defaults.parse_flags(base_flags)
+    except UserError:  # flags the table cannot hold (--torch_compile): not FP8-only
+        return False
+    changed = {k for k, v in own.items() if base.get(k) != v}
+    return bool(changed) and changed <= set(speed_defaults.FP8_ONLY)
 
 
 def fp8_vs_bf16(rows: dict, preset: str, seq: int) -> float | None:

@@ -67,6 +67,7 @@ class SpeedFlags:
 
 
 KEYS = tuple(f.name for f in dataclasses.fields(SpeedFlags))
+FP8_ONLY = ("fp8_attention",)  # inert without FP8: held off in other runs; bench_decide asks them no BF16 gain
 # An entry's fp8_min_gemm_dim: FP8 measured to pay on every layer of that preset *with the entry's flags* (eager,
 # small-width FP8 loses: its casts and launches cost more than its GEMMs save), so it applies only to a run that
 # has all of them. Not a bench variant flag: `yxanul bench` always sets its own.
@@ -180,9 +181,10 @@ def choose(entry: dict, user_keys, launch: Launch, current: dict, fp8: bool) -> 
                                                   or not (would["fuse_qkv_params"] or would["fuse_qkv_rope"])):
         del chosen["fuse_wgrad_accumulation"]
         held["fuse_wgrad_accumulation"] = "no master_weights fp32 or fused QKV in this run"
-    if chosen.get("fp8_attention") and not fp8:
-        del chosen["fp8_attention"]
-        held["fp8_attention"] = "not an FP8 run"
+    for key in FP8_ONLY:
+        if chosen.get(key) and not fp8:
+            del chosen[key]
+            held[key] = "not an FP8 run"
     if chosen.get("rope_kernel", "te") != "te" and not would["fuse_qkv_rope"]:
         del chosen["rope_kernel"]
         held["rope_kernel"] = "no fuse_qkv_rope in this run"
