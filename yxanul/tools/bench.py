@@ -207,7 +207,6 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
             return {**row, "status": "skipped", "reason": reason}
         gen = torch.Generator().manual_seed(1234)
         batches = [torch.randint(0, config.vocab_size, (micro, seq + 1), generator=gen).to(device) for _ in range(2)]
-
         accum = a.gradient_accumulation_steps  # per-step costs (AdamW, master copies, FP8 weight casts) amortize
 
         def step(i: int):  # the trainer's own step and batch form: packed (B, T + 1), autocast, FP8, clip, AdamW
