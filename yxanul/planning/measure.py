@@ -56,6 +56,8 @@ def wrap(model, strategy: str, fp8: bool = False):
     import torch
 
     if fp8 or model.config.backend == "te":  # the plan as the trainer prepares it: TE's recipe, read-back
+        if strategy != "single":
+            raise ValueError(f"measure: TE cases run in one process (strategy single), not {strategy}")
         args = (PrecisionArgs(use_fp8=True, require_fp8=True, fp8_min_gemm_dim=0) if fp8
                 else PrecisionArgs(mixed_precision="bf16"))
         plan = resolve_precision(args, model.config)
