@@ -45,9 +45,9 @@ ENV_ADVICE = {
     "NVTE_UNFUSED_FP8_UPDATE": ("INFO", "1 = Python amax/scale update instead of the fused kernel (slower)"),
     "NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES": ("INFO", "changes Float8CurrentScaling defaults at import"),
     "NVTE_FP8_BLOCK_SCALING_FP32_SCALES": ("INFO", "changes Float8BlockScaling defaults at import"),
-    "NVTE_NORM_FWD_USE_CUDNN": ("INFO", "=1: cuDNN's RMSNorm forward kernels; use --norm_kernel cudnn, which sets both "
+    "NVTE_NORM_FWD_USE_CUDNN": ("INFO", "1 = cuDNN's RMSNorm forward kernels; use --norm_kernel cudnn, which sets both "
                                         "switches (a model asking for TE's kernels is refused while it is set)"),
-    "NVTE_NORM_BWD_USE_CUDNN": ("INFO", "=1: cuDNN's RMSNorm backward kernels; see NVTE_NORM_FWD_USE_CUDNN"),
+    "NVTE_NORM_BWD_USE_CUDNN": ("INFO", "1 = cuDNN's RMSNorm backward kernels; see NVTE_NORM_FWD_USE_CUDNN"),
     "NVTE_DEBUG": ("INFO", "TE debug logging; slows training"),
     "ACCELERATE_MIXED_PRECISION": ("INFO", "yxanul passes mixed_precision to Accelerator itself (this is ignored); "
                                            "FP8 comes from --use_fp8"),
