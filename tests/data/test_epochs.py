@@ -16,7 +16,7 @@ from _data import files_of, meta_of, split_docs, write_docs
 from yxanul.data.args import DataArgs
 from yxanul.data.loader import repeats_warning
 from yxanul.data.prepare import prepare
-from yxanul.errors import ConfigError
+from yxanul.errors import ConfigError, DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}
 
@@ -50,6 +50,28 @@ def test_max_epochs_rereads_exactly_n_times_in_a_new_deterministic_order(tmp_pat
     assert any("epochs 3 (3 read to the end)" in line for line in lines)
     again = prepare(DataArgs(**kw, data_dir=str(tmp_path / "o2")), **Q)
     assert files_of(again) == files_of(out)  # deterministic: data_seed and the epoch
+
+
+def test_a_reread_sources_order_settings_are_in_the_fingerprint(tmp_path):
+    from yxanul.data.prepare import target_dir
+
+    src = write_docs(tmp_path / "a.jsonl", 20, 6, "doc")
+    fps = {target_dir(DataArgs(datasets=[{"path": str(src), "max_epochs": epochs}], streaming=streaming,
+                               data_seed=seed))[2]
+           for epochs in (2,) for streaming in (False, True) for seed in (0, 1)}
+    assert len(fps) == 4  # streamed: the file's order each epoch; else a permutation seeded by data_seed
+    once = {target_dir(DataArgs(dataset=str(src), streaming=streaming, data_seed=seed))[2]
+            for streaming in (False, True) for seed in (0, 1)}
+    assert len(once) == 1  # read once, without a shuffle buffer: the same bytes either way (one cache)
+
+
+def test_no_document_of_a_reread_source_is_forced_into_validation_beside_its_copy(tmp_path):
+    src = write_docs(tmp_path / "a.jsonl", 40, 6, "doc")
+    with pytest.raises(DataError, match=r"no document of 80 was held out for validation \(val_fraction 0.001"):
+        prepare(DataArgs(datasets=[{"path": str(src), "max_epochs": 2}], val_fraction=0.001,
+                         data_dir=str(tmp_path / "o")), **Q)
+    out = prepare(DataArgs(dataset=str(src), val_fraction=0.001, data_dir=str(tmp_path / "o1")), **Q)
+    assert len(split_docs(out, "val")) == 1  # read once: the last document may still be held out
 
 
 def _shares_after(meta: dict, gone: str, names: list[str]) -> list[float]:
@@ -109,10 +131,10 @@ def test_interrupted_after_a_drop_resumes_byte_identical(tmp_path, monkeypatch):
     ref = prepare(DataArgs(**kw, data_dir=str(tmp_path / "ref")), **Q)
     real = mixture.Mixture.took
 
-    def interrupted(self, i, n, sign=1):
+    def interrupted(self, i, n):
         if self.dropped[1] and sum(self.tokens) > self.dropped[1][0] + 10_000:
             raise KeyboardInterrupt
-        return real(self, i, n, sign)
+        return real(self, i, n)
     args = DataArgs(**kw, data_dir=str(tmp_path / "out"))
     with monkeypatch.context() as m:
         m.setattr(mixture.Mixture, "took", interrupted)

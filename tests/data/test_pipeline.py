@@ -84,11 +84,11 @@ def test_failure_and_next_start_remove_the_arrow_copy(tmp_path, monkeypatch):
     real = mixture.Mixture.took
     calls = []
 
-    def interrupted(self, i, n, sign=1):
+    def interrupted(self, i, n):
         calls.append(1)
         if len(calls) == 250:
             raise KeyboardInterrupt
-        return real(self, i, n, sign)
+        return real(self, i, n)
     with monkeypatch.context() as m:
         m.setattr(mixture.Mixture, "took", interrupted)
         with pytest.raises(KeyboardInterrupt):

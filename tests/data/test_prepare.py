@@ -165,6 +165,24 @@ def test_special_token_text_inside_a_document_is_not_a_document_boundary(tmp_pat
     assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(docs)
 
 
+def test_ordinary_added_tokens_keep_their_ids_so_the_auto_backend_is_not_tiktoken(tmp_path):
+    pytest.importorskip("tiktoken")
+    tok = load_tokenizer(None)[1]
+    tok.add_tokens(["<think>", "</think>"])  # not special: HF matches them in the text, tiktoken would split them
+    tok.save_pretrained(tmp_path / "tok")
+    docs = [f"Question {i}: <think>we reason here</think> the answer is {i}." for i in range(40)]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs))
+    out = prepare(DataArgs(dataset=str(tmp_path / "d.jsonl"), tokenizer=str(tmp_path / "tok"), val_fraction=0.1,
+                           data_dir=str(tmp_path / "o")), **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    toks = np.concatenate([open_shard(out / f) for s in ("train", "val") for f in meta["splits"][s]["shards"]])
+    think = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    assert meta["stats"]["backend"] == "tokenizers" and all(int((toks == t).sum()) == len(docs) for t in think)
+    with pytest.raises(DataError, match=r"added tokens that are not special \('<think>', '</think>'\)"):
+        prepare(DataArgs(dataset=str(tmp_path / "d.jsonl"), tokenizer=str(tmp_path / "tok"),
+                         prepare_backend="tiktoken", data_dir=str(tmp_path / "o2")), **Q)
+
+
 def test_prepare_cli_error_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--dataset", str(tmp_path / "missing.txt")],
                        check=False, capture_output=True, text=True,
@@ -185,6 +203,18 @@ def test_mixture_weights_from_cli_config(tmp_path, capsys):
     docs = split_docs(tmp_path / "mix", "train")
     share = sum(d.startswith("alpha") for d in docs) / len(docs)
     assert 0.68 < share < 0.82 and len(set(docs)) == len(docs)  # weights 3:1 -> 0.75, no repeats
+
+
+def test_empty_rows_count_toward_no_share_and_no_max_documents(tmp_path):
+    e, f = tmp_path / "e.jsonl", tmp_path / "f.jsonl"
+    e.write_text("\n".join(json.dumps({"text": f"even {i}" if i % 2 else ""}) for i in range(400)))
+    f.write_text("\n".join(json.dumps({"text": f"full {i}"}) for i in range(400)))
+    out = prepare(DataArgs(datasets=[{"path": str(e)}, {"path": str(f)}], mix_by="documents", max_documents=200,
+                           val_fraction=0.01, data_dir=str(tmp_path / "o")), **Q)
+    docs = split_docs(out, "train") + split_docs(out, "val")
+    assert len(docs) == 200 and sum(d.startswith("even") for d in docs) == 100  # weights 1:1 of documents
+    mix = json.loads((out / "meta.json").read_text())["mixture"]
+    assert mix[str(e)]["documents"] == mix[str(f)]["documents"] == 100
 
 
 def test_tiny_dataset_val_fallback_and_too_small(tmp_path):

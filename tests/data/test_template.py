@@ -59,6 +59,17 @@ def test_missing_field_is_one_line_naming_source_and_field(tmp_path):
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+def test_a_later_example_the_template_cannot_take_is_one_line_naming_it(tmp_path, streaming):
+    rows = [{"q": f"question {i}", "s": i / 2} for i in range(30)] + [{"q": "no score", "s": None}]
+    data = _jsonl(tmp_path / "s.jsonl", rows)
+    with pytest.raises(DataError, match=r"dataset '.*s.jsonl': text_template cannot be applied to its example 30 "
+                                        r"\(TypeError: unsupported format string passed to NoneType"):
+        prepare(DataArgs(dataset=data, text_template="{q} {s:.1f}", streaming=streaming,
+                         data_dir=str(tmp_path / "o")), **Q)
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob("o.*"))  # nothing left to resume
+
+
+@pytest.mark.parametrize("streaming", [False, True])
 def test_templated_source_in_a_mixture_has_the_expected_tokens(tmp_path, streaming):
     """The QA source ends the mixture, so all of its documents are in: its tokens are exactly the
     tokenizer's tokens of each rendered document plus one EOS."""

@@ -138,10 +138,13 @@ class Mixture:
             self._drop(i, f"its {self.max_epochs[i]} epoch{'s' if self.max_epochs[i] > 1 else ''} were read")
         return False
 
-    def took(self, i: int, n_tokens: int, sign: int = 1) -> None:
-        self.docs[i] += sign
-        self.epoch_docs[i] += sign
-        self.tokens[i] += sign * n_tokens
+    def took(self, i: int, n_tokens: int) -> None:
+        """Source ``i``'s next row was read: ``n_tokens`` 0 is an empty row, which no share counts (nothing is
+        written for it) and a resume still skips (``epoch_docs`` counts rows)."""
+        self.epoch_docs[i] += 1
+        if n_tokens:
+            self.docs[i] += 1
+            self.tokens[i] += n_tokens
 
     def report(self) -> dict:
         """Per source: documents, tokens, achieved share (of tokens and of documents), weight, epochs begun and

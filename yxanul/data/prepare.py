@@ -45,7 +45,9 @@ from .workdir import WorkDir, clean_stale
 
 # 2: special-token strings inside documents are plain text (split_special_tokens)
 # 3: fixed-size shards with a manifest, exact mixing by tokens or documents (mixture.py)
-FORMAT = 3
+# 4: empty rows count toward no share nor max_documents; a document read more than once stays in its split;
+#    tokenizers with added tokens that are not special never take tiktoken's path
+FORMAT = 4
 CHECKPOINT_SECONDS = 30.0
 
 
@@ -54,21 +56,23 @@ def is_val(doc_index: int, val_fraction: float) -> bool:
     return (zlib.crc32(doc_index.to_bytes(8, "little")) % 1_000_000) < val_fraction * 1_000_000
 
 
-def _settings(args: DataArgs, n_sources: int) -> dict:
+def _settings(args: DataArgs, sources) -> dict:
     """Everything besides sources and tokenizer that changes the prepared bytes."""
     s = {"format": FORMAT, "val_fraction": args.val_fraction, "max_documents": args.max_documents,
          "shard_size_tokens": args.shard_size_tokens, "max_tokens": args.max_tokens}
     if args.streaming and args.shuffle_buffer:
         s |= {"shuffle_buffer": args.shuffle_buffer, "data_seed": args.data_seed}
+    if any(src.max_epochs > 1 for src in sources):  # a re-read's order: streamed as is, else permuted by the seed
+        s |= {"streaming": args.streaming, "data_seed": args.data_seed}
     s |= {"on_source_end": args.on_source_end} if args.on_source_end != "stop" else {}
-    return s | ({"mix_by": args.mix_by} if n_sources > 1 else {})
+    return s | ({"mix_by": args.mix_by} if len(sources) > 1 else {})
 
 
 def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
     tok_name, tok = load_tokenizer(args.tokenizer, args.trust_remote_code)
-    fp = fingerprint(sources, tok_name, _settings(args, len(sources)))
+    fp = fingerprint(sources, tok_name, _settings(args, sources))
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)
 
@@ -165,24 +169,26 @@ class _Packer:
             if ids is None:
                 break
             self.mix.took(i, len(ids))
-            if len(ids):
-                if self.pending is not None:
-                    self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
-                split = self._split(i, ids)
-                self.pending = (split, ids, i)
-                if self._shards() != self._shards_at_save or time.monotonic() - self._saved_at > CHECKPOINT_SECONDS:
-                    self.checkpoint()
-                bar.update(len(ids))
+            if not len(ids):  # an empty row: read (a resume skips it), not a document
+                continue
+            if self.pending is not None:
+                self.writers[self.pending[0]].add(self.pending[1], self.names[self.pending[2]])
+            self.pending = (self._split(i, ids), ids, i)
+            if self._shards() != self._shards_at_save or time.monotonic() - self._saved_at > CHECKPOINT_SECONDS:
+                self.checkpoint()
+            bar.update(len(ids))
             self.doc_index += 1
 
     def finish(self) -> dict:
-        """Write the last document (to the split that is still empty, if one is) and close the shards."""
+        """Write the last document (to the split that is still empty, if one is, unless its source was read more
+        than once: a copy of it may be in the other split) and close the shards."""
         if self.pending is not None:
             split, tr, va = self.pending[0], self.writers["train"], self.writers["val"]
-            if va.documents == 0 and tr.documents:
-                split = "val"
-            elif tr.documents == 0 and va.documents:
-                split = "train"  # every earlier document was held out: the last one trains
+            if self.mix.max_epochs[self.pending[2]] == 1:
+                if va.documents == 0 and tr.documents:
+                    split = "val"
+                elif tr.documents == 0 and va.documents:
+                    split = "train"  # every earlier document was held out: the last one trains
             self.writers[split].add(self.pending[1], self.names[self.pending[2]])
         return {s: w.close() for s, w in self.writers.items()}
 
@@ -258,7 +264,9 @@ def _check_target(out: Path) -> None:
 def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> None:
     if not splits["train"]["documents"] or not splits["val"]["documents"]:
         n = splits["train"]["documents"] + splits["val"]["documents"]
-        what = "no text" if n == 0 else "one document only: too few to hold one out for validation"
+        what = ("no text" if n == 0 else "one document only: too few to hold one out for validation" if n == 1 else
+                f"no document of {n} was held out for {'validation' if splits['train']['documents'] else 'training'}"
+                f" (val_fraction {args.val_fraction}; every copy of a document read more than once takes one split)")
         raise DataError(f"dataset '{sources[0].path}': {what}")
 
     tok.save_pretrained(work.path / "tokenizer")

@@ -215,7 +215,8 @@ def _templated(ds, src: Source):
     if first:
         check_first_example(src.text_template, first, src.path)
     cols = list(ds.column_names or first)
-    return ds.map(render_batch, batched=True, fn_kwargs={"template": src.text_template}, remove_columns=cols)
+    return ds.map(render_batch, batched=True, with_indices=True, remove_columns=cols,
+                  fn_kwargs={"template": src.text_template, "source": src.path})
 
 
 HUB_MIRROR = "YXANUL_HUB_MIRROR"

@@ -73,8 +73,16 @@ def check_first_example(template: str, example: dict, source: str) -> None:
                         f"({type(e).__name__}: {e})") from None
 
 
-def render_batch(batch: dict, template: str) -> dict:
-    """``datasets`` batched map: columns -> {"text": [...]}."""
+def render_batch(batch: dict, indices: list[int], template: str, source: str) -> dict:
+    """``datasets`` batched map with indices: columns -> {"text": [...]}. An example the template cannot be
+    applied to (a null, a shorter list than an index asks) is one line naming it: only the first is checked
+    before the map."""
     cols = list(batch)
-    n = len(batch[cols[0]]) if cols else 0
-    return {"text": [render(template, {c: batch[c][i] for c in cols}) for i in range(n)]}
+    texts = []
+    for i, index in enumerate(indices):
+        try:
+            texts.append(render(template, {c: batch[c][i] for c in cols}))
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as e:
+            raise DataError(f"dataset '{source}': text_template cannot be applied to its example {index} "
+                            f"({type(e).__name__}: {e})") from None
+    return {"text": texts}

@@ -78,6 +78,9 @@ def tiktoken_spec(tok, required: bool = False) -> dict | None:
     spec = None if why else _eligible(tok)
     if why is None and spec is None:
         why = "the tokenizer is not a GPT-2-style byte-level BPE"
+    ordinary = [t.content for t in tok.added_tokens_decoder.values() if not t.special]
+    if why is None and ordinary:  # HF matches these in the text before BPE; tiktoken would split them into bytes
+        why = f"the tokenizer has added tokens that are not special ({', '.join(map(repr, ordinary[:3]))})"
     if why is None:
         texts = sample_texts()
         ours = build_encoding(spec).encode_ordinary_batch(texts)
