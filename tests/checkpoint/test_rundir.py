@@ -42,3 +42,19 @@ def test_what_would_lose_or_misplace_work_is_one_line(tmp_path, acc_model):
     for flags in (["--resume", "latest"], ["--resume", "auto"], ["--resume", str(out / "checkpoints" / "step_2")]):
         assert prepare_run_dir(parse_args([*flags, "--output_dir", str(out)]))[0] == out
     assert prepare_run_dir(parse_args(["--resume", "auto", "--output_dir", str(typo)]))[0] == typo  # starts fresh
+
+
+def test_a_resume_from_another_run_into_one_with_checkpoints_is_one_line(tmp_path, acc_model):
+    """It would move that run's `latest`, prune its checkpoints and rank its `best` among another run's."""
+    acc, _, _ = acc_model
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    save_checkpoint(acc, mine, _state(5), keep_last=3)
+    save_checkpoint(acc, other, _state(3), keep_last=3)
+    for resume in (other / "checkpoints" / "step_3", other):
+        with pytest.raises(UserError, match=re.escape(f"output_dir '{mine}' already holds checkpoints of another run "
+                                                      f"than resume '{resume}' (newest: step 5)")):
+            prepare_run_dir(parse_args(["--resume", str(resume), "--output_dir", str(mine)]))
+    fresh = tmp_path / "fresh"  # another run's checkpoint into an empty directory: a new run started from it
+    assert prepare_run_dir(parse_args(["--resume", str(other / "checkpoints" / "step_3"),
+                                       "--output_dir", str(fresh)]))[0] == fresh
+    assert prepare_run_dir(parse_args(["--resume", str(mine), "--output_dir", str(mine)]))[0] == mine

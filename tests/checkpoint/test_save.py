@@ -5,7 +5,7 @@ import pytest
 import torch
 from _checkpoint import _state
 
-from yxanul.checkpoint import format_table, list_checkpoints, resolve_resume, save_checkpoint
+from yxanul.checkpoint import format_table, latest_good_checkpoint, list_checkpoints, resolve_resume, save_checkpoint
 from yxanul.checkpoint.manifest import verify_checkpoint
 from yxanul.errors import UserError
 
@@ -73,6 +73,24 @@ def test_keep_last_and_best(tmp_path, acc_model):
     assert steps == [2, 4, 5]  # last two + best (val 1.0)
     table = format_table(tmp_path)
     assert "best" in table.splitlines()[1] and "latest" in table.splitlines()[-1]
+
+
+def test_a_run_gone_back_to_an_older_checkpoint_keeps_its_own_and_falls_back_to_its_own(tmp_path, acc_model):
+    """--resume RUN/checkpoints/step_8 past a step_12: the run going on keeps its newest keep_last (ranked with
+    step_12, they were all pruned), step_12 stays until a save of the same step replaces it, and a damaged
+    `latest` falls back to the run's own last save, not to step_12."""
+    acc, _, _ = acc_model
+    for step in (4, 8, 12):
+        save_checkpoint(acc, tmp_path, _state(step), keep_last=2)
+    for step in (9, 10, 11):  # trained on from step_8
+        save_checkpoint(acc, tmp_path, _state(step), keep_last=2)
+    assert [c["step"] for c in list_checkpoints(tmp_path)] == [10, 11, 12]
+    (tmp_path / "checkpoints" / "step_11" / "model.safetensors").write_bytes(b"damaged")
+    lines = []
+    assert latest_good_checkpoint(tmp_path, say=lines.append).name == "step_10"
+    assert "resuming from step_10, the newest checkpoint that verifies" in lines[-1]
+    save_checkpoint(acc, tmp_path, _state(12), keep_last=2)  # the same step again: the old step_12 is replaced
+    assert [c["step"] for c in list_checkpoints(tmp_path)] == [11, 12]
 
 
 def test_a_crash_while_pruning_never_lists_a_half_deleted_checkpoint(tmp_path, acc_model):

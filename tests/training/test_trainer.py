@@ -191,6 +191,11 @@ def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path, capsys, mon
     again = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), check=False)
     assert again.returncode == 2 and "already holds checkpoints (newest: step 2)" in again.stderr
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
+    from yxanul.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *short, "--max_steps", "1", "--output_dir", str(out), "--resume", "latest"]) == 0
+    assert f"training 0 steps from step 2 into {out} (the checkpoint is past max_steps 1)" in capsys.readouterr().out
     mismatch = yxanul("train", *short, "--max_steps", "4", "--output_dir", str(out), "--resume", "latest",
                       "--model", "gpt2-124m", check=False)
     assert mismatch.returncode == 2 and "its weights do not fit this model (model: 'nano' -> 'gpt2-124m')" \

@@ -51,9 +51,12 @@ def is_checkpoint_dir(p: Path) -> bool:
 
 
 def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
-    """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then newest first."""
+    """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then the last saved first (by
+    ``saved_at``, then step: a run that went back to an older checkpoint saves lower steps after the higher
+    ones it left, and its fallback is its own newest, not theirs)."""
     order = [read_pointer(run_dir, name) for name in prefer]
-    order += [Path(c["path"]) for c in reversed(list_checkpoints(run_dir))]
+    saved = sorted(list_checkpoints(run_dir), key=lambda c: (str(c.get("saved_at") or ""), c["step"]))
+    order += [Path(c["path"]) for c in reversed(saved)]
     return list(dict.fromkeys(p for p in order if p is not None))
 
 

@@ -53,11 +53,22 @@ def prepare_run_dir(cfg, dist=None):
     if not existing.is_dir():
         raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
     _check_resume_target(ck.resume, run_dir)
-    ckpts = [] if ck.resume else list_checkpoints(run_dir)
+    ckpts = [] if ck.resume and not _resumes_another_run(ck.resume, run_dir) else list_checkpoints(run_dir)
     if ckpts:
-        raise UserError(f"output_dir '{run_dir}' already holds checkpoints (newest: step {ckpts[-1]['step']}): add "
-                        "--resume latest to continue that run, or choose another --output_dir/--run_name")
+        of = f" of another run than resume '{ck.resume}'" if ck.resume else ""
+        raise UserError(f"output_dir '{run_dir}' already holds checkpoints{of} (newest: step {ckpts[-1]['step']}): "
+                        "add --resume latest to continue that run, or choose another --output_dir/--run_name")
     return run_dir, settled
+
+
+def _resumes_another_run(resume: str, run_dir: Path) -> bool:
+    """``resume`` is a path outside ``run_dir``: a checkpoint (``RUN/checkpoints/step_N``, or a folder of its own)
+    or a run directory of another run, whose training would otherwise move this run's ``latest`` and prune it."""
+    if resume in RUN_DIR_RESUMES:
+        return False
+    p = Path(resume).resolve()
+    home = p.parent.parent if p.parent.name == checkpoints_dir(".").name else p
+    return home != run_dir.resolve()
 
 
 

@@ -22,11 +22,11 @@ atomic writes and weight loading in io.py, the manifest in manifest.py, the list
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
         shutil.rmtree(old, ignore_errors=True)
         write_atomic(root / "latest", final.name + "\n")
         recompute_best(run_dir)  # the step just saved may replace the best one with a worse model
-        _prune(run_dir, keep_last, keep=final, _fault=_fault)
+        _prune(run_dir, keep_last, keep=final, step=step, _fault=_fault)
         recompute_best(run_dir)
     accelerator.wait_for_everyone()
     return final
@@ -150,7 +150,8 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
             (tmp / "config.yaml").write_text(config_yaml)
         if extra is not None:
             extra(tmp)
-        state = dict(state, saved_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        # milliseconds: the fallback after a damaged `latest` ranks the checkpoints by it (resume.py `_candidates`)
+        state = dict(state, saved_at=datetime.datetime.now().isoformat(timespec="milliseconds"))
         write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
         write_manifest(tmp, write_atomic)  # last: a folder with a manifest is whole
         fsync_dir(tmp)
@@ -158,13 +159,17 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
             _fault("after_manifest")
 
 
-def _prune(run_dir, keep_last: int, keep: Path, _fault=None) -> None:
-    """Delete all but the newest ``keep_last``, ``best``, ``latest`` and ``keep`` (the checkpoint just
-    saved and verified: the last good one), and any folder a reader pins (run_lock.py). Each folder is
-    first renamed to ``.del-step_N`` (one atomic rename: never listed again), then deleted, so a crash
-    never leaves a half-deleted folder that lists as complete; the next save removes ``.del-*`` leftovers."""
+def _prune(run_dir, keep_last: int, keep: Path, step: int, _fault=None) -> None:
+    """Delete all but the newest ``keep_last`` up to ``step`` (that of ``keep``, the checkpoint just saved and
+    verified: the last good one), ``best``, ``latest``, ``keep``, any folder a reader pins (run_lock.py) and
+    every checkpoint past ``step``: those of a run this one went back from (``--resume RUN/checkpoints/step_8``
+    past a step_12), which its own saves replace step by step; ranked among them, they would have pruned every
+    checkpoint of the run going on. Each folder is first renamed to ``.del-step_N`` (one atomic rename: never
+    listed again), then deleted, so a crash never leaves a half-deleted folder that lists as complete; the next
+    save removes ``.del-*`` leftovers."""
     ckpts = list_checkpoints(run_dir)
-    kept = {str(keep)} | {c["path"] for c in ckpts[-keep_last:]}
+    ours = [c for c in ckpts if c["step"] <= step]
+    kept = {str(keep)} | {c["path"] for c in ours[-keep_last:]} | {c["path"] for c in ckpts if c["step"] > step}
     for name in ("best", "latest"):
         p = read_pointer(run_dir, name)
         if p is not None:

@@ -336,7 +336,8 @@ class Trainer:
         """Train from ``state.step`` to ``max_steps`` (call `setup()` and `resume()` first)."""
         cfg, st = self.cfg, self.state
         self.report.write()
-        self.say(f"training {cfg.train.max_steps - st.step} steps from step {st.step} into {self.run_dir}")
+        todo, past = cfg.train.max_steps - st.step, f" (the checkpoint is past max_steps {cfg.train.max_steps})"
+        self.say(f"training {max(0, todo)} steps from step {st.step} into {self.run_dir}{past if todo < 0 else ''}")
         self.model.train()
         self.callbacks.on_train_begin(self)
         self.timer = StepTimer()
