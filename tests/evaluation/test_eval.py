@@ -82,8 +82,11 @@ def test_eval_cli_on_a_run_and_on_a_users_hellaswag_file(tok_run, tmp_path, caps
     assert cli(["eval", str(run), "--tasks", str(bad)]) == 2
     assert cli(["eval", str(run), "--tasks", "mmlu"]) == 2
     assert cli(["eval", str(run), "--data_dir", str(tmp_path)]) == 2
+    assert cli(["eval", str(run), "--output", str(tmp_path / "missing" / "r.json")]) == 2  # before evaluating
+    assert cli(["eval", str(run), "--output", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and f"{bad}:2:" in err[0] and "mmlu" in err[1] and "prepared" in err[2], err
+    assert len(err) == 5 and f"{bad}:2:" in err[0] and "mmlu" in err[1] and "prepared" in err[2], err
+    assert all("config key 'output': expected a JSON file in an existing folder" in e for e in err[3:]), err
 
 
 def test_eval_of_an_export_says_what_it_skips_and_refuses_nothing_to_do(tok_run, tmp_path, capsys, monkeypatch):

@@ -52,6 +52,11 @@ def test_generate_user_errors(tok_run, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(e.startswith("error: ") for e in err), err
     assert "top_p" in err[2] and "no such file" in err[3]
+    bad = ["foo", "mps", f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"]
+    for command, device in [(c, d) for c in ("generate", "eval") for d in bad]:  # before anything loads
+        assert cli([command, str(run), "--device", device]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: config key 'device': expected auto, cpu or cuda[:N] ("), err
 
 
 @pytest.mark.parametrize("flag", ["--max_new_tokens", "--temperature"])

@@ -100,7 +100,7 @@ def test_export_round_trips_into_yxanul_and_yxanul_format_loads(tmp_path):
     assert json.loads((again / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys):
+def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys, monkeypatch):
     model = random_model(2, True, 1024)
     save_run(model, tmp_path / "run", te_views=False, step=2)
     (tmp_path / "run" / "checkpoints" / "best").write_text("step_2\n")
@@ -114,6 +114,17 @@ def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 4 and all(line.startswith("error: ") for line in err), err
     assert "no such file" in err[1] and "gguf" in err[2]
+    before = {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()}
+    assert cli(["export", str(tmp_path / "run"), str(tmp_path / "o"), "--overwrite", "--max_shard_size", "2G"]) == 2
+    assert "'max_shard_size': expected a size such as 5GB" in capsys.readouterr().err
+
+    def full_disk(*_):  # the last files of an export (the model card): a failure after the weights
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("yxanul.hub.export.write_run_files", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        export(str(tmp_path / "run"), tmp_path / "o", overwrite=True)
+    assert {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()} == before  # the previous export, whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")] == []
 
 
 @pytest.mark.slow

@@ -178,6 +178,22 @@ def test_save_pretrained_from_pretrained_round_trip(tmp_path, tiny_config, tied)
     assert torch.equal(m(x).logits, r(x).logits)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_resize_token_embeddings_keeps_the_old_vocabularys_logits(tiny_config, tied):
+    torch.manual_seed(0)
+    m = YxanulForCausalLM(tiny_config(tie_word_embeddings=tied)).eval()
+    ids = torch.randint(0, 1000, (2, 16))
+    with torch.no_grad():
+        before = m(ids).logits
+    m.resize_token_embeddings(1024 + 64)
+    with torch.no_grad():
+        after = m(ids).logits
+    assert m.config.vocab_size == 1088 and after.shape[-1] == 1088 and type(m.lm_head).__name__ == "LMHead"
+    assert torch.allclose(after[..., :1024], before, atol=1e-6)
+    assert (m.lm_head.weight is m.model.embed_tokens.weight) == tied
+    assert [n for n, _ in m.named_parameters()].count("lm_head.weight") == (not tied)
+
+
 def test_auto_classes_from_config():
     cfg = AutoConfig.for_model("yxanul", vocab_size=128, hidden_size=64, num_hidden_layers=1,
                                num_attention_heads=2, intermediate_size=128, backend="torch")
@@ -235,9 +251,17 @@ def test_model_args_build_describe_and_init_from(tmp_path):
     with pytest.raises(UserError, match="no model"):
         build_model(ModelArgs(backend="torch", init_from=str(tmp_path / "nope")), 1000)
     with pytest.raises(UserError, match="shapes"):
-        build_model(ModelArgs(backend="torch", init_from=str(tmp_path)), 50000)
+        build_model(ModelArgs(backend="torch", tie_word_embeddings=False, init_from=str(tmp_path)), 50000)
     ckpt = build_model(ModelArgs(backend="torch", gradient_checkpointing=True), 1000)
     assert ckpt.model.layers[0].gradient_checkpointing
+    # the tie differs: the untied save's trained head is never dropped into a tied model, nor the reverse guessed
+    with pytest.raises(UserError, match="trained apart from the embedding; pass --tie_word_embeddings false"):
+        build_model(ModelArgs(backend="torch", seq_length=32, init_from=str(tmp_path)), 1000)
+    tied = build_model(ModelArgs(backend="torch", seq_length=32), 1000)
+    tied.save_pretrained(tmp_path / "tied")
+    with pytest.raises(UserError, match="is the embedding \\(tied\\); pass --tie_word_embeddings true"):
+        build_model(ModelArgs(backend="torch", seq_length=32, tie_word_embeddings=False,
+                              init_from=str(tmp_path / "tied")), 1000)
 
 
 def test_init_from_tied_checkpoint_that_kept_the_head_name(tmp_path, tiny_config):

@@ -15,7 +15,7 @@ import torch
 
 from ..errors import ConfigError, DataError, UserError
 from ..flags import parse_command
-from ..hub.loading import load_model
+from ..hub.loading import device_of, load_model
 
 
 @dataclass
@@ -43,6 +43,7 @@ class GenerateCommand:
             raise ConfigError("top_k", "an integer >= 1 or null", self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError("top_p", "a number in (0, 1] or null", self.top_p)
+        device_of(self.device)
 
 
 def prompt_text(a: GenerateCommand) -> str:
@@ -62,8 +63,7 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
     from transformers import TextStreamer, set_seed
 
     text = prompt_text(a)
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if a.device == "auto" else a.device))
+    device = device_of(a.device)
     model, tok = load_model(a.model, device)
     if tok is None:
         raise UserError(f"MODEL '{a.model}': no tokenizer found (export the run with its prepared data present)")

@@ -21,7 +21,7 @@ from ..data.loader import eval_batches
 from ..data.prepare import target_dir
 from ..errors import ConfigError, DataError, UserError
 from ..flags import check_same_as, parse_command, same_as
-from ..hub.loading import is_export, load_model
+from ..hub.loading import device_of, is_export, load_model
 from ..integrations.causal_lm import as_llama, with_pad_token
 from ..tracking import TrackingArgs
 from .harness import evaluate_harness, headline, split_tasks, task_manager
@@ -93,14 +93,17 @@ class EvalCommand:
         for key in ("batch_size",):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
+        device_of(self.device)
+        if self.output is not None and (not Path(self.output).parent.is_dir() or Path(self.output).is_dir()):
+            raise ConfigError("output", "a JSON file in an existing folder (checked before the evaluation runs)",
+                              self.output)
 
 
 def evaluate(a: EvalCommand, say=print) -> dict:
     local, harness = split_tasks(a.tasks)
     tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
     tm = task_manager(harness, a.task_dir) if harness else None
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if a.device == "auto" else a.device))
+    device = device_of(a.device)
     data_dir = _validation_data(a, tasks or harness, say)  # nothing to do is one line before the model loads
     model, tok = load_model(a.model, device)
     results: dict = {"model": a.model}

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from ..checkpoint import STATE_FILE, read_state
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
 from .card import LOSS_PNG, build_card, plot_loss, read_metrics
@@ -105,6 +105,7 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     or checkpoint, with its training files and a model card (``license``/``repo_id`` go into the card)."""
     if fmt not in ("llama", "yxanul"):
         raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
+    check_shard_size(max_shard_size)
     out = Path(out)
     src = Path(source).resolve()
     if src == out.resolve() or out.resolve() in src.parents:
@@ -124,11 +125,40 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
         return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
 
 
+def check_shard_size(value: str) -> None:
+    """``max_shard_size`` as huggingface_hub's savers will parse it (their own parser: a private module, so an
+    import that moves is no error here), checked before anything is written."""
+    try:
+        from huggingface_hub.serialization._base import parse_size_to_int
+    except ImportError:  # pragma: no cover - a huggingface_hub that moved it: its saver still checks
+        return
+    try:
+        parse_size_to_int(str(value))
+    except ValueError:
+        raise ConfigError("max_shard_size", "a size such as 5GB or 500MB (units TB, GB, MB, KB)", value) from None
+
+
 def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overwrite, license, repo_id) -> Path:
+    """Write into a new folder beside ``out``, then swap it in: a failure half-way leaves ``out`` as it was (an
+    ``--overwrite`` deleted the previous export first)."""
     _token_ids(model.config, tok)
-    if out.exists() and overwrite:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    tmp = out.absolute().parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _write_files(model, tok, ckpt, tmp, fmt, dtype, max_shard_size, license, repo_id)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = tmp.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():  # empty, or replaced by --overwrite
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _write_files(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, license, repo_id) -> None:
     if fmt == "llama":
         save_llama(model, out, DTYPES[dtype], max_shard_size)
     else:
@@ -141,7 +171,6 @@ def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overw
     _same_mode_as_config(out)
     if ckpt is not None:
         write_run_files(out, ckpt, model.config, license, repo_id, fmt)
-    return out
 
 
 def _same_mode_as_config(out: Path) -> None:
@@ -177,6 +206,9 @@ class ExportCommand:
     dtype: Literal["bf16", "fp32"] = field(default="bf16", metadata={"help": "Dtype of the saved weights."})
     max_shard_size: str = field(default="5GB", metadata={"help": "Shard the weights above this size (e.g. 2GB)."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty OUT folder."})
+
+    def __post_init__(self):
+        check_shard_size(self.max_shard_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from ..checkpoint.io import (
 from ..data.args import DataArgs
 from ..data.prepare import target_dir
 from ..data.tokenizer_load import load_prepared_tokenizer
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..models.configuration_yxanul import config_from_preset
 from ..models.modeling_yxanul import YxanulForCausalLM
 from ..models.state_dict import is_te_gemm_weight, split_qkv_state
@@ -155,6 +155,22 @@ def load_checkpoint_model(ckpt: Path):
                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     model.tie_weights()
     return model.eval()
+
+
+def device_of(flag: str) -> torch.device:
+    """The device a ``--device`` value names: ``auto`` (CUDA if there is one), ``cpu`` or ``cuda[:N]`` of this
+    machine; anything else is one line (`yxanul generate` and `eval` check it before loading anything)."""
+    if flag == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(flag)
+    except RuntimeError:
+        device = None
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device is None or device.type not in ("cpu", "cuda") or (device.type == "cuda" and (device.index or 0) >= n):
+        where = f"cuda:0..{n - 1}" if n else "no CUDA device here"
+        raise ConfigError("device", f"auto, cpu or cuda[:N] ({where})", flag)
+    return device
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
 from ..checkpoint.io import is_sharded_checkpoint, load_tolerant, read_sharded_weights
@@ -54,8 +55,20 @@ def read_weights(path: str, model) -> dict:
     state = split_qkv_state(state)  # a fused QKV weight a save kept whole (no-op otherwise)
     if is_llama_state(state):  # a `yxanul export --format llama` folder: back to yxanul's names
         state = llama_to_yxanul(state)
-    if model.config.tie_word_embeddings:  # a tied save may keep either name of the shared tensor
-        emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    return _tied_as_the_model(state, model.config.tie_word_embeddings, path)
+
+
+def _tied_as_the_model(state: dict, tied: bool, path: str) -> dict:
+    """A tied save may keep either name of the shared tensor; a trained head of its own is never dropped into a
+    tied model, nor a tied one's missing head left to the generic mismatch: one line naming the key."""
+    emb, head = "model.embed_tokens.weight", "lm_head.weight"
+    untied = emb in state and head in state and not torch.equal(state[emb], state[head])
+    if tied and untied:
+        raise UserError(f"init_from '{path}': its LM head is trained apart from the embedding; pass "
+                        "--tie_word_embeddings false (a tied model would drop it)")
+    if not tied and emb in state and head not in state:
+        raise UserError(f"init_from '{path}': its LM head is the embedding (tied); pass --tie_word_embeddings true")
+    if tied:
         if emb not in state and head in state:
             state[emb] = state[head]
         state.pop(head, None)

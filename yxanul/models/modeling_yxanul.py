@@ -265,6 +265,19 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
+    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
+        """``resize_token_embeddings`` of an untied model: transformers resizes an ``nn.Linear`` only, so the
+        head goes through one (no copy: the same weight) and comes back as an `LMHead`."""
+        if new_num_tokens is None:
+            return old_lm_head
+        linear = nn.Linear(old_lm_head.in_features, old_lm_head.out_features, bias=False, device="meta")
+        linear.weight = old_lm_head.weight
+        new = super()._get_resized_lm_head(linear, new_num_tokens, transposed, mean_resizing)
+        with torch.device("meta"):
+            head = LMHead(new.in_features, new.out_features)
+        head.weight = new.weight
+        return head
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
                 labels=None, use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
                 shift_labels=None, is_first_microbatch=None, return_logits=True, num_items_in_batch=None, cache=None,
