@@ -6,7 +6,7 @@ import pytest
 
 from yxanul.cli import main
 from yxanul.models import config_from_preset
-from yxanul.planning.cli import PROFILES, PlanCommand, plan
+from yxanul.planning.cli import PROFILES, PlanCommand, launch_line, plan
 from yxanul.planning.memory import STRATEGIES, memory, model_shapes
 
 GiB = 2**30
@@ -58,8 +58,13 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
     assert "hsdp" not in {r["strategy"] for r in one["rows"]}
     _, single = run_json(capsys, "--preset", "nano", "--gpus", "1", "--gpu_memory", "16")
     assert single["choice"]["strategy"] == "single"
-    assert single["choice"]["launch"].startswith(
-        "accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml")
+    assert single["choice"]["launch"].startswith(  # BF16: the profile's fp8 overridden (accelerate refuses it sans TE)
+        "accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml --mixed_precision bf16 train.py")
+    _, fp8 = run_json(capsys, "--preset", "nano", "--gpus", "1", "--gpu_memory", "16", "--use_fp8", "true")
+    assert fp8["choice"]["launch"].startswith("accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml "
+                                              "train.py") and "--use_fp8 true" in fp8["choice"]["launch"]
+    zero = launch_line(PlanCommand(preset="7b", gpus=8), "zero3", True)
+    assert "--mixed_precision" not in zero  # DeepSpeed's profiles leave the precision to the yxanul config
 
 
 def test_max_micro_batch_is_the_largest_that_fits():
@@ -91,6 +96,7 @@ def test_nothing_fits_exits_1(capsys):
 
 @pytest.mark.parametrize("argv,key", [
     (["--preset", "13b"], "preset"), (["--gpus", "0"], "gpus"), (["--gpu_memory", "-1"], "gpu_memory"),
+    (["--gpu_memory", "inf"], "gpu_memory"),
     (["--headroom", "1.5"], "headroom"), (["--seq_lenght", "4"], "seq_length"),
     (["--backend", "torch", "--use_fp8"], "use_fp8"), (["--backend", "torch", "--loss_impl", "te"], "loss_impl"),
     (["--master_weights", "fp32"], "master_weights"),  # 8 GPUs: DDP/DeepSpeed/FSDP2 keep their own masters

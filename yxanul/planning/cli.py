@@ -13,6 +13,7 @@ more than the next sharding step costs when its communication overlaps).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -66,7 +67,7 @@ class PlanCommand:
         for key in ("gpus", "nodes", "vocab_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
-        if not self.gpu_memory > 0:
+        if not 0 < self.gpu_memory < math.inf:
             raise ConfigError("gpu_memory", "a number of GiB > 0", self.gpu_memory)
         if not 0 <= self.headroom < 1:
             raise ConfigError("headroom", "a fraction in [0, 1)", self.headroom)
@@ -165,6 +166,8 @@ def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
     """The exact `accelerate launch` command (run on every node with its own NODE_RANK)."""
     profile = MULTI_NODE_DDP if strategy == "ddp" and a.nodes > 1 else PROFILES[strategy]
     parts = ["accelerate launch", f"--config_file accelerate_configs/{profile}"]
+    if not a.use_fp8 and not strategy.startswith("zero"):  # the profile says fp8: accelerate refuses it without TE
+        parts.append("--mixed_precision bf16")             # (the DeepSpeed ones leave precision to the config)
     if strategy != "single":
         parts += [f"--num_machines {a.nodes}", f"--num_processes {a.world}"]
     if a.nodes > 1:

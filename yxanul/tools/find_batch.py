@@ -16,7 +16,7 @@ from ..flags import build_parser, parse_command_and_rest
 from ..training import speed_defaults
 from ..training.batching.args import BatchArgs, micro_multiple
 from ..training.batching.cache import cache_fields, cache_files, cache_key, store, user_cache_file
-from ..training.batching.finder import precision_label
+from ..training.batching.finder import NO_TARGET, precision_label
 from ..training.batching.plan import plan_batch
 from ..training.batching.probe import TrainingProbe
 from ..training.batching.search import SearchResult, default_is_oom, find_micro_batch
@@ -185,6 +185,10 @@ def _print_result(res: SearchResult, b: BatchArgs, world_size: int, T: int, mult
           f"{len(res.probes)} probes, {res.seconds:.1f}s")
     bp = plan_batch(res.micro_batch, world_size, T, b.target_effective_batch_size, b.target_tokens_per_step,
                     multiple=multiple, grad_accum=b.gradient_accumulation_steps)
+    if not b.target and res.micro_batch != b.micro_batch_size:
+        given = b.micro_batch_size * b.gradient_accumulation_steps * world_size
+        print(f"warning: {NO_TARGET}: {given} sequences a step as configured, {bp.effective_batch} with micro-batch "
+              f"{res.micro_batch} (set target_effective_batch_size {given} to keep it)")
     for line in (bp.warning, bp.note):
         if line:
             print(f"warning: {line}")

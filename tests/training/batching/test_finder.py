@@ -326,6 +326,16 @@ def test_find_batch_without_arguments_probes_the_default_run_bounded_on_cpu(caps
         [["1", "ok"], ["2", "ok"], ["4", "ok"], ["8", "ok"]]
 
 
+def test_find_batch_without_a_target_says_the_effective_batch_it_changes(capsys):
+    """No target: a run keeps gradient_accumulation_steps, so the micro-batch found multiplies the batch."""
+    assert fb.main(["--model", "nano", "--seq_length", "32", "--vocab_size", "512", "--backend", "torch",
+                    "--micro_batch_size", "2", "--gradient_accumulation_steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: micro 8 x accumulation 4 x world 1 = 32 sequences" in out
+    assert "8 sequences a step as configured, 32 with micro-batch 8 (set target_effective_batch_size 8 to keep it)" \
+        in out
+
+
 def test_cpu_memory_budget_stops_the_search_before_the_memory_runs_out():
     """A fresh process, real allocations (size x 40 MB, written) and its real peak RSS: with a budget of
     300 MB above the start the search stops before a probe would pass it (size 8 = 320 MB never runs)."""

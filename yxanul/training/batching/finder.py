@@ -78,6 +78,10 @@ def find_micro(args: BatchArgs, *, model, plan=None, seq_length: int, world_size
     return res.micro_batch, res
 
 
+NO_TARGET = ("no target_effective_batch_size/target_tokens_per_step set; the effective batch will follow the "
+             "micro-batch found (gradient_accumulation_steps as given)")
+
+
 def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, world_size: int, run_dir=None,
                   say=print, device=None, reduce_min=None, write_cache: bool = True) -> BatchPlan:
     """The trainer's batch plan: the micro-batch (given, or found with ``auto_batch_size``), then
@@ -87,8 +91,7 @@ def resolve_batch(args: BatchArgs, *, model=None, plan=None, seq_length: int, wo
     fp8 = bool(plan is not None and plan.fp8_enabled)
     multiple = micro_multiple(args, seq_length, plan.token_alignment if fp8 else 1)
     if args.auto_batch_size and not args.target:
-        say("auto_batch_size: no target_effective_batch_size/target_tokens_per_step set; the effective batch "
-            "will follow the micro-batch found (gradient_accumulation_steps as given)")
+        say(f"auto_batch_size: {NO_TARGET}")
     micro = args.micro_batch_size
     if args.auto_batch_size and model is not None:
         micro, found = find_micro(args, model=model, plan=plan, seq_length=seq_length, world_size=world_size,
