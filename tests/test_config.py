@@ -194,8 +194,8 @@ def test_warmup_flag_replaces_the_files_other_unit(tmp_path):
 
 
 def test_warmup_tokens_beyond_max_steps_is_refused():
-    with pytest.raises(ConfigError, match=r"config key 'warmup_tokens': .*at most max_steps \(100\).* 8,192,000 tokens "
-                                          r"are 2000 steps"):
+    with pytest.raises(ConfigError, match=r"config key 'warmup_tokens': .*less than max_steps \(100\).* "
+                                          r"8,192,000 tokens are 2000 steps"):
         resolve({"seq_length": 128, "target_tokens_per_step": 4096, "warmup_tokens": 8_192_000, "max_steps": 100})
     cfg = resolve({"seq_length": 128, "target_tokens_per_step": 4096, "warmup_tokens": 8_192_000, "max_steps": 100,
                    "lr_decay_steps": 4000})  # a longer schedule than this piece of the run: allowed
@@ -237,7 +237,7 @@ def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path,
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["warmup_steps: the default 30 is longer than max_steps 20: warming up for 2 step(s) instead "
                    "(a tenth of the run; set --warmup_steps to choose)"]
-    assert parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "1"]).optim.warmup_steps == 1
+    assert parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "1"]).optim.warmup_steps == 0  # max_lr at once
     assert parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "40"]).optim.warmup_steps == 30  # no conflict
     assert parse_args(["--config", DEFAULT_CONFIG]).notes == []  # the default run is unchanged
     own = tmp_path / "own.yaml"
@@ -245,10 +245,10 @@ def test_a_default_warmup_longer_than_the_users_run_adapts_in_one_line(tmp_path,
     assert parse_args(["--config", str(own)]).optim.warmup_steps == 5
     for argv in (["--config", DEFAULT_CONFIG, "--max_steps", "20", "--warmup_steps", "30"],
                  ["--config", str(own), "--warmup_steps", "60"]):
-        with pytest.raises(ConfigError, match=r"config key 'warmup_steps': expected at most max_steps"):
+        with pytest.raises(ConfigError, match=r"config key 'warmup_steps': expected less than max_steps"):
             parse_args(argv)
     own.write_text("warmup_steps: 30\n")  # the user's file and the user's flag conflict: an error
-    with pytest.raises(ConfigError, match=r"at most max_steps \(20\)"):
+    with pytest.raises(ConfigError, match=r"less than max_steps \(20\)"):
         parse_args(["--config", str(own), "--max_steps", "20"])
 
 

@@ -19,7 +19,8 @@ from yxanul.tracking import (
 
 
 @pytest.mark.parametrize("name,key", [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
-                                      ("NVIDIA H200", "H200"), ("NVIDIA GH200 480GB", "GH200"),
+                                      ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"),
+                                      ("NVIDIA GH200 480GB", "GH200"),
                                       ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
                                       ("NVIDIA A100-SXM4-80GB", "A100")])
 def test_peak_flops_picks_the_most_specific_gpu_name(name, key):

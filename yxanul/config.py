@@ -160,9 +160,9 @@ def _adapt_defaults(merged: dict[str, Any], user_keys: set[str], fields) -> list
     if merged.get("warmup_tokens") is not None:
         return []
     warmup, max_steps = (merged.get(k, fields[k][1].default) for k in ("warmup_steps", "max_steps"))
-    if warmup <= max_steps:
+    if warmup < max_steps:
         return []
-    merged["warmup_steps"] = -(-max_steps // ADAPTED_WARMUP_SHARE)  # rounded up: at least 1
+    merged["warmup_steps"] = min(-(-max_steps // ADAPTED_WARMUP_SHARE), max_steps - 1)  # rounded up, below max_steps
     return [f"warmup_steps: the default {warmup} is longer than max_steps {max_steps}: warming up for "
             f"{merged['warmup_steps']} step(s) instead (a tenth of the run; set --warmup_steps to choose)"]
 
@@ -206,13 +206,14 @@ def apply_warmup_tokens(values: dict[str, Any], tokens_per_step: int | None) -> 
 def _cross_checks(cfg: Config) -> None:
     """Values that are each valid but wrong together (one section cannot see the other)."""
     warmup, max_steps, tokens = cfg.optim.warmup_steps, cfg.train.max_steps, cfg.optim.warmup_tokens
-    if cfg.optim.lr_decay_steps is None and warmup > max_steps:
+    # step s (1-based) takes lr_at(s - 1), which is max_lr from warmup_steps on: the last step must be past it
+    if cfg.optim.lr_decay_steps is None and warmup >= max_steps:
         if tokens is not None:
-            raise ConfigError("warmup_tokens", f"at most max_steps ({max_steps}) steps' worth: {tokens:,} tokens are "
-                              f"{warmup} steps and the learning rate would never reach max_lr (lower warmup_tokens, "
-                              "or set lr_decay_steps for a longer schedule)", tokens)
-        raise ConfigError("warmup_steps", f"at most max_steps ({max_steps}): the learning rate would never reach "
-                          f"max_lr (set --warmup_steps <= {max_steps}, or lr_decay_steps for a longer schedule)",
+            raise ConfigError("warmup_tokens", f"less than max_steps ({max_steps}) steps' worth: {tokens:,} tokens "
+                              f"are {warmup} steps and the learning rate would never reach max_lr (lower "
+                              "warmup_tokens, or set lr_decay_steps for a longer schedule)", tokens)
+        raise ConfigError("warmup_steps", f"less than max_steps ({max_steps}): the learning rate would never reach "
+                          f"max_lr (set --warmup_steps < {max_steps}, or lr_decay_steps for a longer schedule)",
                           warmup)
     if cfg.precision.fp8_weight_all_gather:
         _fp8_weight_all_gather_checks(cfg)

@@ -44,7 +44,7 @@ class TrackingArgs:
 
 # Dense (no sparsity) BF16 tensor-core peaks, FLOP/s. MFU is always reported against BF16.
 PEAK_BF16_FLOPS = {
-    "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12,
+    "H100 SXM": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
     "GH200": 989e12, "B200": 2250e12, "B100": 1750e12, "A100": 312e12, "L40S": 362e12,
     "L40": 181e12, "L4": 121e12, "RTX 4090": 165e12, "A10G": 70e12,
 }

@@ -219,6 +219,22 @@ def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
     assert cli_main(["lint-config"]) == 2 and capsys.readouterr().err.count("\n") == 1
     assert cli_main(["lint-config", "x.json", "--fx"]) == 2
     assert "unknown flag '--fx' (did you mean '--fix'?)" in capsys.readouterr().err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("max_steps: [\n")
+    for bad, needle in [(tmp_path / "none.yaml", "no such file"), (broken, "does not parse")]:
+        assert cli_main(["lint-config", "accelerate_configs/single_gpu_bf16.yaml", "--train_config", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: train_config '{bad}': {needle}" or err.startswith(f"error: train_config '{bad}': "
+                                                                                   f"{needle} ("), err
+    ds_list = _write(tmp_path, "dsl.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 2,
+                                            "deepspeed_config": [1]})
+    root_list = tmp_path / "list.json"
+    root_list.write_text("[1, 2]")
+    assert cli_main(["lint-config", ds_list, str(root_list), "--fix", "--out", str(tmp_path / "fx")]) == 1
+    out = capsys.readouterr().out
+    assert "deepspeed_config: expected a mapping of accelerate's DeepSpeed options, got [1]" in out
+    assert f"{root_list}: no fixed copy" in out and not (tmp_path / "fx" / "list.json").exists()
+    assert "deepspeed_config" not in yaml.safe_load((tmp_path / "fx" / "dsl.yaml").read_text())
 
 
 def test_train_config_settings_the_launch_cannot_run_are_errors(tmp_path, capsys, monkeypatch):

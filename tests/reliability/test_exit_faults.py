@@ -111,7 +111,7 @@ MISTAKES = {  # config file text (None: the default config), flags, the one line
                       "line 3: key 'max_steps' given twice (lines 1 and 3"),
     "empty yaml": ("# nothing here\n", [], "config file '{config}': empty"),
     "warmup > max_steps": (None, ["--max_steps", "10", "--warmup_steps", "30"],
-                           "config key 'warmup_steps': expected at most max_steps (10)"),
+                           "config key 'warmup_steps': expected less than max_steps (10)"),
     "bad W&B key": (None, [*FAST, "--max_steps", "5", "--use_wandb"],
                     "WANDB_API_KEY: API key must have 40+ characters"),
 }

@@ -140,7 +140,7 @@ def test_a_user_error_under_accelerate_launch_is_one_line_per_job(tmp_path):
                        capture_output=True, text=True, env=e, timeout=300, cwd=tmp_path)
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("error: ")]
     assert r.returncode != 0 and len(lines) == 1, r.stdout[-2000:] + r.stderr[-3000:]
-    assert "config key 'warmup_steps': expected at most max_steps (20)" in lines[0]
+    assert "config key 'warmup_steps': expected less than max_steps (20)" in lines[0]
 
 
 def test_only_rank_0_prints_a_user_error_raised_before_the_process_group(monkeypatch, capsys):

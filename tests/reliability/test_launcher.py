@@ -43,7 +43,7 @@ def test_a_user_error_is_one_line_and_exit_2_for_the_whole_job(tmp_path):
                     "--output_dir", str(tmp_path / "r"), cwd=tmp_path)
         out = r.stdout + r.stderr
         assert r.returncode == 2, out[-3000:]
-        assert len(_error_lines(r)) == 1 and "config key 'warmup_steps': expected at most max_steps (20)" in out
+        assert len(_error_lines(r)) == 1 and "config key 'warmup_steps': expected less than max_steps (20)" in out
         assert not [s for s in LAUNCHER_RECORDS if s in out], out[-3000:]
         assert not (tmp_path / "r").exists()
 

@@ -89,6 +89,14 @@ def test_random_is_reproducible_and_respects_distributions(tmp_path):
     ({"method": "grid", "metric": {"name": "val_loss"}, "parameters": {"max_lr": {"value": 1e-3}}}, "metric.name"),
     ({"method": "grid", "command": ["python", "other.py"], "parameters": {"max_lr": {"value": 1e-3}}},
      "command: expected `yxanul train"),
+    ({"method": "random", "parameters": {"max_lr": {"distribution": "uniform", "min": 1e-3}}},
+     r"distribution uniform needs min <= max, got min 0.001, max None"),
+    ({"method": "random", "parameters": {"max_lr": {"distribution": "log_uniform_values", "min": 0, "max": 1e-2}}},
+     r"needs min > 0 \(a log scale\), got 0"),
+    ({"method": "random", "parameters": {"max_lr": {"distribution": "q_uniform", "min": 1, "max": 2, "q": 0}}},
+     r"parameters.max_lr.q: expected a number > 0, got 0"),
+    ({"method": "random", "parameters": {"max_lr": {"distribution": "uniform", "min": "low", "max": 1}}},
+     r"parameters.max_lr.min: expected a number, got 'low'"),
 ])
 def test_bad_sweep_files_are_one_line_errors_with_exit_2(tmp_path, capsys, doc, match):
     path = write(tmp_path, **doc)
@@ -197,3 +205,19 @@ def test_speed_flags_the_table_set_at_run_time_are_not_other_settings(tmp_path):
     assert plan(spec, str(tmp_path), ["--max_steps", "7"], 1, 0, say=lambda *_: None)[1][0].changed_settings() == []
     with pytest.raises(UserError, match=r"ran with other settings \(loss_impl: 'te' -> 'chunked'\)"):
         plan(spec, str(tmp_path), ["--max_steps", "7", "--loss_impl", "chunked"], 1, 0, say=lambda *_: None)
+
+
+def test_yaml_1_1_exponents_and_list_values_reach_the_trial_as_written(tmp_path):
+    """``1e-4`` (no dot) is a string to YAML 1.1: a number all the same; a list value is one word per item (as a
+    list flag reads it), so `eval_tasks` and `fp8_keep_bf16` get the list, not the string "['cloze']"."""
+    path = tmp_path / "s.yaml"
+    path.write_text("method: random\nparameters:\n  max_lr: {distribution: log_uniform_values, min: 1e-4, max: 1e-2}\n"
+                    "  eval_tasks: {values: [[cloze], [cloze, cloze]]}\n"
+                    "  fp8_keep_bf16: {value: ['model.layers.0.*']}\n")
+    spec = load_spec(str(path))
+    trials = plan_trials(spec, 4)
+    assert all(1e-4 <= t["max_lr"] <= 1e-2 for t in trials)
+    assert trial_flags({"eval_tasks": ["cloze", "x.jsonl"], "fp8_keep_bf16": [], "max_lr": 0.001}) == \
+        ["--eval_tasks", "cloze", "x.jsonl", "--fp8_keep_bf16=null", "--max_lr=0.001"]
+    t = make_trial(spec, "t0", trials[0], tmp_path / "t0", ["--max_steps", "2"])
+    assert t.config["eval_tasks"] == trials[0]["eval_tasks"] and t.config["fp8_keep_bf16"] == ["model.layers.0.*"]

@@ -45,7 +45,9 @@ def test_config_file_flags_override_and_curriculum(tmp_path, capsys):
     assert values["last"][0] == 300 and values["last"][1] == pytest.approx(6e-4)  # flag won over the file
     for name, (step, lr) in values.items():
         assert lr == pytest.approx(lr_at(step - 1, **kw), rel=1e-6), name
-    assert "stage 1: from step 49 seq_length 128 (200,704 tokens)" in text  # ceil(200000 / 4096) = 49
+    # 49 steps before stage 1 (ceil(200000 / 4096)): its first step is the trainer's step 50
+    assert "stage 0: from step 1 seq_length 64 (after 0 tokens)" in text
+    assert "stage 1: from step 50 seq_length 128 (after 200,704 tokens)" in text
     assert _png(out)
 
 

@@ -179,6 +179,10 @@ def _check_processes(cfg: dict, dt: str, add) -> None:
 def _check_deepspeed_plugin(cfg: dict, mp: str | None, ds_file_exists, add) -> None:
     """deepspeed_config: accelerate's options only; with a deepspeed_config_file, no key it conflicts with."""
     ds = cfg.get("deepspeed_config") or {}
+    if not isinstance(ds, dict):
+        add("deepspeed_config", ERROR, f"expected a mapping of accelerate's DeepSpeed options, got {ds!r}",
+            "write deepspeed_config: {deepspeed_config_file: ds_configs/...json} (or its options)")
+        return
     for key in sorted(set(ds) - DS_YAML_KEYS):
         add(f"deepspeed_config.{key}", WARNING, "not an accelerate DeepSpeed option: ignored",
             "remove it")
@@ -232,6 +236,8 @@ def fix_accelerate(cfg: dict) -> dict:
         cfg["distributed_type"], cfg["use_cpu"] = "MULTI_GPU", True
     fix_fsdp(cfg)
     if dt == "DEEPSPEED":
+        if not isinstance(cfg.get("deepspeed_config") or {}, dict):
+            cfg.pop("deepspeed_config")  # nothing in it to keep: the lint of the copy asks for one
         ds = cfg.get("deepspeed_config") or {}
         for key in set(ds) - DS_YAML_KEYS:
             del ds[key]

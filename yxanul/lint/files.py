@@ -112,7 +112,12 @@ def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
 
 
 def _read_train(path: str) -> dict:
-    data = _load(path)
+    try:
+        data = _load(path)
+    except FileNotFoundError:
+        raise UserError(f"train_config '{path}': no such file") from None
+    except (ValueError, yaml.YAMLError) as e:
+        raise UserError(f"train_config '{path}': does not parse ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(data, dict):
         raise UserError(f"train_config '{path}': expected a yxanul config YAML (a mapping of key: value)")
     return data
@@ -175,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         n_warn += sum(p.severity == WARNING for p in problems)
         if not problems:
             print(f"{path}: ok")
-        if args.fix and not (len(problems) == 1 and problems[0].key == "<file>"):
+        if args.fix and not any(p.key in ("<file>", "<root>") for p in problems):  # no config to correct
             _fix_one(path, args, use_fp8)
+        elif args.fix:
+            print(f"{path}: no fixed copy (not a config mapping to correct)")
     print(f"{len(args.files)} file(s): {n_err} error(s), {n_warn} warning(s)"
           + (" (--strict: warnings fail)" if args.strict and n_warn and not n_err else ""))
     return 1 if n_err else (EXIT_STRICT_WARNINGS if args.strict and n_warn else 0)

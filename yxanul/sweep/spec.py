@@ -111,6 +111,7 @@ def _check_param(path: str, key: str, p: Any, keys: dict) -> None:
     dist = p.get("distribution")
     if dist is not None and dist not in DISTRIBUTIONS:
         raise _err(path, f"parameters.{key}.distribution: expected one of {', '.join(DISTRIBUTIONS)}, got {dist!r}")
+    _check_distribution(path, key, p)
     if "values" in p and not (isinstance(p["values"], list) and p["values"]):
         raise _err(path, f"parameters.{key}.values: expected a non-empty list, got {p['values']!r}")
     probs = p.get("probabilities")
@@ -124,6 +125,38 @@ def _check_param(path: str, key: str, p: Any, keys: dict) -> None:
             coerce(key, keys[key][2], v, from_cli=False)
         except ConfigError as e:
             raise _err(path, f"parameters.{key}: {e}") from None
+
+
+RANGED = ("int_uniform", "uniform", "q_uniform", "log_uniform", "log_uniform_values", "q_log_uniform_values",
+          "inv_log_uniform_values")  # drawn between min and max
+
+
+def _check_distribution(path: str, key: str, p: dict) -> None:
+    """A distribution's numbers (made numbers in ``p``: YAML 1.1 reads ``1e-4`` as a string) and their ranges,
+    checked before any draw: a sweep file's mistake is one line, not a trial's traceback."""
+    if "value" in p or "values" in p:
+        return
+    for name in ("min", "max", "q", "mu", "sigma"):
+        v = p.get(name)
+        if v is None or type(v) in (int, float):
+            continue
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            p[name] = float(v)
+        except (TypeError, ValueError):
+            raise _err(path, f"parameters.{key}.{name}: expected a number, got {v!r}") from None
+    dist = p.get("distribution")
+    if dist is None or dist in RANGED:
+        lo, hi = p.get("min"), p.get("max")
+        if lo is None or hi is None or lo > hi:
+            raise _err(path, f"parameters.{key}: distribution {dist or 'uniform'} needs min <= max, got min {lo!r}, "
+                             f"max {hi!r}")
+        if dist is not None and dist.endswith("_values") and lo <= 0:
+            raise _err(path, f"parameters.{key}: distribution {dist} needs min > 0 (a log scale), got {lo!r}")
+    for name in ("q", "sigma"):
+        if p.get(name, 1) <= 0:
+            raise _err(path, f"parameters.{key}.{name}: expected a number > 0, got {p[name]!r}")
 
 
 def _split_command(path: str, command: Any) -> tuple[list[str], list[str]]:
@@ -197,5 +230,9 @@ def plan_trials(spec: SweepSpec, count: int | None, seed: int = 0) -> list[dict[
 
 
 def trial_flags(params: dict[str, Any]) -> list[str]:
-    """Parameters as flags, the way W&B's ${args} writes them (``--key=value``)."""
-    return [f"--{k}={v}" for k, v in params.items()]
+    """Parameters as flags, the way W&B's ${args} writes them (``--key=value``); a list as the flag and one word
+    per item, as a list flag reads it (``--key=['a']`` would be the one string "['a']"), an empty one as null."""
+    out = []
+    for k, v in params.items():
+        out += ([f"--{k}", *map(str, v)] if v else [f"--{k}=null"]) if isinstance(v, list) else [f"--{k}={v}"]
+    return out

@@ -89,7 +89,7 @@ class Schedule:
     decay: int
     lrs: list[float]
     tps: int | None
-    stages: list[tuple[int, int]]  # (start step, seq_length) of each curriculum stage
+    stages: list[tuple[int, int]]  # (first step, 1-based, seq_length) of each curriculum stage
     warmup_tokens: int | None = None
 
 
@@ -110,7 +110,8 @@ def schedule(values: dict) -> Schedule:
             raise UserError("plot-lr: the curriculum needs the tokens per optimizer step: pass --tokens_per_step or "
                             "set target_tokens_per_step in the config")
         cur = Curriculum.from_config(values["curriculum"], tps)
-        stages = [(s.start_step, s.seq_length) for s in cur.stages if s.start_step < max_steps]
+        # a stage's start_step counts the steps before it: its first step, as the trainer logs it, is one later
+        stages = [(s.start_step + 1, s.seq_length) for s in cur.stages if s.start_step < max_steps]
     return Schedule(o, max_steps, decay, lrs, tps, stages, o.warmup_tokens)
 
 
@@ -126,7 +127,7 @@ def plot(sc: Schedule, out: str) -> None:
     ax.plot(range(1, sc.max_steps + 1), sc.lrs, lw=1.6, label="learning rate")
     ax.axvline(end, color="tab:orange", ls="--", lw=1, label=f"warmup end: max_lr from step {end}")
     for i, (start, T) in enumerate(sc.stages):
-        if start > 0:
+        if start > 1:
             ax.axvline(start, color="tab:green", ls=":", lw=1.2, label="curriculum stage start" if i == 1 else None)
         ax.text(start, o.max_lr * 1.02, f" seq {T}", color="tab:green", fontsize=8, va="bottom")
     ax.set_xlabel("optimizer step")
@@ -153,7 +154,8 @@ def report(sc: Schedule, out: str) -> None:
     for name, s in key_steps(sc.max_steps, sc.optim.warmup_steps).items():
         print(f"{name:>10}: step {s:>8}  lr {sc.lrs[s - 1]:.6e}")
     for i, (start, T) in enumerate(sc.stages):
-        print(f"   stage {i}: from step {start} seq_length {T}" + (f" ({start * sc.tps:,} tokens)" if sc.tps else ""))
+        seen = f" (after {(start - 1) * sc.tps:,} tokens)" if sc.tps else ""
+        print(f"   stage {i}: from step {start} seq_length {T}{seen}")
     print(f"wrote {Path(out).absolute()}")
 
 
