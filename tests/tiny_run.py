@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # nano preset on 32-token windows of the bundled corpus, no validation during training, no samples, no
 # TensorBoard, no loader workers. A test appends what it needs: a later flag wins.
 FAST = ("--model", "nano", "--seq_length", "32", "--micro_batch_size", "4", "--log_freq", "1", "--eval_freq", "0",
-        "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "2", "--max_lr", "2e-3",
+        "--eval_steps", "2", "--sample_tokens", "0", "--warmup_steps", "1", "--max_lr", "2e-3",
         "--use_tensorboard", "false", "--num_workers", "0")
 
 

@@ -2,6 +2,7 @@
 saves them, a small prepared dataset (the bundled corpus and tokenizer), a run whose config.yaml points at
 that data, and a stand-in for huggingface_hub.HfApi that records what the real client would send."""
 
+import fnmatch
 import inspect
 import threading
 import time
@@ -109,6 +110,7 @@ class RecordingHfApi:
     def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None):
         self.calls, self.fail, self.delay, self.gate = [], fail, delay, gate
         self.active, self.max_active = 0, 0
+        self.repos = {}  # (repo_id, revision) -> {path: bytes}: what the Hub holds after each commit
         self.lock = threading.Lock()
 
     def create_repo(self, repo_id, *, repo_type=None, private=False, exist_ok=False, **kw):
@@ -142,6 +144,12 @@ class RecordingHfApi:
                      if p.is_file()}
             self.calls.append(("upload_folder", dict(repo_id=repo_id, files=files, message=commit_message,
                                                      revision=revision)))
+            # the Hub's commit: remote files matching delete_patterns go, unless this commit uploads them again
+            repo = self.repos.setdefault((repo_id, revision), {})
+            for path in [p for p in repo if p not in files]:
+                if any(fnmatch.fnmatch(path, pat) for pat in kw.get("delete_patterns") or []):
+                    del repo[path]
+            repo.update(files)
             return f"https://huggingface.co/{repo_id}/commit/{len(self.calls)}"
         finally:
             with self.lock:

@@ -59,6 +59,21 @@ def test_push_run_uploads_llama_export_with_card(run, capsys, caplog):
                        *(c.decode(errors="ignore") for c in up["files"].values()))
 
 
+def test_a_later_push_in_shards_replaces_the_single_weights_file(run, tmp_path):
+    """The Hub keeps a repo's files across commits: an earlier push's model.safetensors beside a later push's
+    shards would be what transformers loads (it prefers the single file). The later commit deletes it."""
+    from yxanul.hub.export import export
+
+    api = RecordingHfApi()
+    assert push_main([str(run), "--hub_model_id", "me/m"], api=api) == 0
+    sharded = export(str(run), tmp_path / "sharded", max_shard_size="200KB")
+    assert push_main([str(sharded), "--hub_model_id", "me/m"], api=api) == 0
+    repo = api.repos[("me/m", None)]
+    shards = sorted(p for p in repo if p.startswith("model-"))
+    assert "model.safetensors" not in repo and len(shards) > 1 and "model.safetensors.index.json" in repo
+    assert "README.md" in repo and "loss_curve.png" in repo  # the rest of the card stays
+
+
 def test_push_errors_are_one_line(run, capsys, tmp_path):
     assert cli(["push", str(run)]) == 2                                   # no --hub_model_id
     assert cli(["push", str(run), "--hub_model_id", "not a repo"]) == 2
@@ -93,6 +108,27 @@ def test_callback_pushes_in_background_never_waits_and_the_newest_export_wins(ru
     assert out.count("warning: push to me/run failed") == 1 and "attempt 1/2" in out and "pushed step_6" in out
     assert "works again" in out
     no_secret_anywhere(run, out)
+
+
+def test_an_export_handed_over_while_the_upload_thread_ends_is_uploaded(run):
+    """The worker found nothing queued and returns, but its thread still lives (preempted before it ends): the
+    next save's export must get a worker, not wait for a thread that will never take it."""
+    api = RecordingHfApi()
+    cb = HubPushCallback(HubArgs(push_to_hub=True, hub_model_id="me/run", hub_strategy="every_save"), run, api=api,
+                         say=lambda *a, **k: None)
+    ended, real = threading.Event(), cb._worker
+
+    def lingering():
+        real()
+        ended.set()
+        time.sleep(1.0)  # alive, with nothing left to do
+    cb._worker = lingering
+    cb.on_save(None, run / "checkpoints" / "step_2", is_best=True)
+    assert ended.wait(60)
+    save_run(random_model(2, True, 1024, seed=4), run, te_views=False, step=4)
+    cb.on_save(None, run / "checkpoints" / "step_4", False)
+    assert cb.wait(timeout=30)
+    assert [u["message"] for u in api.uploads()] == ["Training in progress, step 2", "Training in progress, step 4"]
 
 
 def test_callback_strategies_and_a_push_that_never_succeeds(run, capsys):

@@ -24,7 +24,8 @@ pytest.importorskip("trl")
 def test_parse_answer_reads_the_leading_letter():
     assert [parse_answer(c) for c in (" B", " B. Iron deficiency", "(C) Folate", "  D) x", "A:", " B\n")] == \
         ["B", "B", "C", "D", "A", "B"]
-    assert [parse_answer(c) for c in (" Because", " iron", "", " The answer is B", " 42")] == [None] * 5
+    assert [parse_answer(c) for c in (" Because", " iron", "", " The answer is B", " 42", " A 45-year-old man",
+                                      " A patient with", " I think B")] == [None] * 8
 
 
 def test_rewards_score_format_and_answer():
@@ -108,6 +109,19 @@ def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path):
     assert s["steps"] == 1 and json.loads((out / "grpo_summary.json").read_text())["questions"] == 4
     model = AutoModelForCausalLM.from_pretrained(str(out / "model"))
     assert type(model).__name__ == "LlamaForCausalLM" and (out / "model" / "tokenizer.json").is_file()
+
+
+def test_too_few_questions_for_a_step_and_a_file_as_output_dir_are_one_line(qa_run, tmp_path, capsys):
+    """TRL's sampler yields no batch from fewer prompts than a step takes: it ran 0 steps and said done."""
+    (tmp_path / "f").write_text("x")
+    cases = [(["--limit", "3", "--output_dir", str(tmp_path / "g")], "3 questions, fewer than the 4 prompts of a step "
+                                                                     "(--batch_size 16 / --num_generations 4)"),
+             (["--output_dir", str(tmp_path / "f" / "sub")], f"'{tmp_path / 'f'}' is a file, not a folder")]
+    for argv, needle in cases:
+        assert cli(["grpo", str(qa_run), "--device", "cpu", "--max_steps", "1", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], (argv, err)
+    assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.slow

@@ -116,3 +116,24 @@ def test_gradient_accumulation_matches_the_big_batch(small_data, tmp_path):
         runs[ga] = tr.state.log_history[0]
     assert runs[1]["loss"] == pytest.approx(runs[4]["loss"], rel=1e-4)
     assert runs[1]["grad_norm"] == pytest.approx(runs[4]["grad_norm"], rel=1e-4)
+
+
+def test_plain_trainer_evaluates_a_loss_with_a_collators_labels(tmp_path):
+    """The label names Trainer derives from the forward signature are `labels` only (Llama's), so the standard
+    collator's batches get an eval_loss, and load_best_model_at_end finds its metric."""
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling
+
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    tok = load_tokenizer(None)[1]
+    tok.pad_token = tok.eos_token
+    texts = [f"To be, or not to be, that is the question {i}." for i in range(16)]
+    ds = Dataset.from_dict({"text": texts}).map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    trainer = Trainer(model=new_model(len(tok)), train_dataset=ds, eval_dataset=ds,
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+                      args=targs(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                                 save_steps=1, load_best_model_at_end=True, per_device_eval_batch_size=8))
+    assert trainer.label_names == ["labels"]
+    trainer.train()
+    assert trainer.evaluate()["eval_loss"] > 0

@@ -130,7 +130,7 @@ def test_fp32_run_report_names_fp32_never_bf16(tmp_path, capsys):
 
     out = tmp_path / "run"
     assert main(["train", "--model", "nano", "--seq_length", "16", "--micro_batch_size", "2", "--max_steps", "1",
-                 "--warmup_steps", "1", "--eval_freq", "0", "--eval_steps", "1", "--sample_tokens", "0",
+                 "--warmup_steps", "0", "--eval_freq", "0", "--eval_steps", "1", "--sample_tokens", "0",
                  "--checkpoint_freq", "0", "--use_tensorboard", "false", "--num_workers", "0",
                  "--mixed_precision", "fp32", "--output_dir", str(out)]) == 0
     rep = json.loads((out / "precision_report.json").read_text())

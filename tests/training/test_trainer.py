@@ -186,7 +186,7 @@ def _in_process(argv, capsys, cwd, monkeypatch) -> tuple[int, str]:
 
 def test_run_dir_guards_and_bad_values_are_one_line_errors(tmp_path, capsys, monkeypatch):
     out = tmp_path / "r"
-    short = [*RUN, "--warmup_steps", "1"]  # warmup must fit in max_steps
+    short = [*RUN, "--warmup_steps", "0"]  # warmup must end before max_steps
     yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out))
     again = yxanul("train", *short, "--max_steps", "2", "--output_dir", str(out), check=False)
     assert again.returncode == 2 and "already holds checkpoints (newest: step 2)" in again.stderr
@@ -485,7 +485,7 @@ def test_deepspeeds_cpu_notice_is_not_printed_by_a_run(tmp_path):
     """accelerate imports DeepSpeed in every run (unwrap_model); on a CPU its import logs "Setting accelerator
     to CPU ..." to stdout. The trainer imports it first with that one message dropped; other messages pass.
     A real one-step run in a fresh process (DeepSpeed not imported yet), then a DeepSpeed warning."""
-    argv = ["train", *RUN, "--max_steps", "1", "--output_dir", str(tmp_path / "run")]
+    argv = ["train", *RUN, "--max_steps", "1", "--warmup_steps", "0", "--output_dir", str(tmp_path / "run")]
     code = (f"import logging, sys\nfrom yxanul.cli import main\nrc = main({argv!r})\n"
             "logging.getLogger('DeepSpeed').warning('another warning')\nprint('deepspeed' in sys.modules, rc)\n")
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -138,6 +138,9 @@ def prepare_output(a: GrpoCommand) -> Path:
     import shutil
 
     out = Path(a.output_dir)
+    blocker = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise UserError(f"output_dir '{out}': '{blocker}' is a file, not a folder (choose another output_dir)")
     if out.exists() and any(out.iterdir()):
         if not a.overwrite:
             raise UserError(f"output_dir '{out}': exists and is not empty (choose another folder or --overwrite)")
@@ -171,6 +174,11 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     ds = load_qa(a.dataset, a.split, a.dataset_name, a.limit)  # a bad dataset fails before the model loads
     model, tok = load_causal_lm(a.model)
     ds = fitting(ds, tok, int(model.config.max_position_embeddings) - a.max_completion_length, a.dataset, say)
+    prompts = a.batch_size // a.num_generations
+    if len(ds) < prompts:  # TRL's sampler would yield no batch: 0 steps, then "done"
+        raise UserError(f"dataset '{a.dataset}': {len(ds)} questions, fewer than the {prompts} prompts of a step "
+                        f"(--batch_size {a.batch_size} / --num_generations {a.num_generations}); lower --batch_size "
+                        "or take more questions (--limit)")
     out = prepare_output(a)
     say(f"{len(ds)} questions from {a.dataset}; output {out}")
     if a.sft_steps:

@@ -31,8 +31,9 @@ from ..errors import DataError
 
 BUNDLED = {"usmle_mini": Path(__file__).resolve().parents[1] / "assets" / "tasks" / "usmle_mini.jsonl"}
 PROMPT = "Question: {question}\nOptions:\n{options}\nAnswer:"
-# the letter a completion starts with: " B", " B.", " (B)", " B) Iron ...", "B: ..."; "Because" is no letter
-_LETTER = re.compile(r"^\s*\(?([A-Z])(?![A-Za-z])")
+# the letter a completion starts with: " B", " B.", " (B)", " B) Iron ...", "B: ..."; not "Because", nor the
+# article of " A 45-year-old man ..." (how the questions begin) or the pronoun of " I think B": a letter alone
+_LETTER = re.compile(r"^\s*\(?([A-Z])(?=[.):,]|\s*(?:\n|$))")
 
 
 def parse_answer(completion: str) -> str | None:

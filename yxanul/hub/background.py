@@ -40,6 +40,7 @@ class HubPushCallback:
         self._busy: Path | None = None                 # the folder being uploaded
         self._outage = False
         self._thread: threading.Thread | None = None
+        self._running = False  # a worker is on its way to take what is waiting (set and cleared under _cond)
 
     def on_train_begin(self, trainer) -> None:
         """The run's directory and keep_last; the Hub client now, so that an offline setup is refused
@@ -110,16 +111,28 @@ class HubPushCallback:
         with self._cond:
             superseded, self._waiting = self._waiting, (staged, f"{message}, step {_step(staged)}")
             self._cond.notify_all()  # wakes a backoff: the newer export goes first
+            # decided under the lock the worker exits under: a worker that found nothing waiting and is still
+            # alive (is_alive) would leave this export queued with no thread to upload it
+            start, self._running = not self._running, True
         if superseded is not None and superseded[0] != staged:
             shutil.rmtree(superseded[0], ignore_errors=True)
-        if self._thread is None or not self._thread.is_alive():
+        if start:
             self._thread = threading.Thread(target=self._worker, name="yxanul-hub-push", daemon=True)
             self._thread.start()
 
     def _worker(self) -> None:
+        try:
+            self._work()
+        except BaseException:
+            with self._cond:
+                self._running = False  # the next push starts a worker again
+            raise
+
+    def _work(self) -> None:
         while True:
             with self._cond:
                 if self._waiting is None:
+                    self._running = False
                     return
                 (staged, message), self._waiting = self._waiting, None
                 self._busy = staged

@@ -31,14 +31,21 @@ def default_api():
     return HfApi()  # token: HF_TOKEN / `hf auth login`, read by huggingface_hub itself
 
 
+WEIGHT_FILES = ["model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
+                "pytorch_model.bin.index.json"]
+
+
 def upload(api, folder: Path, repo_id: str, *, private: bool = False, revision: str | None = None,
            commit_message: str = "Upload model") -> str:
     """Create the repo (and branch) if needed and upload ``folder`` as one commit; returns the commit URL."""
     api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
     if revision:
         api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
+    # an earlier push's weights that this folder does not have (one file then, shards now, or the reverse) would
+    # stay beside the new ones, and transformers loads the single file first: the same commit deletes them
     info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
-                             commit_message=commit_message, ignore_patterns=[".*", "__pycache__/*"])
+                             commit_message=commit_message, ignore_patterns=[".*", "__pycache__/*"],
+                             delete_patterns=WEIGHT_FILES)
     return str(getattr(info, "commit_url", info))
 
 

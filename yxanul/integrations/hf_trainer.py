@@ -111,7 +111,7 @@ class YxanulTrainer(Trainer):
         import_deepspeed_quietly()  # before Trainer's accelerate imports it: no "Setting accelerator to CPU" line
         super().__init__(model=model, args=args, **kwargs)
         if args.label_names is None:
-            self.label_names = _present_labels(self.label_names, self.train_dataset, self.eval_dataset)
+            self.label_names = _present_labels(self.train_dataset, self.eval_dataset)
         # first, so that the FP8 statistics it adds to a log reach every report_to logger after it
         self.callback_handler.callbacks.insert(0, PrecisionCallback(self.plan, say=print if main else _quiet,
                                                                      loggers=self.callback_handler.callbacks))
@@ -207,20 +207,20 @@ def _quiet(*_a, **_k) -> None:
     pass
 
 
-def _present_labels(names: list[str], *datasets) -> list[str]:
-    """Trainer's default label names are every forward argument named like ``*labels`` (``labels`` and
-    ``shift_labels`` here), and its evaluation computes a loss only if an item has ALL of them: keep those
-    a map-style dataset's first item actually has (`ShardWindowDataset` yields one of the two)."""
+def _present_labels(*datasets) -> list[str]:
+    """The label name a map-style dataset's first item has: ``shift_labels`` (`ShardWindowDataset`'s aligned
+    targets, a keyword of the model's forward) or ``labels``; Trainer's evaluation computes a loss only when every
+    batch has all its label names. ``labels`` when no item says (a collator adds them)."""
     for ds in datasets:
         ds = next(iter(ds.values()), None) if isinstance(ds, dict) else ds
         try:
             keys = set(ds[0].keys()) if ds is not None and len(ds) else set()
-        except Exception:  # noqa: BLE001 - iterable or exotic datasets: keep Trainer's names
+        except Exception:  # noqa: BLE001 - iterable or exotic datasets: the collator's labels
             continue
-        present = [n for n in names if n in keys]
+        present = [n for n in ("labels", "shift_labels") if n in keys]
         if present:
             return present
-    return names
+    return ["labels"]
 
 
 def verified_trainer_checkpoint(resume, output_dir, say=print):

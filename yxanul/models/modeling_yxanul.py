@@ -280,11 +280,13 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, inputs_embeds=None,
                 labels=None, use_cache=None, output_hidden_states=None, return_dict=None, logits_to_keep=0,
-                shift_labels=None, is_first_microbatch=None, return_logits=True, num_items_in_batch=None, cache=None,
+                is_first_microbatch=None, return_logits=True, num_items_in_batch=None, cache=None,
                 **kwargs) -> YxanulCausalLMOutput:
         """transformers' causal-LM interface (``YxanulModel.forward`` for the mask, positions and cache).
-        ``labels``: HF-style (position t predicts labels[t+1], shifted here); ``shift_labels``: targets
-        already aligned with the inputs (the loader's y); ignore_index -100. ``num_items_in_batch``
+        ``labels``: HF-style (position t predicts labels[t+1], shifted here); ``shift_labels`` (a keyword, as
+        Llama's loss kwargs: transformers' Trainer takes every forward argument named like ``*labels`` as a label
+        its evaluation needs in EVERY batch, and a collator's batches have ``labels`` only): targets already
+        aligned with the inputs (the loader's y); ignore_index -100. ``num_items_in_batch``
         (transformers' Trainer under gradient accumulation): the loss is the sum over targets divided by it
         instead of the mean. ``logits_to_keep`` = k > 0: logits of the last k positions only (generate asks
         for 1). ``return_logits=False`` (training/eval steps): no (B, T, V) logits in the output, which
@@ -296,6 +298,7 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
                           is_first_microbatch=is_first_microbatch,
                           cache=cache if cache is not None else past_key_values)
         h = base.last_hidden_state                                                     # (B, T, C)
+        shift_labels = kwargs.pop("shift_labels", None)
         if labels is not None and shift_labels is None:
             shift_labels = F.pad(labels[:, 1:], (0, 1), value=-100)                   # (B, T), last has no target
         chunked = shift_labels is not None and self.config.loss_impl == "chunked"
