@@ -38,7 +38,7 @@ def test_faster_by_the_bar_becomes_default_only_with_parity_of_its_own_flags():
     by = {d["variant"]: d for d in got}
     assert by["master-fp32"]["verdict"] == "default" and by["master-fp32"]["speedup"] == {"bf16": 1.031}
     assert by["master-fp32"]["reason"] == "bf16 1.03x; parity +0.23 % with its flags"
-    assert by["loss-chunked"]["verdict"] == "flag" and by["loss-chunked"]["reason"] == "bf16 1.03x < 1.03x"
+    assert by["loss-chunked"]["verdict"] == "flag" and by["loss-chunked"]["reason"] == "bf16 1.029x < 1.03x"
     assert decide({"default": base, "master-fp32": _scaled(base, 1.2)}, None)[0]["verdict"] == "pending"
     bad = dict(parity, val_rel_diff=0.006)
     d = decide({"default": base, "master-fp32": _scaled(base, 1.2)}, bad)[0]
@@ -55,7 +55,7 @@ def test_a_median_gain_inside_the_steps_spread_stays_a_flag():
         if r["precision"] == "bf16" and r["status"] == "ok":
             r["step_ms_min"] = base["rows"][0]["step_ms_min"] * 1.1  # its best step 10 % slower than the default's
     d = decide({"default": base, "graphs": jitter}, dict(PARITY_OK, flags="--cuda_graphs"))[0]
-    assert d["verdict"] == "flag" and "bf16 1.20x, but 0.91x < 1.03x on the fastest step" in d["reason"]
+    assert d["verdict"] == "flag" and "bf16 1.200x, but 0.909x < 1.03x on the fastest step" in d["reason"]
     assert decide({"default": base, "graphs": _scaled(base, 1.2)}, dict(PARITY_OK, flags="--cuda_graphs"))[0][
         "verdict"] == "default"
 
@@ -71,6 +71,35 @@ def test_a_variant_that_did_not_run_where_the_default_did_stays_a_flag():
     assert decide({"default": base, "stack": nonfinite}, PARITY_OK)[0]["verdict"] == "flag"
     with pytest.raises(UserError, match="no 'default' variant"):
         decide({"graphs": base}, PARITY_OK)
+
+
+def test_a_gain_is_compared_unrounded_and_a_precision_only_the_variant_ran_or_a_nan_parity_is_no_default():
+    base = _load("default")
+    parity = dict(PARITY_OK, flags="--master_weights fp32")
+    d = decide({"default": base, "master-fp32": _scaled(base, 1.0296)}, parity)[0]  # rounds to 1.03: no 3 %
+    assert d["verdict"] == "flag" and d["reason"] == "bf16 1.030x < 1.03x"
+    fp8 = _with_fp8(base, 1.2)  # the default's FP8 case skipped (a time limit), the variant's measured and slower
+    skipped = copy.deepcopy(fp8)
+    for r in skipped["rows"]:
+        if r["precision"] == "fp8-delayed":
+            r.update(status="skipped", reason="time limit")
+    slower = _scaled(_scaled(fp8, 1.2), 0.8, "fp8-delayed")
+    d = decide({"default": skipped, "master-fp32": slower}, parity)[0]
+    assert d["verdict"] == "flag" and "fp8-delayed: today's default not measured (skipped)" in d["reason"]
+    d = decide({"default": base, "master-fp32": _scaled(base, 1.2)}, dict(parity, val_rel_diff=float("nan")))[0]
+    assert d["verdict"] == "flag" and "+nan % > 0.5 %" in d["reason"]
+
+
+def test_a_parity_file_that_is_missing_or_of_something_else_is_one_line(tmp_path):
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "2026-11-27-cpu-default.json").write_text(json.dumps(_load("default")))
+    (tmp_path / "profile.json").write_text(json.dumps(_load("default")))
+    (tmp_path / "nano.json").write_text(json.dumps(dict(PARITY_OK, model="nano")))
+    for parity, needle in [("typo.jsn", "no such file"), ("profile.json", r"not a parity result \(no model, val_step"),
+                           ("nano.json", "a parity of nano, the rule asks medium")]:
+        with pytest.raises(UserError, match=needle):
+            main(["--bench_dir", str(bench), "--parity", str(tmp_path / parity)])
 
 
 def test_fp8_threshold_from_the_default_rows():
@@ -222,10 +251,10 @@ def test_an_fp8_only_flag_is_asked_its_gain_in_fp8_and_no_loss_in_bf16():
     d = decide({"default": base, "fp8-attention": variant(0.99, 1.05)}, parity)[0]
     assert d["verdict"] == "default" and d["speedup"] == {"bf16": 0.99, "fp8-delayed": 1.05}, d
     d = decide({"default": base, "fp8-attention": variant(0.95, 1.05)}, parity)[0]
-    assert d["verdict"] == "flag" and d["reason"] == "bf16 0.95x < 0.97x where its flags change nothing"
+    assert d["verdict"] == "flag" and d["reason"] == "bf16 0.950x < 0.97x where its flags change nothing"
     d = decide({"default": base, "fp8-attention": variant(1.0, 1.02)}, parity)[0]
-    assert d["verdict"] == "flag" and d["reason"] == "fp8-delayed 1.02x < 1.03x"
+    assert d["verdict"] == "flag" and d["reason"] == "fp8-delayed 1.020x < 1.03x"
     # a flag that changes BF16 too is asked its gain there as before
     loss_te = variant(0.99, 1.05, "--loss_impl te")
     d = decide({"default": base, "loss-te": loss_te}, dict(parity, flags="--loss_impl te"))
-    assert d[0]["verdict"] == "flag" and d[0]["reason"] == "bf16 0.99x < 1.03x"
+    assert d[0]["verdict"] == "flag" and d[0]["reason"] == "bf16 0.990x < 1.03x"

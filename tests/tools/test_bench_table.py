@@ -168,3 +168,33 @@ def test_a_later_session_of_the_same_day_and_card_never_overwrites_the_first(tmp
     with pytest.raises(UserError, match="commit each device call's folder on its own"):
         main(["commit", str(first), str(second), "--bench_dir", str(bench)])
     assert "GPU tests ([2026-11-27.2-cpu-tests.xml](bench/2026-11-27.2-cpu-tests.xml)): 2 passed" in text
+
+
+def test_a_later_call_of_the_session_joins_it_and_other_sessions_or_broken_files_are_refused(tmp_path):
+    """The parity call after the speed call (committed with --tag) files under the speed call's tag; an archive
+    of another day or card is never filed under the first one's tag; a cut-off archive or junit file is one
+    line; sessions order by number (.10 after .9)."""
+    from yxanul.tools.bench_table import commit, load
+
+    bench, speed, parity, other = (tmp_path / n for n in ("bench", "speed", "parity", "other"))
+    pack(FIXTURES, speed, day="2026-11-28")
+    commit([speed], bench)
+    parity.mkdir()
+    (parity / "parity.json").write_text(json.dumps({"model": "medium", "val_step": 250, "val_loss_bf16": 4.4,
+                                                    "val_loss_fp8": 4.41, "val_rel_diff": 0.01 / 4.4}))
+    assert [p.name for p in commit([parity], bench, tag="2026-11-28-cpu")] == ["2026-11-28-cpu-parity.json"]
+    pack(FIXTURES, other, day="2026-11-29")
+    with pytest.raises(UserError, match="is 2026-11-29-cpu, not 2026-11-28-cpu: commit each device session"):
+        commit([speed, other], tmp_path / "b2")
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "speed-2026-11-28-cpu.tar.gz").write_bytes((speed / "speed-2026-11-28-cpu.tar.gz").read_bytes()[:200])
+    with pytest.raises(UserError, match="not a whole archive"):
+        commit([cut], tmp_path / "b3")
+    (cut / "speed-2026-11-28-cpu.tar.gz").unlink()
+    (cut / "gpu-tests.xml").write_text('<testsuites><testsuite name="pytest" tests="1"><testcase cla')
+    with pytest.raises(UserError, match="gpu-tests.xml': not a whole junit XML"):
+        commit([cut], tmp_path / "b3", tag="2026-11-28-cpu")
+    for n in (9, 10):
+        shutil.copyfile(bench / "2026-11-28-cpu-default.json", bench / f"2026-11-28.{n}-cpu-default.json")
+    assert list(load(bench))[:3] == [("2026-11-28.10", "cpu"), ("2026-11-28.9", "cpu"), ("2026-11-28", "cpu")]

@@ -7,7 +7,8 @@ jitters by tens of %: a median gain inside that spread is not one), its losses s
 run (FP8 vs BF16 validation loss, ``medium``), trained with every flag of the variant, is within
 ``--parity_tolerance`` (0.5 %); with some flags missing the verdict is 'pending'. A variant whose own flags act
 on FP8 runs only (``speed_defaults.FP8_ONLY``: ``--fp8_attention``) runs its BF16 cases unchanged: there it
-must only not be slower than ``1 / min_speedup`` (noise), its gain is asked of FP8. A variant that is slower
+must only not be slower than ``2 - min_speedup`` (0.97: noise), its gain is asked of FP8 (a variant without an FP8
+case is no default). A variant that is slower
 anywhere, or that was not measured, stays a flag with the reason. From the default's own rows it also says where FP8
 (delayed) pays: the smallest hidden size from which FP8 is >= min_speedup x BF16 at every measured larger
 preset, the measurement ``fp8_min_gemm_dim`` may move to.
@@ -24,6 +25,7 @@ removes it. A variant's flags are those its rows ran with (``flags``: its own pl
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +55,20 @@ def parity_from_runs(bf16_dir: str, fp8_dir: str, model: str = "medium", flags: 
             "train_rel_diff": res["train_rel_diff"], "window_steps": res["window_steps"]}
 
 
+PARITY_KEYS = ("model", "val_step", "val_loss_bf16", "val_loss_fp8", "val_rel_diff")
+
+
+def read_parity(path: Path, model: str) -> dict:
+    """A parity JSON (`parity_from_runs`' output) of ``model``, the preset the rule asks: else one line."""
+    p = read_json(path)
+    missing = [k for k in PARITY_KEYS if k not in p] if isinstance(p, dict) else list(PARITY_KEYS)
+    if missing:
+        raise UserError(f"bench_decide: '{path}': not a parity result (no {', '.join(missing)})")
+    if p["model"] != model:
+        raise UserError(f"bench_decide: '{path}': a parity of {p['model']}, the rule asks {model} (--parity_model)")
+    return p
+
+
 def _ok(row: dict | None) -> bool:
     return bool(row) and row.get("status") == "ok" and bool(row.get("finite", True))
 
@@ -72,24 +88,31 @@ def decide(by_variant: dict[str, dict], parity: dict | None, min_speedup: float 
             flags = _flags(rows[v], preset, seq, VARIANTS[v])  # what it ran with: its own and the table's that day
             fp8_only = _fp8_only(flags, _flags(base, preset, seq, ""))
             for (p, s, prec), b in base.items():
-                r = rows[v].get((p, s, prec))
-                if (p, s) != (preset, seq) or not _ok(b):  # nothing to compare with where the default did not run
+                if (p, s) != (preset, seq):
                     continue
+                r = rows[v].get((p, s, prec))
+                if not _ok(b):  # the variant ran where the default did not (a time limit): its gain is unknown
+                    if _ok(r):
+                        why.append(f"{prec}: today's default not measured ({b.get('status', 'missing')})")
+                    continue  # neither ran (no FP8 on this device): not a precision measured here
                 if not _ok(r):
                     why.append(f"{prec} not measured ({(r or {}).get('status', 'missing')})")
                     continue
-                speed[prec] = round(r["tokens_per_sec"] / b["tokens_per_sec"], 3)
+                x = r["tokens_per_sec"] / b["tokens_per_sec"]  # compared unrounded: 1.0296 is no 3 % gain
+                speed[prec] = round(x, 3)
                 if fp8_only and prec == "bf16":  # the same BF16 step: only not slower than the noise
-                    if speed[prec] < 1 / min_speedup:
-                        why.append(f"bf16 {speed[prec]:.2f}x < {1 / min_speedup:.2f}x where its flags change nothing")
+                    if x < 2 - min_speedup:
+                        why.append(f"bf16 {x:.3f}x < {2 - min_speedup:.2f}x where its flags change nothing")
                     continue
-                best = round(b["step_ms_min"] / r["step_ms_min"], 3) if r.get("step_ms_min") and b.get(
+                best = b["step_ms_min"] / r["step_ms_min"] if r.get("step_ms_min") and b.get(
                     "step_ms_min") else None  # the fastest step of each: a gain that is not jitter holds there too
-                if speed[prec] < min_speedup:
-                    why.append(f"{prec} {speed[prec]:.2f}x < {min_speedup:.2f}x")
+                if x < min_speedup:
+                    why.append(f"{prec} {x:.3f}x < {min_speedup:.2f}x")
                 elif best is not None and best < min_speedup:
-                    why.append(f"{prec} {speed[prec]:.2f}x, but {best:.2f}x < {min_speedup:.2f}x on the fastest "
+                    why.append(f"{prec} {x:.3f}x, but {best:.3f}x < {min_speedup:.2f}x on the fastest "
                                f"step (the gain is within the steps' spread)")
+            if fp8_only and speed and not set(speed) - {"bf16"}:
+                why.append("no FP8 case measured: the gain its flags are for is unknown")
             verdict, reason = _verdict(speed, why, parity, parity_tolerance, flags)
             out.append({"variant": v, "preset": preset, "seq_length": seq, "speedup": speed, "flags": flags,
                         "verdict": verdict, "reason": reason, "fp8_vs_bf16": fp8_vs_bf16(rows[v], preset, seq)})
@@ -122,13 +145,18 @@ def fp8_vs_bf16(rows: dict, preset: str, seq: int) -> float | None:
     return round(ratio, 3)
 
 
+def parity_within(parity: dict, tol: float = PARITY_TOLERANCE) -> bool:
+    """FP8 vs BF16 validation loss within ``tol`` (a NaN is not: ``abs(nan) > tol`` is False)."""
+    return math.isfinite(parity["val_rel_diff"]) and abs(parity["val_rel_diff"]) <= tol
+
+
 def _verdict(speed: dict, why: list, parity: dict | None, tol: float, flags: str) -> tuple[str, str]:
     if why or not speed:
         return "flag", "; ".join(why) or "not measured"
     gain = ", ".join(f"{k} {x:.2f}x" for k, x in speed.items())
     if parity is None:
         return "pending", f"{gain}; no parity result yet (gpu_checks.sh parity)"
-    if abs(parity["val_rel_diff"]) > tol:
+    if not parity_within(parity, tol):
         return "flag", f"{gain}, but FP8 vs BF16 val loss {100 * parity['val_rel_diff']:+.2f} % > {100 * tol:g} %"
     if not set(flags.split()) <= set(parity.get("flags", "").split()):  # parity of another config
         return "pending", (f"{gain}; parity {100 * parity['val_rel_diff']:+.2f} % ran without some of its flags: "
@@ -243,7 +271,8 @@ class DecideCommand:
     parity_runs: str | None = field(default=None, metadata={"help": "BF16_RUN,FP8_RUN: compute the parity JSON "
                                                             "from two `yxanul train` runs instead."})
     parity_out: str | None = field(default=None, metadata={"help": "With --parity_runs: write it here."})
-    parity_model: str = field(default="medium", metadata={"help": "With --parity_runs: the preset they trained."})
+    parity_model: str = field(default="medium", metadata={"help": "The parity's preset: what --parity_runs trained, "
+                                                          "what --parity must be of."})
     parity_flags: str = field(default="", metadata={"help": "With --parity_runs: the speed flags they trained with "
                                                             "(read from the runs' config.yaml when they have one)."})
     write: bool = field(default=False, metadata={"help": "Write the 'default' verdicts into --table."})
@@ -260,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         p = parity_from_runs(*runs, model=a.parity_model, flags=a.parity_flags)
         if a.parity_out:
             Path(a.parity_out).write_text(json.dumps(p, indent=2))
-        ok = abs(p["val_rel_diff"]) <= PARITY_TOLERANCE
+        ok = parity_within(p)
         print(f"parity {p['model']}: val loss at step {p['val_step']}: BF16 {p['val_loss_bf16']:.4f}, FP8 "
               f"{p['val_loss_fp8']:.4f} ({100 * p['val_rel_diff']:+.2f} %): "
               f"{'within' if ok else 'OUTSIDE'} {100 * PARITY_TOLERANCE:g} %")
@@ -272,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"bench_decide: no YYYY-MM-DD-<gpu>-<variant>.json for '{tag}' in {a.bench_dir}")
     by_variant = {name[len(tag) + 1:-len(".json")]: data for name, data in records.items()}
     ppath = Path(a.parity) if a.parity else Path(a.bench_dir) / f"{tag}-parity.json"
-    parity = read_json(ppath) if ppath.is_file() else None
+    if a.parity and not ppath.is_file():
+        raise UserError(f"bench_decide: --parity '{a.parity}': no such file")
+    parity = read_parity(ppath, a.parity_model) if ppath.is_file() else None
     threshold, ratios = fp8_threshold(by_variant.get("default", {}))
     decisions = decide(by_variant, parity)
     print(report(decisions, threshold, ratios, parity, tag))

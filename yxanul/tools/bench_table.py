@@ -101,7 +101,13 @@ def load(bench_dir: Path) -> dict[tuple[str, str], dict[str, dict]]:
         m = NAME.match(path.name)
         if m and m.group(3) in VARIANTS:
             groups.setdefault((m.group(1), m.group(2)), {})[path.name] = read_json(path)
-    return dict(sorted(groups.items(), reverse=True))
+    return dict(sorted(groups.items(), key=lambda g: session_order(*g[0]), reverse=True))
+
+
+def session_order(day: str, gpu: str) -> tuple:
+    """'2026-11-26.10' after '.9' (a string sort puts it first); the first session of a day has no '.N'."""
+    date, _, n = day.partition(".")
+    return date, int(n or 1), gpu
 
 
 def _cell(row: dict | None, base: dict | None, bf16: dict | None) -> str:
@@ -156,9 +162,16 @@ def render_group(day: str, gpu: str, records: dict[str, dict]) -> str:
     return head + "\n".join(lines) + notes + "\n"
 
 
+def _xml_root(path: Path):
+    try:
+        return ET.parse(path).getroot()
+    except ET.ParseError as e:
+        raise UserError(f"bench_table: '{path}': not a whole junit XML ({e}): the pytest run was cut off?") from None
+
+
 def junit_line(path: Path) -> str:
     """'GPU tests (file): N passed, F failed, E errors, S skipped' (+ the failed ones) from a junit XML."""
-    root = ET.parse(path).getroot()
+    root = _xml_root(path)
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
@@ -175,7 +188,7 @@ def merge_junit(inputs: list[Path], out: Path) -> Path:
     root = ET.Element("testsuites")
     for path in inputs:
         if Path(path).is_file():
-            got = ET.parse(path).getroot()
+            got = _xml_root(path)
             root.extend([got] if got.tag == "testsuite" else list(got))
     ET.ElementTree(root).write(out, encoding="utf-8", xml_declaration=True)
     return out
@@ -217,17 +230,15 @@ def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Pa
     (.3, ...). Returns the files written."""
     incoming: dict[str, bytes] = {}  # '<what>.json|xml' -> content
     for archive in (a for d in dirs for a in sorted(Path(d).glob("speed-*.tar.gz"))):
-        tag = tag or archive.name[len("speed-"):-len(".tar.gz")]
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                m = NAME.match(member.name) if member.isfile() else None
-                if m is None:
-                    raise UserError(f"bench_table: '{archive}': unexpected member '{member.name}'")
-                what = f"{m.group(3)}.{m.group(4)}"
-                if what in incoming:  # two calls' archives: one tag would hold one of them
-                    raise UserError(f"bench_table: '{archive}': another folder's archive has {what} too: commit "
-                                    "each device call's folder on its own")
-                incoming[what] = tar.extractfile(member).read()
+        own = archive.name[len("speed-"):-len(".tar.gz")]
+        if tag is not None and own != tag:  # one tag would file another day's (or card's) results as its own
+            raise UserError(f"bench_table: '{archive}' is {own}, not {tag}: commit each device session on its own")
+        tag = own
+        try:
+            _unpack(archive, incoming)
+        except (tarfile.TarError, EOFError, OSError) as e:  # gzip's truncation is an EOFError
+            raise UserError(f"bench_table: '{archive}': not a whole archive ({e}): the device call was cut off?") \
+                from None
     if tag is None or not TAG.match(tag):
         raise UserError(f"bench_table: no speed-YYYY-MM-DD-<gpu>.tar.gz in {', '.join(map(str, dirs))}: "
                         f"give --tag YYYY-MM-DD-<gpu> (got {tag!r})")
@@ -246,14 +257,30 @@ def commit(dirs: list[Path], bench_dir: Path, tag: str | None = None) -> list[Pa
     return [bench_dir / f"{tag}-{what}" for what in incoming]
 
 
+def _unpack(archive: Path, incoming: dict[str, bytes]) -> None:
+    """The archive's 'YYYY-MM-DD-<gpu>-<variant>.json' members into ``incoming`` ('<variant>.json' -> bytes)."""
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            m = NAME.match(member.name) if member.isfile() else None
+            if m is None:
+                raise UserError(f"bench_table: '{archive}': unexpected member '{member.name}'")
+            what = f"{m.group(3)}.{m.group(4)}"
+            if what in incoming:  # two calls' archives: one tag would hold one of them
+                raise UserError(f"bench_table: '{archive}': another folder's archive has {what} too: commit "
+                                "each device call's folder on its own")
+            incoming[what] = tar.extractfile(member).read()
+
+
 def free_tag(bench_dir: Path, tag: str, incoming: dict[str, bytes]) -> str:
-    """``tag``, or its next 'YYYY-MM-DD.N-<gpu>' when files of it are committed and differ from ``incoming``
-    (the same files again: the same tag)."""
+    """``tag``, or its next 'YYYY-MM-DD.N-<gpu>' when a file of it is committed with other content than
+    ``incoming``'s (the same files again, or new ones beside them: the same tag)."""
     day, gpu = tag.rsplit("-", 1)
     day, n = day.split(".")[0], 1
     while True:
         taken = {p.name[len(tag) + 1:]: p for p in bench_dir.glob(f"{tag}-*") if NAME.match(p.name)}
-        if not taken or all(w in taken and taken[w].read_bytes() == b for w, b in incoming.items()):
+        # a later call of the same session adds its files (parity after speed); only a different copy of a file
+        # already committed makes it another session
+        if all(taken[w].read_bytes() == b for w, b in incoming.items() if w in taken):
             return tag
         n += 1
         tag = f"{day}.{n}-{gpu}"
