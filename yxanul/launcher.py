@@ -93,6 +93,20 @@ def launch(launch_command, args, held: HeldRecords) -> int:
         print(f"launcher received {e.sigval.name}: forwarded to the workers (a training run saves a checkpoint "
               "before it stops)", file=sys.stderr, flush=True)
         return 128 + int(e.sigval)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        if not _before_any_worker(e):
+            raise
+        # accelerate's own checks of the command and its config file (a missing file, an FP8 profile where no
+        # FP8 backend imports): the user's mistake, one line
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise UserError(f"accelerate launch: {first}") from None
+
+
+def _before_any_worker(e: BaseException) -> bool:
+    """Raised by accelerate's launch command itself, before torch's launcher or a subprocess started a worker."""
+    files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(e.__traceback__)]
+    return any("accelerate" in f for f in files) and not any(
+        ("torch" in f and "distributed" in f) or f.endswith("subprocess.py") for f in files)
 
 
 def _user_error_or_first(failures) -> int:

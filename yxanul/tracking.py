@@ -22,7 +22,9 @@ class TrackingArgs:
     eval_freq: int = field(default=250,
                            metadata={"help": "Evaluate on the validation split (and print a sample) every N steps "
                                              "(0: only at the end)."})
-    eval_steps: int = field(default=20, metadata={"help": "Validation batches per evaluation."})
+    eval_steps: int = field(default=20, metadata={"help": "Validation batches per evaluation, all processes "
+                                                        "together (rounded down to a multiple of their number, at "
+                                                        "least one each)."})
     use_tensorboard: bool = field(default=True, metadata={"help": "Write TensorBoard event files under output_dir."})
     use_wandb: bool = field(default=False,
                             metadata={"help": "Log to Weights & Biases (offline mode when no API key is configured)."})

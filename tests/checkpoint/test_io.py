@@ -245,6 +245,12 @@ def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config
     other, _, _ = build(intermediate_size=768)
     with pytest.raises(UserError, match=r"resume '.*step_3': its weights do not fit this model \(.*size mismatch"):
         load_for_resume(other, ckpt, cfg)
+    # a checkpoint of another engine's layout: accelerate would look for files that are not there, per rank
+    for folder, name in (("pytorch_model_fsdp_0", "FSDP2 \\(sharded\\)"), ("pytorch_model", "DeepSpeed")):
+        (ckpt / folder).mkdir()
+        with pytest.raises(UserError, match=f"written under {name}, this launch is a single process or DDP: relaunch"):
+            load_for_resume(acc, ckpt, cfg)
+        (ckpt / folder).rmdir()
 
 
 class _Payload:

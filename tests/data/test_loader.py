@@ -92,9 +92,13 @@ def test_epoch_wraparound_new_permutation(tmp_path, docs_file):
 def test_eval_batches_fixed_and_errors(bundled, tmp_path, docs_file):
     a, b = list(eval_batches(bundled, 64, 4, 3)), list(eval_batches(bundled, 64, 4, 3))
     assert len(a) == 3 and same(a, b) and a[0][0].shape == (4, 64)
-    r0, r1 = list(eval_batches(bundled, 64, 4, 3, rank=0, world_size=2)), list(eval_batches(bundled, 64, 4, 3, 1, 2))
-    six = list(eval_batches(bundled, 64, 4, 6))
-    assert same(six[:3], a) and same(r0, six[0::2]) and same(r1, six[1::2])  # ranks split the same batches
+    # eval_steps counts the batches of all processes: 2 processes split the 4 one process evaluates (val_loss
+    # independent of the world size); 3 rounds down to 2, one each
+    four = list(eval_batches(bundled, 64, 4, 4))
+    r0, r1 = list(eval_batches(bundled, 64, 4, 4, rank=0, world_size=2)), list(eval_batches(bundled, 64, 4, 4, 1, 2))
+    assert same(four[:3], a) and same(r0, four[0::2]) and same(r1, four[1::2])
+    assert len(list(eval_batches(bundled, 64, 4, 3, rank=1, world_size=2))) == 1
+    assert len(list(eval_batches(bundled, 64, 4, 1, rank=1, world_size=4))) == 1  # at least one each
     val_tokens = json.loads((bundled / "meta.json").read_text())["splits"]["val"]["tokens"]
     with pytest.raises(DataError, match=f"validation split has {val_tokens:,} tokens; need at least seq_length\\+1 = "
                                         "60001: lower seq_length or raise val_fraction"):

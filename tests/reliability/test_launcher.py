@@ -147,3 +147,19 @@ def test_a_stop_signal_reaches_the_one_process_launchers_worker(tmp_path, sig):
     code, stdout, stderr = _signal_after_first_step(ONE, out, tmp_path, sig)
     assert code == 0, stdout[-2000:] + stderr[-3000:]
     assert _saved_step(stdout, out, sig) >= 1
+
+
+def test_accelerates_own_refusals_before_any_worker_are_one_line(tmp_path):
+    """A config file that is not there, and an FP8 profile where no FP8 backend imports (the CPU: fsdp2.yaml
+    without --mixed_precision no): accelerate's launch command raises before a worker exists."""
+    from accelerate.utils import is_fp8_available
+
+    cases = [(["--config_file", str(tmp_path / "none.yaml")], "the passed configuration file")]
+    if not is_fp8_available():  # where an FP8 backend imports, accelerate launches it
+        cases.append((["--config_file", str(ROOT / "accelerate_configs" / "fsdp2.yaml"), "--num_processes", "2"],
+                      "fp8 is not available on this machine"))
+    for args, needle in cases:
+        r = _launch(*args, "-m", "yxanul", "train", *RUN, "--max_steps", "2", cwd=tmp_path)
+        out = (r.stdout + r.stderr).strip().splitlines()
+        assert r.returncode == 2 and len(out) == 1 and out[0].startswith("error: accelerate launch: "), out[-5:]
+        assert needle in out[0].lower()

@@ -50,6 +50,7 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
     import pickle
 
     _check_same_optimizer(ckpt, cfg)
+    _check_same_layout(ckpt, str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type)))
     handle = accelerator.register_load_state_pre_hook(_load_models_with_views)
     try:
         _check_random_states(ckpt)
@@ -78,6 +79,29 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
                         + ("; ".join(diff) if diff else first) + ")") from None
     finally:
         handle.remove()
+
+
+DS_MODEL_DIR = "pytorch_model"  # accelerate's DeepSpeed tag folder: DeepSpeed's own model and ZeRO shards
+
+
+def layout_of(ckpt) -> str:
+    """How a checkpoint holds the model: 'FSDP' (DCP shards, or a full state dict's pytorch_model_fsdp.bin),
+    'DEEPSPEED' (DeepSpeed's folder) or 'plain'."""
+    if is_sharded_checkpoint(ckpt) or any(Path(ckpt).glob("pytorch_model_fsdp*")):
+        return "FSDP"
+    return "DEEPSPEED" if (Path(ckpt) / DS_MODEL_DIR).is_dir() else "plain"
+
+
+def _check_same_layout(ckpt, distributed_type: str) -> None:
+    """accelerate's load_state reads the layout of the launch's engine: another one's files are not there (a
+    FileNotFoundError per rank, after the process group exists). One line instead, with the way out."""
+    ours = distributed_type if distributed_type in ("FSDP", "DEEPSPEED") else "plain"
+    theirs = layout_of(ckpt)
+    if theirs != ours:
+        names = {"FSDP": "FSDP2 (sharded)", "DEEPSPEED": "DeepSpeed", "plain": "a single process or DDP"}
+        raise UserError(f"resume '{ckpt}': written under {names[theirs]}, this launch is {names[ours]}: relaunch "
+                        f"with the accelerate profile it was trained with, or start a new run from its weights "
+                        f"(`yxanul export {ckpt} OUT`, then --init_from OUT)")
 
 
 def _check_same_optimizer(ckpt, cfg) -> None:

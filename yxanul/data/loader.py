@@ -276,11 +276,14 @@ def repeats_warning(data_dir, max_steps: int, tokens_per_step: int) -> str | Non
 
 def eval_batches(data_dir, seq_length: int, micro_batch_size: int, max_batches: int, rank: int = 0,
                  world_size: int = 1, packed: bool = False):
-    """Fixed validation batches (in order, no shuffling): rank r takes batches r, r+W, ...
+    """Fixed validation batches (in order, no shuffling): the first ``max_batches`` of the split, all processes
+    together, rounded down to a multiple of ``world_size`` (at least one each: every rank runs the same number of
+    forwards, which FSDP's gathers need); rank r takes batches r, r+W, ... The same windows whatever the world
+    size where ``max_batches`` divides by it: a resume at another world size compares like with like.
     ``packed``: one (B, T + 1) tensor of the shards' dtype per batch (`split_window`), else int64 (x, y)."""
     w = _Windows(data_dir, "val", seq_length)
-    n_batches = min(max_batches * world_size, w.n // micro_batch_size)
-    if n_batches < world_size:
+    n_batches = max(world_size, min(max_batches, w.n // micro_batch_size) // world_size * world_size)
+    if w.n // micro_batch_size < world_size:
         raise DataError(f"validation split has {w.n} windows of {seq_length + 1} tokens; evaluation needs "
                         f"micro_batch_size x world_size = {micro_batch_size * world_size}: raise val_fraction")
     for b in range(rank, n_batches - n_batches % world_size, world_size):
