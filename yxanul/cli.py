@@ -11,7 +11,7 @@ import time
 from . import __version__
 from .checkpoint import format_table, run_dir_of
 from .config import parse_args, with_default_config
-from .errors import UserError
+from .errors import EveryRankError, UserError
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
@@ -108,7 +108,7 @@ def _run(func, argv) -> int:
         with quiet_tensorboard_writer_thread():  # its OSError is raised again in this thread: one line below
             return int(func(argv) or 0)
     except UserError as e:
-        if not _reports_for_the_job():
+        if not _reports_for_the_job(e):
             _let_rank_0_fail_first()
             return e.exit_code  # the same line is printed by rank 0: one line per job, not per rank
         return _fail(f"error: {e}", e.exit_code)
@@ -128,13 +128,15 @@ def _run(func, argv) -> int:
         return _bug(e)
 
 
-def _reports_for_the_job() -> bool:
+def _reports_for_the_job(e: UserError) -> bool:
     """Whether this process prints a user error. Under `accelerate launch`/torchrun every rank parses the
     same flags and files, so an error raised before the process group exists (config, launch checks) is
-    the same on every rank: only rank 0 prints it, the others exit quietly with the same code. After
-    that, an error may be one rank's own: every rank prints its line."""
+    the same on every rank, and so is an `EveryRankError` after it (the run directory): only rank 0 prints it,
+    the others exit quietly with the same code. Otherwise, an error may be one rank's own: every rank prints."""
     if os.environ.get("RANK", "0") == "0":
         return True
+    if isinstance(e, EveryRankError):
+        return False
     dist = sys.modules.get("torch.distributed")
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 

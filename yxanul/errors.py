@@ -13,6 +13,11 @@ class UserError(Exception):
     exit_code = 2
 
 
+class EveryRankError(UserError):
+    """A user error every rank of a job finds alike, also after the process group exists (the run directory, the
+    resume target: the same shared files): rank 0 prints it, the others exit quietly."""
+
+
 class ConfigError(UserError):
     """A config key that is unknown or has a bad value."""
 

@@ -163,3 +163,15 @@ def test_accelerates_own_refusals_before_any_worker_are_one_line(tmp_path):
         out = (r.stdout + r.stderr).strip().splitlines()
         assert r.returncode == 2 and len(out) == 1 and out[0].startswith("error: accelerate launch: "), out[-5:]
         assert needle in out[0].lower()
+
+
+def test_a_run_directory_mistake_after_the_process_group_exists_is_still_one_line(tmp_path):
+    """The run directory is checked after the process group exists (the default name is rank 0's), and every rank
+    finds the same mistake: rank 0 prints it, the other exits quietly (it printed it too, once per rank)."""
+    out = tmp_path / "r"
+    first = _launch(*ONE, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir", str(out), cwd=tmp_path)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    r = _launch(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and _error_lines(r) == [f"error: output_dir '{out}' already holds checkpoints (newest: "
+                                                     "step 2): add --resume latest to continue that run, or choose "
+                                                     "another --output_dir/--run_name"], (r.stdout + r.stderr)[-3000:]

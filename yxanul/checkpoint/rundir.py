@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import EveryRankError
 from .args import RUN_DIR_RESUMES
 from .pointers import checkpoints_dir
 from .resume import list_checkpoints
@@ -39,7 +39,7 @@ def prepare_run_dir(cfg, dist=None):
     every rank (each rank's own clock could straddle a second and split the run into two folders)."""
     ck = cfg.checkpoint
     if ck.resume in RUN_DIR_RESUMES and ck.output_dir is None and ck.run_name is None:
-        raise UserError(f"resume '{ck.resume}': set --output_dir or --run_name too (the default run directory is "
+        raise EveryRankError(f"resume '{ck.resume}': set --output_dir or --run_name too (the default run directory is "
                         "new at every launch)")
     # settle the names once, explicitly: config.yaml and the trackers record the run directory used
     names = _names(cfg)
@@ -51,13 +51,14 @@ def prepare_run_dir(cfg, dist=None):
     run_dir = Path(settled.output_dir)
     existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
     if not existing.is_dir():
-        raise UserError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
+        raise EveryRankError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
     _check_resume_target(ck.resume, run_dir)
     ckpts = [] if ck.resume and not _resumes_another_run(ck.resume, run_dir) else list_checkpoints(run_dir)
     if ckpts:
         of = f" of another run than resume '{ck.resume}'" if ck.resume else ""
-        raise UserError(f"output_dir '{run_dir}' already holds checkpoints{of} (newest: step {ckpts[-1]['step']}): "
-                        "add --resume latest to continue that run, or choose another --output_dir/--run_name")
+        raise EveryRankError(f"output_dir '{run_dir}' already holds checkpoints{of} (newest: step "
+                             f"{ckpts[-1]['step']}): add --resume latest to continue that run, or choose another "
+                             "--output_dir/--run_name")
     return run_dir, settled
 
 
@@ -76,10 +77,10 @@ def _check_resume_target(resume: str | None, run_dir: Path) -> None:
     """Before anything is built: ``latest`` with no checkpoint under the run directory, or a path that
     does not exist, is a mistyped directory, not a new run (``auto`` is the value that allows one)."""
     if resume == "latest" and not _has_checkpoints(run_dir):
-        raise UserError(f"resume 'latest': no checkpoint under '{run_dir}' (a mistyped --output_dir/--run_name? "
+        raise EveryRankError(f"resume 'latest': no checkpoint under '{run_dir}' (a mistyped --output_dir/--run_name? "
                         "`--resume auto` resumes if there is one and starts fresh otherwise)")
     if resume not in (None, *RUN_DIR_RESUMES) and not Path(resume).exists():
-        raise UserError(f"resume '{resume}': no such checkpoint or run directory")
+        raise EveryRankError(f"resume '{resume}': no such checkpoint or run directory")
 
 
 def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
