@@ -89,6 +89,22 @@ def test_epoch_wraparound_new_permutation(tmp_path, docs_file):
     assert same(take(resumed, 2), batches[2 * steps - 1:2 * steps + 1])  # resume across the wrap
 
 
+def test_one_process_accumulating_and_that_many_processes_read_the_same_windows_across_epochs(tmp_path, docs_file):
+    """Epochs end on whole optimizer steps: 1 process x accumulation 2 and 2 processes x 1 get the same windows
+    in every optimizer step, also where the split does not divide into steps (a step straddled the boundary)."""
+    path, _ = docs_file(30)
+    out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)
+    one = WindowLoader(out, "train", 8, 2, seed=0, accumulation=2)
+    r0, r1 = (WindowLoader(out, "train", 8, 2, seed=0, rank=r, world_size=2) for r in (0, 1))
+    n = one.windows.n
+    assert n % 4, n  # windows left over at each epoch's end: the case that parted the two orders
+    steps = 3 * (n // 4)  # three epochs of optimizer steps
+    a, b0, b1 = take(one, 2 * steps), take(r0, steps), take(r1, steps)
+    for s in range(steps):
+        assert torch.equal(torch.cat([a[2 * s][0], a[2 * s + 1][0]]), torch.cat([b0[s][0], b1[s][0]])), s
+    assert one.epoch == r0.epoch == 3 and one.state_dict()["position"] == r0.state_dict()["position"] == 0
+
+
 def test_eval_batches_fixed_and_errors(bundled, tmp_path, docs_file):
     a, b = list(eval_batches(bundled, 64, 4, 3)), list(eval_batches(bundled, 64, 4, 3))
     assert len(a) == 3 and same(a, b) and a[0][0].shape == (4, 64)

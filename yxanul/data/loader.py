@@ -85,21 +85,24 @@ class _Windows:
 class _BatchDataset(torch.utils.data.Dataset):
     """Item k = this rank's k-th batch after the loader's start state (pure function of k)."""
 
-    def __init__(self, windows: _Windows, seed, epoch0, pos0, B, rank, world, packed=False):
+    def __init__(self, windows: _Windows, seed, epoch0, pos0, B, rank, world, packed=False, accumulation=1):
         self.w, self.seed, self.epoch0, self.pos0, self.packed = windows, seed, epoch0, pos0, packed
         self.B, self.rank, self.world = B, rank, world
-        self.per_step = B * world
-        self.steps_per_epoch = windows.n // self.per_step
-        if self.steps_per_epoch == 0:
+        self.per_step = B * world  # windows of one micro-step, all ranks
+        if windows.n // self.per_step == 0:
             raise DataError(f"{windows.split} split has {windows.n} windows of seq_length+1 tokens; one step needs "
                             f"micro_batch_size x world_size = {self.per_step}: lower them or add data")
+        # an epoch ends on an optimizer step: 1 process x accumulation A and A processes then read the same windows
+        # in every step, across epochs too (a split smaller than one optimizer step: micro-steps, as without A)
+        self.unit = self.per_step * (accumulation if windows.n >= self.per_step * accumulation else 1)
+        self.steps_per_epoch = windows.n // self.unit * (self.unit // self.per_step)  # micro-steps
         self._perm_epoch, self._perm = None, None
 
     def __len__(self):
         return 2**62
 
     def locate(self, k: int) -> tuple[int, int]:
-        first = max(0, (self.w.n - self.pos0) // self.per_step)
+        first = max(0, (self.w.n - self.pos0) // self.unit * (self.unit // self.per_step))  # left in epoch0
         if k < first:
             return self.epoch0, self.pos0 + k * self.per_step
         k -= first
@@ -129,7 +132,7 @@ class _BatchDataset(torch.utils.data.Dataset):
 class WindowLoader:
     def __init__(self, data_dir, split: str, seq_length: int, micro_batch_size: int, seed: int,
                  rank: int = 0, world_size: int = 1, num_workers: int = 0, pin_memory: bool = False,
-                 base_length: int | None = None, packed: bool = False):
+                 base_length: int | None = None, packed: bool = False, accumulation: int = 1):
         if seq_length < 1 or micro_batch_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"WindowLoader: need seq_length >= 1, micro_batch_size >= 1, 0 <= rank < world_size; "
                              f"got {seq_length}, {micro_batch_size}, {rank}, {world_size}")
@@ -137,12 +140,14 @@ class WindowLoader:
         self.seq_length, self.B, self.seed = seq_length, micro_batch_size, seed
         self.rank, self.world, self.num_workers, self.pin_memory = rank, world_size, num_workers, pin_memory
         self.packed = packed  # yield one (B, T + 1) token tensor (shard dtype) instead of int64 (x, y)
+        self.accumulation = accumulation  # micro-steps of an optimizer step: epochs end on a whole one
         self._start = (0, 0)
         self._yielded = 0
         self._ds = self._dataset()
 
     def _dataset(self) -> _BatchDataset:
-        return _BatchDataset(self.windows, self.seed, *self._start, self.B, self.rank, self.world, self.packed)
+        return _BatchDataset(self.windows, self.seed, *self._start, self.B, self.rank, self.world, self.packed,
+                             self.accumulation)
 
     @property
     def epoch(self) -> int:

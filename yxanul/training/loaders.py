@@ -21,10 +21,11 @@ def prepared_data(data_args, dist, say) -> tuple[str, int, object]:
     return data_dir, vocab_size, load_prepared_tokenizer(data_dir)
 
 
-def train_loader(data_dir, cfg, seq_length: int, micro: int, accelerator, curriculum: bool):
-    """A `WindowLoader` of one (B, T + 1) shard-dtype tensor per micro-step for this rank. Under a
-    curriculum every stage shares the chunk order of the base ``seq_length`` (``base_length``)."""
-    return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed,
+def train_loader(data_dir, cfg, seq_length: int, micro: int, accumulation: int, accelerator, curriculum: bool):
+    """A `WindowLoader` of one (B, T + 1) shard-dtype tensor per micro-step for this rank, its epochs ending on
+    whole optimizer steps of ``accumulation`` micro-steps. Under a curriculum every stage shares the chunk order
+    of the base ``seq_length`` (``base_length``)."""
+    return WindowLoader(data_dir, "train", seq_length, micro, seed=cfg.train.seed, accumulation=accumulation,
                         base_length=cfg.model.seq_length if curriculum else None,
                         rank=accelerator.process_index, world_size=accelerator.num_processes,
                         num_workers=cfg.data.num_workers, pin_memory=accelerator.device.type == "cuda",

@@ -136,7 +136,7 @@ class Trainer:
 
     def _setup_loaders(self) -> None:
         self.loader = train_loader(self.data_dir, self.cfg, self.cfg.model.seq_length, self.batch.micro_batch,
-                                   self.accelerator, curriculum=self.curriculum is not None)
+                                   self.batch.grad_accum, self.accelerator, curriculum=self.curriculum is not None)
         warn_lost_tokens(self.loader, self.say)
         if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.batch.tokens_per_step):
             self.say(msg)  # e.g. a mixture that ended early: the loader would loop over it
@@ -320,7 +320,8 @@ class Trainer:
         self.stage_idx, stage = self.curriculum.stage_at(self.state.step)
         self.batch = bp = self.stage_plans[self.stage_idx]
         self.accelerator.gradient_accumulation_steps = bp.grad_accum  # accelerate's loss scale follows the plan
-        self.loader = train_loader(self.data_dir, self.cfg, stage.seq_length, bp.micro_batch, self.accelerator, True)
+        self.loader = train_loader(self.data_dir, self.cfg, stage.seq_length, bp.micro_batch, bp.grad_accum,
+                                   self.accelerator, True)
         if prev:
             self.loader.load_state_dict(prev)
         self.train_iter = iter(self.loader)
