@@ -44,6 +44,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_in_the_way(path) -> Path | None:
+    """The nearest existing one of ``path`` and its parents when it is a file, not a folder (nothing can be made
+    there: one line naming it beats mkdir's NotADirectoryError), else None."""
+    path = Path(path)
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    return existing if existing is not None and not existing.is_dir() else None
+
+
 def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
     """`accelerator.load_state`, with one line naming the model settings that differ from the
     checkpoint's ``config.yaml`` when its weights do not fit this model."""

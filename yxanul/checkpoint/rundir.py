@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import EveryRankError
 from .args import RUN_DIR_RESUMES
+from .io import file_in_the_way
 from .pointers import checkpoints_dir
 from .resume import list_checkpoints
 
@@ -49,8 +50,7 @@ def prepare_run_dir(cfg, dist=None):
         names = tuple(broadcast_object_list([names], from_process=0)[0])  # sync point: every rank
     settled = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
     run_dir = Path(settled.output_dir)
-    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
-    if not existing.is_dir():
+    if existing := file_in_the_way(run_dir):
         raise EveryRankError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
     _check_resume_target(ck.resume, run_dir)
     ckpts = [] if ck.resume and not _resumes_another_run(ck.resume, run_dir) else list_checkpoints(run_dir)

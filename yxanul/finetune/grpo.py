@@ -19,6 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..checkpoint.io import file_in_the_way
 from ..data.args import DataArgs
 from ..errors import ConfigError, UserError
 from ..flags import parse_command, same_as
@@ -138,8 +139,7 @@ def prepare_output(a: GrpoCommand) -> Path:
     import shutil
 
     out = Path(a.output_dir)
-    blocker = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    if blocker := file_in_the_way(out):
         raise UserError(f"output_dir '{out}': '{blocker}' is a file, not a folder (choose another output_dir)")
     if out.exists() and any(out.iterdir()):
         if not a.overwrite:

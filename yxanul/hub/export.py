@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 
 from ..checkpoint import STATE_FILE, read_state
+from ..checkpoint.io import file_in_the_way
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
@@ -110,8 +111,7 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     src = Path(source).resolve()
     if src == out.resolve() or out.resolve() in src.parents:
         raise UserError(f"export OUT '{out}': would overwrite the MODEL '{source}' it exports")
-    blocker = next((p for p in (out, *out.absolute().parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    if blocker := file_in_the_way(out):
         raise UserError(f"export OUT '{out}': '{blocker}' is a file, not a folder (choose another OUT)")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
