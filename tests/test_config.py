@@ -27,6 +27,10 @@ def test_bool_flag_forms():
     assert parse_args(["--use_fp8"]).precision.use_fp8 is True
     assert parse_args(["--use_fp8", "false"]).precision.use_fp8 is False
     assert parse_args(["--use_tensorboard", "no"]).tracking.use_tensorboard is False
+    assert resolve({"use_tensorboard": 0}).tracking.use_tensorboard is False  # YAML's 0 as the flag's 0
+    assert resolve({"use_fp8": 1}).precision.use_fp8 is True
+    with pytest.raises(ConfigError, match="use_fp8"):
+        resolve({"use_fp8": 2})
 
 
 def test_a_double_dash_before_the_flags_is_a_separator_not_a_flag():

@@ -94,8 +94,8 @@ def _scalar(base, value, from_cli: bool):
     if base is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
-            return _BOOL_WORDS[value.lower()]
+        if isinstance(value, (str, int)) and str(value).lower() in _BOOL_WORDS:  # YAML's 0/1 as the flag's 0/1
+            return _BOOL_WORDS[str(value).lower()]
         raise ValueError
     if base is int:
         if isinstance(value, bool):
@@ -118,6 +118,15 @@ def _scalar(base, value, from_cli: bool):
             raise ValueError
         return str(value)
     return value
+
+
+def whole_number(value) -> int | None:
+    """``value`` as an int the way an int field reads it (``200_000_000``, ``2e8``, ``2.0e8``), else None.
+    YAML 1.1 reads ``2e8`` (no dot) as a string, so strings are read like a flag's value."""
+    try:
+        return _scalar(int, value, from_cli=False)
+    except (ValueError, TypeError):
+        return None
 
 
 def coerce(key: str, tp, value, from_cli: bool):

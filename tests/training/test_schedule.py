@@ -58,6 +58,17 @@ def test_float_boundaries_from_yaml_are_accepted():
     assert [s.end_step for s in cur.stages[:-1]] == [196]
 
 
+def test_yaml_numbers_read_as_strings_are_read_like_any_integer_key(tmp_path):
+    """YAML 1.1 reads `2e5` (no dot) and `200_000` as strings; max_steps takes them, so a stage does too."""
+    from yxanul.flags import load_yaml  # the YAML reader train --config uses
+    (tmp_path / "c.yaml").write_text("curriculum:\n  - {seq_length: 64, until_tokens: 2e5}\n"
+                                     "  - {seq_length: 128, until_steps: 300_000}\n  - {seq_length: 256}\n")
+    stages = load_yaml(str(tmp_path / "c.yaml"))["curriculum"]
+    assert isinstance(stages[0]["until_tokens"], str)
+    cur = Curriculum.from_config(stages, 1024)
+    assert [s.end_step for s in cur.stages[:-1]] == [196, 300_000]
+
+
 def test_tokens_per_step_constant_across_stages():
     for tokens in (8 * 2048, 65536, 3 * 4096):
         cur = Curriculum.from_config([{"seq_length": T, "until_steps": 10 * (i + 1)} for i, T in

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..flags import whole_number
 from .batching import plan_batch
 
 
@@ -82,16 +83,6 @@ class Stage:
         return self.tokens_per_step // self.seq_length
 
 
-def _whole(v) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return None
-
-
 class Curriculum:
     def __init__(self, stages: list[Stage], tokens_per_step: int):
         self.stages, self.tokens_per_step = stages, tokens_per_step
@@ -111,21 +102,21 @@ class Curriculum:
             if not isinstance(s, dict) or not s.keys() <= _KEYS:
                 raise ConfigError("curriculum", f"stage {i}: a mapping with keys seq_length and until_tokens or "
                                   "until_steps", s)
-            T = _whole(s.get("seq_length"))
+            T = whole_number(s.get("seq_length"))
             if T is None or T < 2:
                 raise ConfigError("curriculum", f"stage {i}: seq_length an integer >= 2", s.get("seq_length"))
             if max_seq_length is not None and T > max_seq_length:
                 raise ConfigError("curriculum", f"stage {i}: seq_length <= the model's {max_seq_length} "
                                   "(set seq_length to the longest stage)", T)
             if tokens_per_step % T:
-                lcm = math.lcm(*(_whole(x.get("seq_length")) or 1 for x in stages if isinstance(x, dict)))
+                lcm = math.lcm(*(whole_number(x.get("seq_length")) or 1 for x in stages if isinstance(x, dict)))
                 raise ConfigError("curriculum", f"stage {i}: seq_length dividing the {tokens_per_step:,} tokens per "
                                   f"optimizer step (make target_tokens_per_step a multiple of {lcm})", T)
             if "until_tokens" in s and "until_steps" in s:
                 raise ConfigError("curriculum", f"stage {i}: until_tokens or until_steps, not both", s)
             if "until_tokens" in s or "until_steps" in s:
                 key = "until_tokens" if "until_tokens" in s else "until_steps"
-                v = _whole(s[key])
+                v = whole_number(s[key])
                 if v is None or v < 1:
                     raise ConfigError("curriculum", f"stage {i}: {key} a positive integer", s[key])
                 end = -(-v // tokens_per_step) if key == "until_tokens" else v
