@@ -4,7 +4,7 @@ the last position's logits, RoPE offsets, the eval-sample settings, and the TE b
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 
 from yxanul.models import YxanulForCausalLM
 from yxanul.models.modeling_yxanul import torch_twin
@@ -68,6 +68,25 @@ def test_cache_forward_equals_full_forward_at_every_position(model, tiny_config)
         parts = [model(x[:, a:b], cache=cache, use_cache=True).logits for a, b in ((0, 7), (7, 8), (8, 11))]
     assert cache.get_seq_length() == 11
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_static_cache_attends_only_to_its_filled_slots(model, attn):
+    """A StaticCache hands every one of its max_cache_len slots to attention, unfilled ones as zeros: the
+    chunked forwards equal the full one, and generate(cache_implementation="static") (which asks the
+    model for its masks) gives the dynamic cache's tokens, a left-padded batch included."""
+    model.config._attn_implementation = attn
+    x = ids(2, 11)
+    with torch.no_grad():
+        full = model(x).logits
+        cache = StaticCache(config=model.config, max_cache_len=32)
+        parts = [model(x[:, a:b], cache=cache, use_cache=True).logits for a, b in ((0, 7), (7, 8), (8, 11))]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=0, atol=2e-5)
+    mask = torch.ones_like(x)
+    mask[1, :4] = 0  # row 1 left-padded
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    dynamic = model.generate(x, **kw)
+    assert torch.equal(model.generate(x, cache_implementation="static", **kw), dynamic)
 
 
 def test_logits_to_keep(model):

@@ -108,6 +108,19 @@ def test_hidden_states_inputs_embeds_and_tuples(tiny_config):
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(ids).logits)
     with pytest.raises(ValueError, match="exactly one"):
         model(ids, inputs_embeds=emb.logits)
+    model.config.output_hidden_states = True  # as from_pretrained(..., output_hidden_states=True) sets it
+    with torch.no_grad():
+        assert len(model(ids, attention_mask=mask).hidden_states) == L + 1
+        assert model(ids, output_hidden_states=False).hidden_states is None
+
+
+def test_output_attentions_is_refused_not_silently_dropped(tiny_config):
+    model = model_of(tiny_config, attn="eager")
+    ids = torch.tensor([PROMPTS[0]])
+    with pytest.raises(ValueError, match="output_attentions: false"):
+        model(ids, output_attentions=True)
+    with pytest.raises(ValueError, match="output_attentions"):
+        model.generate(ids, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True)
 
 
 def test_explicit_position_ids_drive_rope(tiny_config):

@@ -121,6 +121,9 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                                   # (B, nkv, T, hd)
         if cache is not None:  # transformers' Cache: append this step's k/v, get the whole prefix back
             k, v = cache.update(k, v, layer_idx)                                                    # (B, nkv, S, hd)
+            S = int(cache.get_seq_length(layer_idx))  # a StaticCache hands back every slot, the filled ones first
+            if k.shape[2] != S:
+                k, v = k[:, :, :S], v[:, :, :S]
         if attention_mask is not None or self.config._attn_implementation == "eager":
             y = self.masked_attention(q, k, v, attention_mask)
             return self.proj(y.transpose(1, 2).reshape(B, T, C))

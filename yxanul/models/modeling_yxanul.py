@@ -109,6 +109,12 @@ class YxanulPreTrainedModel(PreTrainedModel):
     def activation_checkpointing(self) -> bool:
         return any(getattr(m, "gradient_checkpointing", False) for m in self.modules())
 
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        """generate() with a compileable cache (``cache_implementation="static"``) asks the model to turn the
+        (B, past + T) padding mask into the 4D masks of transformers' attention layers. This model's forward
+        builds its own from the 2D one (masking.py), so it gets that mask as it is."""
+        return attention_mask
+
     @torch.no_grad()
     def _init_weights(self, module):
         """Explicit init by parameter name. transformers' default matches class names containing
@@ -175,6 +181,12 @@ class YxanulModel(YxanulPreTrainedModel):
         positions. ``is_first_microbatch`` goes to TE's blocks (FP8 weight caching)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if kwargs.get("output_attentions") or (kwargs.get("output_attentions") is None and
+                                                 self.config.output_attentions):
+            raise ValueError("output_attentions: false (yxanul's attention runs fused and keeps no weights; the "
+                             "Llama export of this model returns them: docs/export.md)")
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         cache = cache if cache is not None else past_key_values
         if self.gradient_checkpointing and self.training:
             cache = None  # recomputation in backward would append the keys twice (as transformers' layers do)
@@ -208,7 +220,7 @@ class YxanulModel(YxanulPreTrainedModel):
         TE's blocks take one [T, 1, 1, hd] table for the batch: with padding they keep 0..T-1, which RoPE
         makes equivalent (attention scores depend only on the distance between query and key)."""
         if position_ids is None:
-            return self.rotary_emb(T, cache.get_seq_length() if cache is not None else 0)
+            return self.rotary_emb(T, int(cache.get_seq_length()) if cache is not None else 0)
         if self.config.backend == "te":
             raise ConfigError("position_ids", "None on the TE backend (one RoPE table per batch; pass "
                               "attention_mask for padding)", "a tensor")
@@ -293,8 +305,8 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         accelerate's prepared forward would copy to fp32 (`convert_outputs_to_fp32`). ``cache`` is
         ``past_key_values``' name on transformers 5.24 (both work)."""
         base = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          inputs_embeds=inputs_embeds,
-                          use_cache=use_cache, output_hidden_states=output_hidden_states,
+                          inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
+                          output_attentions=kwargs.pop("output_attentions", None),
                           is_first_microbatch=is_first_microbatch,
                           cache=cache if cache is not None else past_key_values)
         h = base.last_hidden_state                                                     # (B, T, C)
