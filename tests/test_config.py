@@ -27,6 +27,8 @@ def test_bool_flag_forms():
     assert parse_args(["--use_fp8"]).precision.use_fp8 is True
     assert parse_args(["--use_fp8", "false"]).precision.use_fp8 is False
     assert parse_args(["--use_tensorboard", "no"]).tracking.use_tensorboard is False
+    with pytest.raises(ConfigError, match="^config key 'use_wandb': expected true or false, got 'maybe'"):
+        parse_args(["--use_wandb", "maybe"])  # not "unexpected argument 'maybe'"
     assert resolve({"use_tensorboard": 0}).tracking.use_tensorboard is False  # YAML's 0 as the flag's 0
     assert resolve({"use_fp8": 1}).precision.use_fp8 is True
     with pytest.raises(ConfigError, match="use_fp8"):

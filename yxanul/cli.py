@@ -123,6 +123,11 @@ def _run(func, argv) -> int:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and e.filename:  # a read-only or foreign folder
             return _fail(f"error: '{e.filename}': {e.strerror}; check its permissions or choose another folder "
                          "(e.g. --output_dir)", 2)
+        if e.errno in (errno.ENOTDIR, errno.EISDIR) and e.filename:  # a file where a folder goes, or the reverse
+            what = "a file is in the way of a folder" if e.errno == errno.ENOTDIR else \
+                "a folder is in the way of a file"
+            return _fail(f"error: '{e.filename}': {e.strerror} ({what}); move it or choose another folder "
+                         "(e.g. --output_dir)", 2)
         return _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)

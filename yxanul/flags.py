@@ -328,6 +328,9 @@ def parse_known(parser: argparse.ArgumentParser, argv: list[str], known_flags) -
     if extra:
         flag = next((a for a in extra if a.startswith("--")), None)
         if flag is None:
+            before = argv[argv.index(extra[0]) - 1] if argv.index(extra[0]) else ""
+            if before.startswith("--") and before.endswith("=true"):  # `--use_wandb maybe`: bare_booleans' true
+                raise ConfigError(before[2:].split("=", 1)[0], "true or false", extra[0])
             raise UserError(f"{parser.prog}: unexpected argument '{extra[0]}' (flags are --key value)")
         name = flag[2:].split("=", 1)[0]
         if parser.prog == "yxanul train":  # the train flags are config keys, named like the YAML's

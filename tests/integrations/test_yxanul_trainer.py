@@ -180,9 +180,12 @@ def test_whole_precision_report_reaches_tensorboard_and_wandb(small_data, tmp_pa
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=["tensorboard"], max_steps=1,
                              per_device_train_batch_size=2, logging_steps=1, save_strategy="no", disable_tqdm=True)
     wandb = WandbStandIn()
-    YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab), args=args,
-                  train_dataset=ShardWindowDataset(data_dir, T), precision=PrecisionArgs(use_fp8=True),
-                  callbacks=[wandb]).train()
+    trainer = YxanulTrainer(model=build_model(ModelArgs(model=PRESET, seq_length=T, backend="torch"), vocab),
+                            args=args, train_dataset=ShardWindowDataset(data_dir, T),
+                            precision=PrecisionArgs(use_fp8=True), callbacks=[wandb])
+    trainer.train()
+    [logged] = [r for r in trainer.state.log_history if "loss" in r]  # trainer_state.json's log history too
+    assert logged["precision/fp8_requested"] == 1.0 and logged["precision/fp8"] == 0.0
     [sent] = wandb._wandb.run.config.sent
     assert sent["precision_report"]["fallback_reason"] == "no CUDA device"
     events = sorted({p.parent for p in tmp_path.rglob("events.out.tfevents.*")})

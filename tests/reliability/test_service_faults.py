@@ -68,6 +68,17 @@ def test_an_unreachable_wandb_server_means_offline_logging_and_one_warning(tmp_p
     assert list((out / "wandb").glob("offline-run-*")) and (out / "checkpoints" / "step_2").is_dir()
 
 
+def test_wandb_failing_in_offline_mode_is_not_retried_as_if_it_had_been_online(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "wandb").write_text("a file where W&B writes its folder")
+    r = ok(_train(out, "--use_wandb", steps=2))
+    assert "could not start online" not in r.stdout, r.stdout
+    assert r.stdout.count("warning: W&B could not start even offline") == 1, r.stdout
+    assert (out / "checkpoints" / "step_2").is_dir()
+
+
 @pytest.fixture(autouse=True)
 def _no_wandb_left():
     yield

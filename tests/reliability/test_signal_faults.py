@@ -72,6 +72,18 @@ def test_a_read_only_output_dir_is_one_line(tmp_path):
     assert "choose another folder" in r.stderr
 
 
+def test_a_file_where_the_run_needs_a_folder_and_the_reverse_are_one_line(tmp_path):
+    """The trackers' and logs' paths inside the run directory: a file named `tensorboard` (found after step 1,
+    when TensorBoard starts) or a folder named `metrics.jsonl`: one line naming it, exit 2."""
+    for name, make in (("tensorboard", lambda p: p.write_text("x")), ("metrics.jsonl", lambda p: p.mkdir())):
+        run = tmp_path / name.replace(".", "_")
+        run.mkdir()
+        make(run / name)
+        r = yx_here("train", *FAST, "--max_steps", "2", "--use_tensorboard", "true", "--output_dir", run)
+        one_line(r, 2, "error: '")
+        assert str(run / name) in r.stderr and "is in the way" in r.stderr, r.stderr
+
+
 def test_an_export_out_that_is_a_file_is_one_line(base_run, tmp_path):
     f = tmp_path / "file"
     f.write_text("mine")

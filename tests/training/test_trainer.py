@@ -384,6 +384,27 @@ def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
     assert (run / "wandb_run_id").read_text().strip() == run_id
 
 
+def test_a_resumed_run_keeps_one_tensorboard_run_whose_steps_are_logged_once(tmp_path):
+    """Resuming an older checkpoint of a run that logged past it (as after a crash between checkpoints): the
+    sessions write one TensorBoard run (the run name of the first session, not a new default name) and the
+    resumed steps replace the earlier session's (TensorBoard's purge_step), so every step appears once."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from yxanul.config import parse_args
+    from yxanul.training import train
+
+    run = tmp_path / "run"
+    flags = [*RUN, "--warmup_steps", "1", "--use_tensorboard", "true", "--checkpoint_freq", "2",
+             "--output_dir", str(run)]
+    train(parse_args([*flags, "--max_steps", "4"]))
+    train(parse_args([*flags, "--max_steps", "5", "--resume", str(run / "checkpoints" / "step_2")]))
+    runs = [d for d in (run / "tensorboard").iterdir() if d.is_dir()]
+    assert [d.name for d in runs] == [yaml.safe_load((run / "config.yaml").read_text())["run_name"]]
+    acc = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0}).Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5]
+    assert train_losses(run)[5] == pytest.approx(acc.Scalars("train/loss")[-1].value, rel=1e-6)
+
+
 @pytest.mark.slow
 def test_torch_compile_trains_on_cpu(tmp_path):
     """--torch_compile: the compiled model trains (and checkpoints under its original names)."""

@@ -11,17 +11,28 @@ from pathlib import Path
 
 from ..errors import EveryRankError
 from .args import RUN_DIR_RESUMES
-from .io import file_in_the_way
+from .io import file_in_the_way, saved_config
 from .pointers import checkpoints_dir
 from .resume import list_checkpoints
 
 
 def _names(cfg) -> tuple[str, str]:
-    """(run_name, output_dir) of a config: the given ones, else ``<model>-<timestamp>`` and
-    ``runs/<run_name>``."""
+    """(run_name, output_dir) of a config: the given ones, else (a resume into a given output_dir) the name that
+    directory's run was started with, else ``<model>-<timestamp>``; and ``runs/<run_name>``."""
     ck = cfg.checkpoint
-    name = ck.run_name or f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = ck.run_name or (_saved_name(ck.output_dir) if ck.resume and ck.output_dir else None)
+    name = name or f"{cfg.model.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     return name, ck.output_dir or str(Path("runs") / name)
+
+
+def _saved_name(output_dir: str) -> str | None:
+    """The run_name a resumed run directory was started with: a new default name per session would make each
+    session a TensorBoard run of its own (``tensorboard/<run_name>``) and rename the W&B run."""
+    try:
+        name = saved_config(output_dir).get("run_name")
+    except Exception:  # noqa: BLE001 - an unreadable config.yaml: the resume reports what it needs itself
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 def run_dir_of(cfg) -> Path:

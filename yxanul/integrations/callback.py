@@ -67,12 +67,18 @@ class PrecisionCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if logs is None or model is None or "loss" not in logs:  # training logs only (not eval, not the summary)
             return
+        # Trainer.log appends a copy of ``logs`` to the log history before on_log: that copy gets the keys too
+        history = state.log_history[-1] if state.log_history and state.log_history[-1].get("step") == \
+            state.global_step and state.log_history[-1].get("loss") == logs["loss"] else {}
         if self.plan.fp8_enabled and self.plan.args.fp8_stats:
-            logs.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(model).items()})
+            stats = {f"fp8/{k}": v for k, v in self.plan.fp8_stats(model).items()}
+            logs.update(stats)
+            history.update(stats)
         readback = self.plan.readback is not None
         if not self._logged_once or (readback and not self._logged_with_readback):
             rep = self._write(args, state, model, show=readback and not self._logged_with_readback)
             logs.update(flat_numbers(rep, "precision"))
+            history.update(flat_numbers(rep, "precision"))
             if state.is_world_process_zero:
                 self._whole_report(rep, state.global_step)
             self._logged_once, self._logged_with_readback = True, readback

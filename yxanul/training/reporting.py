@@ -5,6 +5,7 @@ and the run's summary (``summary.json``)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +38,21 @@ class PrecisionReport:
 
 
 def start_trackers(accelerator, cfg, run_dir: Path, run_name: str, model, plan, wandb_id: str | None,
-                   say) -> str | None:
+                   say, first_step: int = 1) -> str | None:
     """accelerate's trackers, with the flat run config and ``model``'s precision report as their config
     (TensorBoard hparams, W&B config): call it after the first step so that the report carries TE's
-    read-back. Returns the W&B run id (``wandb_id`` as given without W&B), also written to the run dir."""
+    read-back. ``first_step`` > 1 (a resume): TensorBoard drops the events of that step and later ones that
+    an earlier session logged past its last checkpoint (``purge_step``), so the resumed curve replaces them
+    instead of doubling back. Returns the W&B run id (``wandb_id`` as given without W&B), also written to the
+    run dir."""
     tr = cfg.tracking
     if tr.use_wandb:
         wandb_id = wandb_run_id(run_dir, wandb_id)
         if accelerator.is_main_process:
             (run_dir / RUN_ID_FILE).write_text(wandb_id + "\n")
     init = tracker_init_kwargs(tr, run_dir, run_name, wandb_id, say=say)
+    if tr.use_tensorboard and first_step > 1:
+        init["tensorboard"] = {"purge_step": first_step}  # to SummaryWriter, through accelerate's tracker
     config = flat_tracker_config({**cfg.to_flat_dict(), "precision_report": precision_report(model, plan)})
     init_trackers_or_offline(accelerator, tr.wandb_project if tr.use_wandb else run_name, init, config, say)
     return wandb_id
@@ -67,7 +73,7 @@ def init_trackers_or_offline(accelerator, project: str, init: dict, config: dict
             raise  # TensorBoard's (a full disk: the CLI's one line), not W&B's
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:160]}"
     _reset_trackers(accelerator)
-    if init["wandb"].get("mode") != "offline":
+    if init["wandb"].get("mode", os.environ.get("WANDB_MODE")) not in ("offline", "disabled"):  # else: retry = same
         say(f"warning: W&B could not start online ({why}); logging offline instead (sync later with "
             f"`wandb sync {init['wandb']['dir']}/wandb`)", flush=True)
         init = {**init, "wandb": {**init["wandb"], "mode": "offline"}}

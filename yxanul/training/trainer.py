@@ -198,7 +198,8 @@ class Trainer:
         TE's read-back. Returns the seconds it took."""
         t0 = time.perf_counter()
         self.state.wandb_run_id = start_trackers(self.accelerator, self.cfg, self.run_dir, self.run_name,
-                                                 self.unwrapped_model, self.plan, self.state.wandb_run_id, self.say)
+                                                 self.unwrapped_model, self.plan, self.state.wandb_run_id, self.say,
+                                                 first_step=self.state.step)
         self._trackers_started = True
         return time.perf_counter() - t0
 
