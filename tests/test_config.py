@@ -1,5 +1,6 @@
 """Config: YAML + CLI merge, strictness and one-line errors (real parser, real subprocess)."""
 
+import re
 import subprocess
 import sys
 
@@ -305,6 +306,13 @@ def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tm
         parse_args(["--devices", "8"])  # no key: where it is set instead
     with pytest.raises(ConfigError, match=r"did you mean 'max_steps'"):  # a plain typo keeps its nearest key
         parse_args(["--max-stepz", "3"])
+    for flags, needle in ((["--precision", "bf16-mixed"], "'mixed_precision': auto, fp32 or bf16"),  # seed spellings
+                          (["--bf16"], "'mixed_precision'"), (["--deepspeed", "ds_configs/zero1.json"],
+                                                              "accelerate_configs/deepspeed_zero1_fp8.yaml"),
+                          (["--max_batch_size", "128"], "'max_micro_batch_size'"),
+                          (["--warmup_ratio", "0.1"], "'warmup_steps'")):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            parse_args(flags)
     from yxanul.tools.plot_lr import main as plot_lr
 
     with pytest.raises(UserError, match=r"'--total_steps' \(yxanul's key is 'max_steps'"):  # commands too

@@ -11,14 +11,14 @@ import time
 from . import __version__
 from .checkpoint import format_table, run_dir_of
 from .config import parse_args, with_default_config
-from .errors import EveryRankError, UserError
+from .errors import ConfigError, EveryRankError, UserError
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
-    "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
+    "prepare": ("yxanul.cli", "prepare_main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
@@ -47,6 +47,9 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         if cfg.checkpoint.list_checkpoints:
+            if cfg.checkpoint.output_dir is None and cfg.checkpoint.run_name is None:  # the default is new each time
+                raise ConfigError("list_checkpoints", "--output_dir RUN_DIR or --run_name NAME with it (or `yxanul "
+                                  "checkpoints RUN_DIR`): the default run directory is new at every launch", True)
             print(format_table(run_dir_of(cfg)))
             return 0
         from .training import train  # torch: --help and config errors stay light
@@ -55,6 +58,14 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
+
+
+def prepare_main(argv: list[str] | None = None) -> int:
+    """`yxanul prepare [--config FILE] [--flag value ...]`: without --config, the data keys of the embedded
+    default, as `yxanul train` reads them, so that it prepares the very shards `yxanul train` would."""
+    from .data.prepare import main  # tokenizers and datasets: only this command needs them
+
+    return main(with_default_config(list(sys.argv[1:] if argv is None else argv)))
 
 
 class StoppedBeforeTraining(BaseException):

@@ -14,6 +14,7 @@ _CLIP = ("max_grad_norm", "the gradient-norm clip")
 _ACCUM = ("gradient_accumulation_steps", "micro-batches per optimizer step")
 _LOG = ("log_freq", "optimizer steps between log lines")
 _WARMUP = ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)")
+_PRECISION = ("mixed_precision", "auto, fp32 or bf16 (BF16 needs no loss scaling: no fp16); use_fp8 for FP8")
 _PRESET = ("model", "a preset: the shapes come from it (docs/models.md)")
 _PROCESSES = ("processes and nodes are the launcher's: accelerate launch --num_processes N [--num_machines M] "
               "train.py ... (or yxanul launch; docs/distributed.md)")
@@ -42,7 +43,13 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "tensorboard": ("use_tensorboard", "true or false"),
     "compile": ("torch_compile", "true or false"),
     "fp8": ("use_fp8", "true or false (fp8_recipe picks the TE recipe)"),
-    "precision": ("mixed_precision", "bf16, fp16, no or auto; use_fp8 for FP8"),
+    "precision": _PRECISION, "bf16": _PRECISION, "fp16": _PRECISION,
+    "max_batch_size": ("max_micro_batch_size", "the upper bound of the micro-batch search (auto_batch_size)"),
+    "warmup_ratio": ("warmup_steps", "optimizer steps of linear warm-up (warmup_ratio x max_steps; or "
+                                     "warmup_tokens)"),
+    "deepspeed": (None, "DeepSpeed comes from the launcher: accelerate launch --config_file "
+                        "accelerate_configs/deepspeed_zero1_fp8.yaml train.py ... (ds_configs/*.json are its "
+                        "DeepSpeed files; docs/distributed.md)"),
     "adam_beta1": ("beta1", "AdamW's beta1"), "adam_beta2": ("beta2", "AdamW's beta2"),
     "adam_epsilon": ("adam_eps", "AdamW's epsilon"),
     "dataloader_num_workers": ("num_workers", "DataLoader worker processes"),

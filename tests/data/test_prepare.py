@@ -190,6 +190,18 @@ def test_prepare_cli_error_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: dataset '")
 
 
+def test_prepare_without_a_config_prepares_what_the_default_train_run_reads(tmp_path, monkeypatch):
+    """`yxanul prepare` alone takes the embedded default's data keys (its val_fraction), as `yxanul train` does:
+    the folder it writes is the one the default run then reuses."""
+    from yxanul.config import parse_args, with_default_config
+
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--max_documents", "40"], check=True,
+                       capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    train_dir = prep.target_dir(parse_args(with_default_config(["--max_documents", "40"])).data)[0]
+    assert f"-> {train_dir}" in r.stdout and read_meta(train_dir) is not None
+
+
 def test_mixture_weights_from_cli_config(tmp_path, capsys):
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("\n".join(json.dumps({"text": f"alpha {i}"}) for i in range(600)))

@@ -83,6 +83,11 @@ def test_push_errors_are_one_line(run, capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("error: ") for e in err), err
     assert "Hub unreachable" in err[2] and SECRET not in "".join(err)
+    with pytest.MonkeyPatch.context() as mp:  # the push command's own advice, not the training flag's
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        assert cli(["push", str(run), "--hub_model_id", "me/x"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "HF_HUB_OFFLINE is set" in line and "--push_to_hub" not in line, line
 
 
 def test_callback_pushes_in_background_never_waits_and_the_newest_export_wins(run, capsys):

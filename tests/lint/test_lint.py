@@ -170,6 +170,16 @@ def test_shipped_configs_lint_clean(path, monkeypatch):
     assert lint_file(path) == [], [p.line() for p in lint_file(path)]
 
 
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "examples", "configs", "*.yaml"))),
+                         ids=os.path.basename)
+def test_a_training_config_given_as_a_launch_config_says_so(path):
+    """examples/configs/test_fp8.yaml has gradient_accumulation_steps, which DeepSpeed configs have too: it must not
+    be linted as a DeepSpeed config missing zero_optimization."""
+    [p] = lint_file(path)
+    assert (p.key, p.severity) == ("<file>", "error") and "a yxanul training config" in p.message, p.line()
+    assert f"--train_config {path}" in p.fix
+
+
 def test_cpu_profile_without_accelerate_use_cpu_warns(monkeypatch):
     """cpu.yaml's use_cpu never reaches torchrun's workers (accelerate 1.15): linted in a shell without
     ACCELERATE_USE_CPU=1, the profile says that the launch would be separate 1-process jobs."""

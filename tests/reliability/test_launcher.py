@@ -122,7 +122,8 @@ def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
 def _saved_step(stdout, out, sig=signal.SIGTERM):
     step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
-    assert f"stopped at step {step} of 100000 (checkpoint saved; the same command with --resume continues)" in stdout
+    assert f"stopped at step {step} of 100000 (checkpoint saved; the same command with --resume latest " \
+           f"--output_dir {out} continues)" in stdout, stdout
     return step
 
 

@@ -50,6 +50,9 @@ def test_end_to_end_loss_falls_and_artifacts(tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_40"
     listing = yxanul("train", "--list_checkpoints", "--output_dir", str(out)).stdout
     assert "step_20" in listing and "step_40" in listing
+    r = yxanul("train", "--list_checkpoints", check=False, cwd=tmp_path)  # no run dir: not a made-up one's listing
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: config key 'list_checkpoints': expected "
+                                                             "--output_dir RUN_DIR"), r.stderr
 
 
 def test_resume_is_exact(tmp_path):
@@ -253,8 +256,9 @@ def test_summary_line_says_stopped_and_what_this_session_did():
     st = TrainState()
     st.step, st.tokens_seen = 40, 5120
     stopped = summary_line(run_summary(st, None, None, "FP32", 3.0, "r"), max_steps=150)
-    assert stopped == ("stopped at step 40 of 150 (checkpoint saved; the same command with --resume continues): 40 "
-                       "steps, 5,120 tokens in 3.0s; no step trained in this session; no validation loss yet")
+    assert stopped == ("stopped at step 40 of 150 (checkpoint saved; the same command with --resume latest "
+                       "--output_dir r continues): 40 steps, 5,120 tokens in 3.0s; no step trained in this session; "
+                       "no validation loss yet")  # the run dir: a default one is new at every launch
     st.step, st.val_loss = 150, 4.5
     done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r"), max_steps=150)
     assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")

@@ -21,11 +21,13 @@ from .args import HubArgs, check_repo_id
 log = logging.getLogger(__name__)
 
 
-def default_api():
+TRAINING_ADVICE = "unset it, or drop --push_to_hub and push later with `yxanul push RUN --hub_model_id ORG/NAME`"
+
+
+def default_api(advice: str = TRAINING_ADVICE):
     """The real client; refused in one line when the environment says the Hub is off-limits."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise UserError("push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed; unset it, or drop "
-                        "--push_to_hub and push later with `yxanul push RUN --hub_model_id ORG/NAME`")
+        raise UserError(f"push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed; {advice}")
     from huggingface_hub import HfApi
 
     return HfApi()  # token: HF_TOKEN / `hf auth login`, read by huggingface_hub itself
@@ -56,7 +58,7 @@ def push(model: str | Path, repo_id: str, *, private: bool = False, revision: st
     from .loading import is_export  # torch: --help stays light
 
     check_repo_id("hub_model_id", repo_id)
-    api = api or default_api()
+    api = api or default_api("unset it (HF_HUB_OFFLINE=0) for this command")
     if is_export(model):
         return upload(api, Path(model), repo_id, private=private, revision=revision,
                       commit_message=commit_message or "Upload model")

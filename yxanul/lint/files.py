@@ -18,6 +18,9 @@ from .fsdp import train_conflicts
 
 _ACC_MARKERS = {"distributed_type", "compute_environment", "num_processes", "mixed_precision",
                 "fp8_config", "deepspeed_config"}
+# keys only a yxanul training config has (examples/configs/*.yaml): one passed as a launch config is a mix-up
+_YXANUL_MARKERS = {"model", "max_steps", "max_lr", "micro_batch_size", "seq_length", "use_fp8", "dataset", "datasets",
+                   "curriculum", "warmup_steps", "data_dir", "fp8_recipe"}
 _DS_MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size", "bf16",
                "fp16", "gradient_accumulation_steps", "optimizer"}
 
@@ -37,6 +40,8 @@ def detect_kind(path: str, data) -> str:
         return "accelerate"
     if keys & {"zero_optimization", "train_micro_batch_size_per_gpu"}:
         return "deepspeed"
+    if keys & _YXANUL_MARKERS and not path.endswith(".json"):  # before the weak markers: it has
+        return "yxanul"                                            # gradient_accumulation_steps too
     if keys & _ACC_MARKERS and not path.endswith(".json"):
         return "accelerate"
     if keys & _DS_MARKERS or path.endswith(".json"):
@@ -68,6 +73,9 @@ def lint_file(path: str, *, use_fp8: bool | None = None,
     if kind == "accelerate":
         return lint_accelerate(data, path, use_fp8=use_fp8,
                                ds_file_exists=_ds_file_resolver(path))
+    if kind == "yxanul":
+        return [Problem(path, "<file>", ERROR, "a yxanul training config, not a DeepSpeed or accelerate one",
+                        f"pass it as --train_config {path} beside the accelerate config it runs with")]
     return [Problem(path, "<file>", ERROR, "neither a DeepSpeed config (zero_optimization, "
                     "train_micro_batch_size_per_gpu) nor an accelerate config (distributed_type)",
                     "pass a DeepSpeed JSON or an accelerate YAML")]
