@@ -10,15 +10,16 @@ import time
 
 from . import __version__
 from .checkpoint import format_table, run_dir_of
-from .config import parse_args, with_default_config
+from .config import parse_args
 from .errors import ConfigError, EveryRankError, UserError
+from .flags import with_default_config
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
-    "prepare": ("yxanul.cli", "prepare_main", "tokenize and pack a dataset into token shards"),
+    "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
@@ -58,14 +59,6 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
     return 0
-
-
-def prepare_main(argv: list[str] | None = None) -> int:
-    """`yxanul prepare [--config FILE] [--flag value ...]`: without --config, the data keys of the embedded
-    default, as `yxanul train` reads them, so that it prepares the very shards `yxanul train` would."""
-    from .data.prepare import main  # tokenizers and datasets: only this command needs them
-
-    return main(with_default_config(list(sys.argv[1:] if argv is None else argv)))
 
 
 class StoppedBeforeTraining(BaseException):

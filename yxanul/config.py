@@ -23,6 +23,7 @@ from .data.args import DataArgs
 from .errors import ConfigError
 from .evaluation.args import EvalTaskArgs
 from .flags import (
+    DEFAULT_CONFIG,
     OneLineParser,
     add_field,
     bare_booleans,
@@ -41,15 +42,6 @@ from .training.batching.args import BatchArgs
 from .training.optim import OptimArgs
 from .training.schedule import warmup_steps_for_tokens
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "assets", "default.yaml")
-
-
-def with_default_config(argv: list[str]) -> list[str]:
-    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
-    `yxanul train` resolves, which find-batch and plot-lr resolve too."""
-    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
-        return argv
-    return ["--config", DEFAULT_CONFIG, *argv]
 
 def _sections() -> list[tuple[str, type]]:
     # Each component owns its dataclass; none of these modules imports torch (tests/test_config.py checks it).

@@ -37,6 +37,17 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
                "off": False}
 
 
+DEFAULT_CONFIG = str(Path(__file__).parent / "assets" / "default.yaml")  # the embedded default run
+
+
+def with_default_config(argv: list[str]) -> list[str]:
+    """``argv`` with ``--config DEFAULT_CONFIG`` first unless it names a config (or asks for help): the run
+    `yxanul train` resolves, which find-batch, plot-lr, sweep trials and prepare (its data keys) resolve too."""
+    if "--config" in argv or any(a.startswith("--config=") for a in argv) or {"-h", "--help"} & set(argv):
+        return argv
+    return ["--config", DEFAULT_CONFIG, *argv]
+
+
 # --------------------------------------------------------------------------- field typing
 def strip_optional(tp) -> tuple[Any, bool]:
     """``X | None`` -> (X, True); anything else -> (tp, False)."""

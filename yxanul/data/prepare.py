@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import DataError, is_no_space
-from ..flags import fields_of, load_yaml, merge, parse_command
+from ..flags import fields_of, load_yaml, merge, parse_command, with_default_config
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
@@ -342,8 +343,9 @@ def parse_prepare_args(argv: list[str] | None) -> DataArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`yxanul prepare [--config FILE] [--dataset ...] [--tokenizer ...] [--data_dir ...]`."""
-    out = prepare(parse_prepare_args(argv))
+    """`yxanul prepare [--config FILE] [--dataset ...] [--tokenizer ...] [--data_dir ...]`: without --config, the
+    data keys of the embedded default, as `yxanul train` reads them: it prepares the shards `yxanul train` reads."""
+    out = prepare(parse_prepare_args(with_default_config(list(sys.argv[1:] if argv is None else argv))))
     meta = read_meta(out)
     print(json.dumps({k: meta[k] for k in ("tokenizer", "vocab_size", "eos_token_id", "dtype")} |
                      {s: {k: v for k, v in d.items() if k not in ("shards", "manifest")}

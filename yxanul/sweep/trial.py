@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint.io import saved_config
-from ..config import DEFAULT_CONFIG, parse_args
+from ..config import parse_args
 from ..errors import UserError
+from ..flags import with_default_config
 from ..training import speed_defaults
 from .spec import SweepSpec, _flag_value, trial_flags
 
@@ -86,7 +87,7 @@ def make_trial(spec: SweepSpec, trial_id: str, params: dict[str, Any], run_dir: 
     base, rest = split_overrides(overrides, spec)
     fixed = [t for t in _without_config(spec.fixed)]
     argv = (["--config", base] if base else []) + fixed + trial_flags(params) + list(extra) + rest
-    cfg = parse_args(_with_default_config(argv))  # validates; ConfigError names the key
+    cfg = parse_args(with_default_config(argv))  # validates; ConfigError names the key
     argv += ["--output_dir", str(run_dir), "--run_name", trial_id, "--resume", "auto"]
     flat = cfg.to_flat_dict()
     # the speed flags a user left to the table are decided at run time (and a resume keeps the run's own)
@@ -106,8 +107,6 @@ def _without_config(tokens: list[str]) -> list[str]:
     return out
 
 
-def _with_default_config(argv: list[str]) -> list[str]:
-    return argv if "--config" in argv else ["--config", DEFAULT_CONFIG, *argv]
 
 
 def launch_command(spec: SweepSpec, trial: Trial) -> list[str]:
