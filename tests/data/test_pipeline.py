@@ -101,10 +101,11 @@ def test_failure_and_next_start_remove_the_arrow_copy(tmp_path, monkeypatch):
     # a kill -9 leaves an Arrow copy behind: simulate one, and a legacy temporary of an older version
     (tmp_path / "b.partial" / ".datasets-cache").mkdir(parents=True)
     (tmp_path / "b.partial" / ".datasets-cache" / "big.arrow").write_bytes(b"x" * 1000)
-    (tmp_path / "c.tmp-abc123").mkdir()
+    (tmp_path / "d.tmp-12345").mkdir()
+    (tmp_path / "d.tmp-12345" / "train_00000.bin").write_bytes(b"\0" * 64)
     prepare(DataArgs(dataset=str(src), data_dir=str(tmp_path / "d")), **Q)
     assert not (tmp_path / "b.partial" / ".datasets-cache").exists() and (tmp_path / "b.partial").exists()
-    assert not (tmp_path / "c.tmp-abc123").exists()
+    assert not (tmp_path / "d.tmp-12345").exists()
 
 
 def test_bad_input_leaves_no_work_folder(tmp_path):

@@ -234,7 +234,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
             say(f"data: reusing prepared shards in {out}")
             return out
         _check_target(out)
-        clean_stale(out.parent, keep=work.path)
+        clean_stale(out.parent, keep=work.path, out_name=out.name)
         resumed = work.progress(fp)
         if resumed:
             say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")

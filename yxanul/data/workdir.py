@@ -9,8 +9,9 @@ folder named ``<out>`` is always complete.
 
 Cleaning: on failure the Arrow copy is removed at once; a kill -9 leaves it, and the next
 `yxanul prepare` in the same parent folder removes it from every ``*.partial`` no process holds (the
-written shards stay: they are what a restart resumes from) and removes legacy ``*.tmp-*`` folders of
-older versions (not resumable).
+written shards stay: they are what a restart resumes from) and removes the legacy ``<out>.tmp-*`` folders
+older versions left for the same ``<out>`` (not resumable), and only when they hold nothing but what those
+versions wrote there: any other folder with ``.tmp-`` in its name is the user's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -26,6 +28,11 @@ from ..errors import DataError
 ARROW_CACHE = ".datasets-cache"
 PROGRESS = "progress.json"
 LOCK = ".lock"
+# what older versions named their temporary output: ``<out>.tmp-<pid>`` or mkdtemp's ``<out>.tmp-XXXXXXXX``
+_LEGACY_SUFFIX = re.compile(r"\.tmp-(\d+|[a-z0-9_]{8})")
+# what they wrote in it: shards, meta, progress files, the tokenizer copy and datasets' Arrow copy
+_LEGACY_FILE = re.compile(r"(train|val)_\d{5}\.bin|meta\.json|progress\.json(\.tmp)?")
+_LEGACY_DIRS = ("tokenizer", ARROW_CACHE)
 
 
 def _locked_by_someone(folder: Path) -> bool:
@@ -42,8 +49,24 @@ def _locked_by_someone(folder: Path) -> bool:
         os.close(fd)  # closing releases a lock we took
 
 
-def clean_stale(parent: Path, keep: Path | None = None) -> list[Path]:
-    """Remove Arrow copies left in unlocked ``*.partial`` folders and legacy ``*.tmp-*`` folders."""
+def _is_legacy_tmp(p: Path, out_name: str | None) -> bool:
+    """A temporary output folder an older version left for ``out_name``: its name and its contents both
+    say so (a sibling like ``thesis.tmp-draft/`` holding the user's files must never go)."""
+    if out_name is None or not p.name.startswith(out_name):
+        return False
+    if not _LEGACY_SUFFIX.fullmatch(p.name[len(out_name):]) or (p / LOCK).exists():
+        return False
+    try:
+        entries = list(p.iterdir())
+    except OSError:
+        return False
+    return all((e.name in _LEGACY_DIRS and e.is_dir() and not e.is_symlink())
+               or (_LEGACY_FILE.fullmatch(e.name) and e.is_file() and not e.is_symlink()) for e in entries)
+
+
+def clean_stale(parent: Path, keep: Path | None = None, out_name: str | None = None) -> list[Path]:
+    """Remove Arrow copies left in unlocked ``*.partial`` folders and the legacy temporary folders of
+    ``out_name`` (the output being prepared)."""
     removed = []
     if not parent.is_dir():
         return removed
@@ -53,7 +76,7 @@ def clean_stale(parent: Path, keep: Path | None = None) -> list[Path]:
         if p.name.endswith(".partial") and (p / ARROW_CACHE).exists() and not _locked_by_someone(p):
             shutil.rmtree(p / ARROW_CACHE, ignore_errors=True)
             removed.append(p / ARROW_CACHE)
-        elif ".tmp-" in p.name and not (p / LOCK).exists():
+        elif _is_legacy_tmp(p, out_name):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -78,6 +101,9 @@ class WorkDir:
                 if self.path.exists() and not self.path.is_dir():
                     raise DataError(f"data_dir '{self.out}': '{self.path}' exists and is not a folder") from None
                 continue
+            except OSError as e:  # a parent that is a file, a read-only or virtual filesystem: the user's path
+                raise DataError(f"data_dir '{self.out}': cannot create '{self.path}' "
+                                f"({e.strerror or type(e).__name__})") from None
             try:
                 fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
             except FileNotFoundError:  # removed (renamed away) between mkdir and open: try again
