@@ -14,6 +14,7 @@ use this instead of `yxanul train` and what differs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Literal
@@ -63,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     # New: yxanul's data: prepared once, then fixed-length windows in `yxanul train`'s order
     data_dir = ensure_prepared(DataArgs(data_dir=a.data_dir))
     vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]
-    train_ds = ShardWindowDataset(data_dir, a.seq_length, seed=a.seed, epochs=100)
+    # the run's batch: every epoch ends where `yxanul train`'s would (a whole number of optimizer steps)
+    train_ds = ShardWindowDataset(data_dir, a.seq_length, seed=a.seed, epochs=100, micro_batch_size=a.micro_batch_size,
+                                  world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                                  accumulation=a.gradient_accumulation_steps)
     eval_ds = ShardWindowDataset(data_dir, a.seq_length, split="val", seed=None)
     eval_ds = torch.utils.data.Subset(eval_ds, range(min(len(eval_ds), 4 * a.micro_batch_size)))
 

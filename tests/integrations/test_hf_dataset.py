@@ -38,6 +38,28 @@ def test_items_are_the_window_loaders_batches_in_its_order(small_data, world):
     assert len(ds) == 2 * n
 
 
+@pytest.mark.parametrize("world,accumulation", [(1, 1), (2, 3)])
+def test_epochs_are_laid_out_as_the_loader_lays_them_out_for_the_run_batch(small_data, world, accumulation):
+    """Over 3 epochs of a split that no global batch divides: the loader drops each epoch's last
+    n % (B x W x A) windows and starts the next at window 0; the dataset given the same batch does the same."""
+    data_dir, _ = small_data
+    ds = ShardWindowDataset(data_dir, T, seed=5, epochs=3, micro_batch_size=B, world_size=world,
+                            accumulation=accumulation)
+    n, unit = ds.windows.n, B * world * accumulation
+    assert n % unit and ds.windows_per_epoch == n // unit * unit and len(ds) == 3 * ds.windows_per_epoch
+    steps = len(ds) // (B * world)  # micro-steps of 3 epochs
+    for rank in range(world):
+        loader = WindowLoader(data_dir, "train", T, B, seed=5, rank=rank, world_size=world, accumulation=accumulation)
+        for step, (x, y) in zip(range(steps), loader):
+            first = (step * world + rank) * B
+            items = [ds[i] for i in range(first, first + B)]
+            assert torch.equal(x, torch.stack([it_["input_ids"] for it_ in items])), (rank, step)
+            assert torch.equal(y, torch.stack([it_["shift_labels"] for it_ in items])), (rank, step)
+        assert loader.epoch == 3  # every batch of epochs 0, 1 and 2 was compared
+    with pytest.raises(ConfigError, match="accumulation"):
+        ShardWindowDataset(data_dir, T, accumulation=0)
+
+
 def test_hf_labels_targets_and_datasets_dataset(small_data):
     data_dir, _ = small_data
     plain = ShardWindowDataset(data_dir, T, seed=3)
