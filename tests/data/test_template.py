@@ -45,6 +45,25 @@ def test_malformed_templates_are_config_errors(bad):
         DataArgs(datasets=[{"path": "x.jsonl", "text_template": "{q}", "text_column": "q"}])
 
 
+def test_text_template_and_text_column_together_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"'text_template': expected text_template or text_column, not both"):
+        DataArgs(dataset="x.jsonl", text_template="{question}", text_column="question")
+    qa = _jsonl(tmp_path / "qa.jsonl", _qa_rows(20))
+    r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--dataset", qa, "--text_template", "{question}",
+                        "--text_column", "answer", "--data_dir", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "not both" in r.stderr, r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_field_that_is_a_method_is_refused_not_rendered(tmp_path):
+    qa = _jsonl(tmp_path / "qa.jsonl", _qa_rows(20))
+    with pytest.raises(DataError, match=r"qa.jsonl': text_template cannot be applied to its first example "
+                                        r"\(ValueError: \{question.upper\} is a method, not a value"):
+        prepare(DataArgs(dataset=qa, text_template="{question.upper}", data_dir=str(tmp_path / "o")), **Q)
+    assert render("{n.real}", {"n": 3}) == "3"  # an attribute that is a value still renders
+
+
 def test_missing_field_is_one_line_naming_source_and_field(tmp_path):
     qa = _jsonl(tmp_path / "qa.jsonl", _qa_rows(20))
     with pytest.raises(DataError, match=r"dataset '.*qa.jsonl': text_template field 'explanation' is not a column "

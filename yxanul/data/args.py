@@ -81,6 +81,9 @@ class DataArgs:
                 raise ConfigError(key, "a non-empty string", getattr(self, key))
         if self.text_template is not None:
             template_fields(self.text_template)
+            if self.text_column != "text":  # the template says which columns it reads: a column too is a mistake
+                raise ConfigError("text_template", f"text_template or text_column, not both (text_column is "
+                                                   f"'{self.text_column}')", self.text_template)
         if not isinstance(self.val_fraction, (int, float)) or not 0.0 < self.val_fraction < 0.5:
             raise ConfigError("val_fraction", "a number in (0, 0.5)", self.val_fraction)
         if self.max_documents is not None and self.max_documents < 2:

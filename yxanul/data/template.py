@@ -18,6 +18,12 @@ from ..errors import ConfigError, DataError
 
 
 class _Readable(string.Formatter):
+    def get_field(self, field_name, args, kwargs):
+        obj, used = super().get_field(field_name, args, kwargs)
+        if callable(obj):  # ``{text.upper}``: a method would render as "<built-in method ...>" in every document
+            raise ValueError(f"{{{field_name}}} is a method, not a value (a template reads fields, it calls nothing)")
+        return obj, used
+
     def format_field(self, value, format_spec):
         if not format_spec:
             if value is None:
