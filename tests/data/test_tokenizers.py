@@ -55,6 +55,43 @@ def test_tokenizer_train_bad_flags_are_one_line():
         tokenizer_main(["train"])
 
 
+def test_tokenizer_train_reads_the_rendered_text_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    docs = tmp_path / "qa.jsonl"
+    docs.write_text("".join(json.dumps({"question": f"zebraquux number {i}?", "answer": f"yes {i}"}) + "\n"
+                            for i in range(200)))
+    out = tmp_path / "tok"
+    assert tokenizer_main(["train", "--dataset", str(docs), "--out", str(out), "--vocab_size", "300",
+                           "--text_template", "Question: {question} Answer: {answer}"]) == 0
+    tok = AutoTokenizer.from_pretrained(out)
+    # words of the columns and of the template itself were merged: the sample was the rendered documents
+    assert len(tok.tokenize(" zebraquux")) == 1 and len(tok.tokenize("Question:")) <= 2
+    with pytest.raises(ConfigError, match="text_template"):  # one line, at parse time
+        tokenizer_main(["train", "--dataset", str(docs), "--out", str(out), "--text_template", "{}"])
+
+
+def test_held_out_documents_0_holds_out_nothing_and_reports_nothing(tmp_path, capsys):
+    docs = tmp_path / "d.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"doc {i}: the cat sat on the mat {i}"}) + "\n" for i in range(50)))
+    out = tmp_path / "tok"
+    assert tokenizer_main(["train", "--dataset", str(docs), "--out", str(out), "--vocab_size", "300",
+                           "--held_out_documents", "0"]) == 0
+    report = json.loads((out / "yxanul_tokenizer_report.json").read_text())
+    assert report["sample_documents"] == 50 and report["held_out_documents"] == 0 and report["bytes_per_token"] == {}
+    assert "bytes/token" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["file", "below_a_file", "proc"])
+def test_an_out_that_cannot_be_a_folder_is_one_line_before_training(tmp_path, where):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep")
+    out = {"file": existing, "below_a_file": existing / "tok", "proc": "/proc/yxanul-tok"}[where]
+    with pytest.raises(ConfigError, match=r"^config key 'out': expected a folder") as e:
+        tokenizer_main(["train", "--out", str(out), "--vocab_size", "300", "--sample_bytes", "2000"])
+    assert "\n" not in str(e.value) and existing.read_text() == "keep"
+
+
 def _superbpe_shaped(tmp_path, vocab: int = 200_005):
     """A byte-level BPE with SuperBPE's vocabulary size (200K): the bundled 8k BPE with its tokens moved
     to the top ids and fillers below, so the ids in use are > 65,535 and need uint32 shards."""

@@ -18,12 +18,13 @@ and, with their 200K vocabulary, prepare into uint32 shards (docs/data.md).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, DataError
-from ..flags import parse_command, same_as
+from ..flags import check_same_as, parse_command, same_as
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
 from .tokenizer_load import load_tokenizer
@@ -44,15 +45,18 @@ class TokenizerTrainCommand:
     sample_bytes: int = field(default=1 << 30, metadata={"help": "Train on the first this many bytes of text "
                                                                  "(bounds memory and time)."})
     held_out_documents: int = field(default=200, metadata={"help": "Documents after the sample used for the "
-                                                                   "bytes/token report."})
+                                                                   "bytes/token report (0: no report)."})
     min_frequency: int = field(default=2, metadata={"help": "Minimum count of a pair to be merged."})
     dataset_name: str | None = same_as(DataArgs, "dataset_name")
     dataset_split: str = same_as(DataArgs, "dataset_split")
     text_column: str = same_as(DataArgs, "text_column")
+    text_template: str | None = same_as(DataArgs, "text_template")
 
     def __post_init__(self):
         if not self.out:
             raise ConfigError("out", "an output folder (--out DIR)", self.out)
+        _check_out(self.out)
+        check_same_as(self)  # text_template's own check, and its exclusion of text_column
         if not 256 + len(self.special_tokens) < self.vocab_size <= 1 << 22:
             raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]",
                               self.vocab_size)
@@ -63,9 +67,33 @@ class TokenizerTrainCommand:
                               (self.sample_bytes, self.held_out_documents, self.min_frequency))
 
 
+def _check_out(out: str) -> None:
+    """``--out`` must be a folder that can be created or written, found before the whole training runs."""
+    p = Path(out).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError("out", "a folder (it is an existing file)", out)
+    probe = next(q for q in (p, *p.parents) if q.exists())  # the deepest part that exists: where mkdir starts
+    if not probe.is_dir():
+        raise ConfigError("out", f"a folder that can be created ('{probe}' is a file)", out)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError("out", f"a folder that can be written ('{probe}' is not writable)", out)
+
+
+def _make_out(out: str) -> Path:
+    """Create ``--out`` before training: what the static check cannot see (a read-only or virtual filesystem,
+    running as root) fails here, in one line, not after the training."""
+    p = Path(out).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("out", f"a folder that can be created ({e.strerror or type(e).__name__})", out) from None
+    return p
+
+
 def _documents(args: TokenizerTrainCommand):
     src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
                          args.dataset_name)
+    src.text_template = args.text_template  # as resolve_sources sets it: the rendered text is what is read
     check_source(src)
     check_hub_reachable([src])
     for row in load_source(src, streaming=True):
@@ -86,7 +114,7 @@ def sample_and_held_out(args: TokenizerTrainCommand) -> tuple[list[str], list[st
             break
     if not sample:
         raise DataError(f"dataset '{args.dataset}': no text to train a tokenizer on")
-    if not held:  # a small corpus: hold out its last tenth instead
+    if not held and args.held_out_documents:  # a small corpus: hold out its last tenth instead
         k = max(1, len(sample) // 10)
         sample, held = (sample[:-k] or sample), sample[-k:]
     return sample, held
@@ -129,19 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     import time
 
     args = parse_command(TokenizerTrainCommand, argv, prog="yxanul tokenizer")
+    out = _make_out(args.out)
     t0 = time.time()
     sample, held = sample_and_held_out(args)
     tok = train_bpe(sample, args.vocab_size, args.special_tokens, args.min_frequency)
-    out = Path(args.out)
     tok.save_pretrained(out)
     report = {"vocab_size": len(tok), "sample_documents": len(sample),
               "sample_bytes": sum(len(t.encode("utf-8")) for t in sample), "held_out_documents": len(held),
-              "bytes_per_token": compare(tok, held), "seconds": round(time.time() - t0, 1)}
+              "bytes_per_token": compare(tok, held) if held else {}, "seconds": round(time.time() - t0, 1)}
     (out / "yxanul_tokenizer_report.json").write_text(json.dumps(report, indent=2))
     bpt = report["bytes_per_token"]
     print(f"tokenizer: vocab {len(tok):,} trained on {len(sample):,} documents ({report['sample_bytes']:,} bytes) in "
           f"{report['seconds']}s -> {out}")
-    print("bytes/token on held-out text: " + ", ".join(f"{k} {v:.3f}" for k, v in bpt.items()))
+    if bpt:
+        print("bytes/token on held-out text: " + ", ".join(f"{k} {v:.3f}" for k, v in bpt.items()))
     if len(tok) < args.vocab_size:  # BPE stops when no pair is frequent enough: say so, not just a smaller number
         print(f"warning: vocab {len(tok):,} < vocab_size {args.vocab_size:,}: the sample has no more pairs seen "
               f"min_frequency ({args.min_frequency}) times; train on more text for the full size")
