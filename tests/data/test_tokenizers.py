@@ -143,3 +143,14 @@ def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, ca
     assert {"pipeline: packing phase, 1 process(es)", "pipeline: packing phase, 2 process(es)"} <= set(names)
     assert r["pipeline_over_raw"] > 0 and r["scaling_1_to_2"] > 0 and all(row["tokens_per_s"] > 0 for row in r["rows"])
     assert "| raw tokenizers encode_batch (all threads) |" in capsys.readouterr().out
+
+
+def test_bench_data_reads_a_null_text_as_an_empty_row_as_prepare_does(tmp_path):
+    from yxanul.data.bench_data import main as bench_main
+
+    src = tmp_path / "d.jsonl"
+    rows = [{"text": f"Document {i}: words and more words"} for i in range(40)] + [{"text": None}]
+    src.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.json"
+    assert bench_main(["--dataset", str(src), "--num_procs", "1", "--trials", "1", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["documents"] == 41  # the pipeline wrote the raw tokenizer's tokens

@@ -64,6 +64,7 @@ def _documents(args: BenchDataCommand, tmp: Path) -> tuple[Path, list[str]]:
     else:
         with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
             docs = [json.loads(line)["text"] for line in f] * args.repeat
+    docs = [d if isinstance(d, str) else "" for d in docs]  # as prepare reads a null (mixture.py): an empty row
     path = tmp / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"text": d}) for d in docs))
     return path, docs
