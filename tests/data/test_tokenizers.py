@@ -129,6 +129,27 @@ def test_a_200k_vocabulary_prepares_into_uint32_shards_the_loader_reads(tmp_path
     assert text == load_tokenizer(None)[1].decode((ids - shift).tolist()) and len(text) > 500  # same text, shifted ids
 
 
+def test_ids_with_holes_size_the_dtype_and_vocab_size_by_the_largest_id(tmp_path):
+    """4 tokens, the largest id 70,000: uint32 shards and vocab_size 70,001 (an embedding every id fits)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1, "a": 2, "b": 70_000}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="<unk>")
+    assert len(tok) == 4
+    tok.save_pretrained(tmp_path / "holes")
+    docs = tmp_path / "d.jsonl"
+    docs.write_text("".join(json.dumps({"text": " ".join("ab"[(i + j) % 2] for j in range(40))}) + "\n"
+                            for i in range(30)))
+    out = prepare(DataArgs(dataset=str(docs), tokenizer=str(tmp_path / "holes"), val_fraction=0.1,
+                           data_dir=str(tmp_path / "o")), **Q)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_001
+    shard = open_shard(out / meta["splits"]["train"]["shards"][0])
+    assert sorted(set(np.asarray(shard).tolist())) == [0, 2, 70_000]
+
+
 def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, capsys):
     from yxanul.data.bench_data import main as bench_main
 

@@ -40,7 +40,7 @@ from .shards import ShardWriter, dtype_for_vocab
 from .sources import cache_root, check_hub_reachable, check_source, fingerprint, resolve_sources
 from .tiktoken_path import tiktoken_spec
 from .tokenize import Encoder, Pool
-from .tokenizer_load import load_tokenizer
+from .tokenizer_load import load_tokenizer, vocab_size
 from .verify import record_verified, verified
 from .workdir import WorkDir, clean_stale
 
@@ -73,7 +73,10 @@ def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
     tok_name, tok = load_tokenizer(args.tokenizer, args.trust_remote_code)
-    fp = fingerprint(sources, tok_name, _settings(args, sources))
+    settings = _settings(args, sources)
+    if vocab_size(tok) != len(tok):  # ids with holes: a folder recording len(tok) as its vocab_size is not reused
+        settings["vocab_size"] = vocab_size(tok)  # (only these fingerprints change: contiguous vocabularies' stay)
+    fp = fingerprint(sources, tok_name, settings)
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)
 
@@ -238,7 +241,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         resumed = work.progress(fp)
         if resumed:
             say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")
-        t0, dtype = time.monotonic(), dtype_for_vocab(len(tok))
+        t0, dtype = time.monotonic(), dtype_for_vocab(vocab_size(tok))
         splits, packer = _pack(args, sources, work, fp, tok, dtype, progress)
         _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer)
     except DataError:
@@ -248,7 +251,7 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         work.drop_arrow_cache()  # the shards stay for a restart; the Arrow copy of the input goes now
         work.release()
         if is_no_space(e):
-            raise work.disk_full(args.shard_size_tokens * dtype_for_vocab(len(tok))().itemsize) from None
+            raise work.disk_full(args.shard_size_tokens * dtype_for_vocab(vocab_size(tok))().itemsize) from None
         raise
     report(say, out, splits, packer, time.monotonic() - t0)
     return out
@@ -274,7 +277,8 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     strip_code(work.path / "tokenizer")  # the folder never keeps code that came with a tokenizer
 
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
-            "vocab_size": len(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__, "splits": splits,
+            "vocab_size": vocab_size(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__,
+            "splits": splits,
             "sources": [s.path for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
             "shard_size_tokens": args.shard_size_tokens, "yxanul_version": __version__,
             "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,

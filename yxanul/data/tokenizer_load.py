@@ -64,6 +64,15 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     return name, tok
 
 
+def vocab_size(tok) -> int:
+    """The size of an embedding table every id of ``tok`` fits: max id + 1 over its vocabulary and added
+    tokens. Not ``len(tok)``, which counts tokens: a vocabulary with holes in its ids (``{"a": 2, "b": 70000}``)
+    has fewer tokens than its largest id. Equal to ``len(tok)`` for contiguous ids (the bundled tokenizer,
+    GPT-2, every BPE trained here)."""
+    ids = list(tok.get_vocab().values()) + list(getattr(tok, "added_tokens_decoder", {}))
+    return max(max(ids, default=-1) + 1, len(tok))
+
+
 def load_prepared_tokenizer(data_dir):
     """The tokenizer a prepared folder was made with (its own copy, else the recorded name)."""
     from transformers import AutoTokenizer
