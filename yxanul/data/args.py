@@ -17,7 +17,8 @@ class DataArgs:
 
     dataset: str | None = field(
         default=None, metadata={"help": "Text source: a file, glob or directory (.txt/.md = one document per file; "
-                                        ".jsonl/.json/.parquet/.csv = one per row; .gz ok) or a Hub dataset name. "
+                                        ".jsonl/.json/.parquet/.csv = one per row; .gz ok), a datasets save_to_disk "
+                                        "folder or a Hub dataset name. "
                                         "Default: the bundled Shakespeare corpus."})
     datasets: list[dict] | None = field(
         default=None, metadata={"help": "YAML only: a weighted mixture, [{path, weight, split, text_column | "

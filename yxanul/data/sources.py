@@ -96,9 +96,24 @@ def _check_file(path: str) -> None:
         raise DataError(f"dataset '{path}': contains no text")
 
 
+SAVED = "saved"  # the builder of a `datasets` save_to_disk folder: read with load_from_disk
+
+
+def _saved_to_disk(p: Path) -> list[str] | None:
+    """The files of a ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` folder (its Arrow data and the
+    JSON that describes it: their sizes and mtimes fingerprint it), None for any other folder. Read as a
+    folder of files, its metadata JSON would be taken for the documents."""
+    if not ((p / "state.json").is_file() and (p / "dataset_info.json").is_file()) and \
+            not (p / "dataset_dict.json").is_file():
+        return None
+    return sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in (".arrow", ".json"))
+
+
 def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_column: str = "text",
                    name: str | None = None) -> Source:
     p = Path(path).expanduser()
+    if p.is_dir() and (saved := _saved_to_disk(p)) is not None:
+        return Source(path, saved, SAVED, weight, split, text_column, name)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS
                        and not any(part.startswith(".") for part in f.relative_to(p).parts))
@@ -127,6 +142,8 @@ def check_source(src: Source) -> None:
 
     Not part of `resolve_source`: reusing a prepared folder (every rank, every run) must not re-read
     the whole corpus."""
+    if src.builder == SAVED:  # Arrow, written by `datasets` itself: load_from_disk checks it
+        return
     for f in src.files or ():
         _check_file(f)
 
@@ -159,6 +176,8 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     try:
         if src.files is None:
             ds = datasets.load_dataset(hub_path(src.path), src.name, split=src.split, streaming=streaming)
+        elif src.builder == SAVED:
+            ds = _load_saved(src, streaming)
         elif src.builder == "text":
             ds = datasets.load_dataset("text", data_files=src.files, split="train", streaming=streaming,
                                        sample_by="document", **local)
@@ -184,6 +203,19 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
                         "set text_column")
     ds = ds.select_columns([src.text_column])
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
+
+
+def _load_saved(src: Source, streaming: bool):
+    """A save_to_disk folder: its Dataset, or its DatasetDict's ``split`` (memory-mapped: no Arrow copy)."""
+    import datasets
+
+    ds = datasets.load_from_disk(str(Path(src.path).expanduser()))
+    if isinstance(ds, datasets.DatasetDict):
+        if src.split not in ds:
+            raise DataError(f"dataset '{src.path}': no split '{src.split}' (splits: {', '.join(ds)}); "
+                            "set dataset_split")
+        ds = ds[src.split]
+    return ds.to_iterable_dataset() if streaming else ds
 
 
 def _cache_full(src: Source, cache_dir) -> DataError:
