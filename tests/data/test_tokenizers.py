@@ -1,6 +1,7 @@
 """`yxanul tokenizer train` and large-vocabulary (SuperBPE-sized) tokenizers through prepare + loader."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from yxanul.data.prepare import prepare
 from yxanul.data.shards import open_shard
 from yxanul.data.tokenizer_load import load_prepared_tokenizer
 from yxanul.data.tokenizer_train import main as tokenizer_main
-from yxanul.errors import ConfigError
+from yxanul.errors import ConfigError, DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}
 
@@ -90,6 +91,22 @@ def test_an_out_that_cannot_be_a_folder_is_one_line_before_training(tmp_path, wh
     with pytest.raises(ConfigError, match=r"^config key 'out': expected a folder") as e:
         tokenizer_main(["train", "--out", str(out), "--vocab_size", "300", "--sample_bytes", "2000"])
     assert "\n" not in str(e.value) and existing.read_text() == "keep"
+
+
+@pytest.mark.parametrize("name", ["/nonexistent", "./missing-tok", "runs/a/tok", "~/no-such-tok"])
+def test_a_tokenizer_path_that_does_not_exist_says_no_such_folder(name):
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    with pytest.raises(DataError, match=rf"^tokenizer '{re.escape(name)}': no such folder"):
+        load_tokenizer(name)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "org/name"])
+def test_a_hub_id_is_still_asked_of_the_hub(name):
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    with pytest.raises(DataError, match=rf"^tokenizer '{name}': could not be loaded"):  # HF_HUB_OFFLINE in tests
+        load_tokenizer(name)
 
 
 def _superbpe_shaped(tmp_path, vocab: int = 200_005):

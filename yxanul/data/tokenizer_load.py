@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,12 @@ from .remote_code import declares_code, refused
 from .sources import BUNDLED_TOKENIZER, cache_root
 
 GPT2_OFFLINE = "gpt2-offline"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "org/name"
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A value the Hub would refuse as a repo id ("./tok", "/data/tok", "runs/a/tok"): meant as a folder."""
+    return name.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(name)
 
 
 def _gpt2_offline() -> str:
@@ -50,6 +57,9 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     name = name_or_path or str(BUNDLED_TOKENIZER)
     if name == GPT2_OFFLINE:
         name = _gpt2_offline()
+    if _looks_like_a_path(name) and not Path(name).expanduser().exists():
+        raise DataError(f"tokenizer '{name}': no such folder (a tokenizer is a folder, a Hub id like 'gpt2' or "
+                        f"'org/name', or '{GPT2_OFFLINE}')")
     if not trust_remote_code and (where := declares_code(name)):
         raise refused(name, where)
     try:
