@@ -104,6 +104,37 @@ def test_clipping_uses_the_master_gradients(tiny_config):
     assert max(steps) > 0 and all(p.grad is None for p in mw.parameters())
 
 
+def test_accelerates_fp8_prepare_maps_the_model_params_and_the_masters_stay_in_the_groups(tiny_config, monkeypatch):
+    """accelerate's own `_prepare_te` (what `prepare` runs under mixed_precision fp8) maps every optimizer parameter
+    to the model parameter of the same name: the masters are none (a KeyError on an H200). Its TE conversion is
+    stood in for (TE needs CUDA): on a TE-backend model it converts nothing; a conversion that replaces a
+    parameter is refused in one line."""
+    import accelerate.accelerator as acc_mod
+    from accelerate import Accelerator
+
+    from yxanul.precision.master_weights import model_params_in_groups
+
+    monkeypatch.setattr(acc_mod, "is_transformer_engine_available", lambda: True)
+    monkeypatch.setattr(acc_mod, "convert_model", lambda model: None)  # a TE model: nothing to convert
+    mw, _ = _model(tiny_config, "fp32")
+    opt = build_optimizer(mw, OptimArgs())
+    masters = [list(g["params"]) for g in opt.param_groups]
+    acc = Accelerator(cpu=True)
+    with pytest.raises(KeyError):  # accelerate on its own
+        acc._prepare_te(mw, opt)
+    with model_params_in_groups(opt):
+        acc._prepare_te(mw, opt)
+    assert [list(g["params"]) for g in opt.param_groups] == masters
+
+    def replaces(model):  # a conversion that swaps a layer (accelerate's on nn.Linear) leaves it without a master
+        model.model.norm.weight = torch.nn.Parameter(model.model.norm.weight.detach().clone())
+
+    monkeypatch.setattr(acc_mod, "convert_model", replaces)
+    with pytest.raises(ConfigError, match="master_weights"), model_params_in_groups(opt):
+        acc._prepare_te(mw, opt)
+    assert [list(g["params"]) for g in opt.param_groups] == masters
+
+
 def test_parameters_that_view_one_buffer_stay_views_of_one_bf16_buffer():
     """TE's q/k/v weights are views of one buffer (LayerNormLinear parameters_split): TE skips the
     concatenation only while they stay adjacent, so the BF16 copies must be views of one buffer too."""
@@ -277,6 +308,28 @@ def test_save_resume_through_the_trainer_is_exact_and_the_checkpoint_is_fp32(tmp
     resumed = [r.advance(r.next_batches()).loss for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
+
+
+@pytest.mark.gpu
+@pytest.mark.te
+def test_the_trainer_prepares_fp8_with_master_weights(tmp_path):
+    """`yxanul train --use_fp8 --master_weights fp32` (backend te) through accelerate's FP8 prepare, which maps the
+    optimizer's parameters by name (a KeyError on the masters before `model_params_in_groups`): FP8 in effect,
+    the optimizer steps the fp32 masters, and the loss falls."""
+    from yxanul.config import parse_args
+    from yxanul.precision.master_weights import MasterWeightAdamW
+    from yxanul.training import Trainer
+
+    t = Trainer(parse_args(["--model", "nano", "--seq_length", "64", "--micro_batch_size", "4", "--max_steps", "6",
+                            "--warmup_steps", "1", "--max_lr", "2e-3", "--eval_freq", "0", "--sample_tokens", "0",
+                            "--use_tensorboard", "false", "--checkpoint_freq", "0", "--save_final", "false",
+                            "--backend", "te", "--use_fp8", "--require_fp8", "--fp8_min_gemm_dim", "0",
+                            "--master_weights", "fp32", "--speed_defaults", "false",
+                            "--output_dir", str(tmp_path / "run")])).setup()
+    assert t.accelerator.mixed_precision == "fp8" and isinstance(t.optimizer.optimizer, MasterWeightAdamW)
+    losses = [t.advance(t.next_batches()).loss.item() for _ in range(6)]
+    t.finish()
+    assert t.plan.readback["fp8_confirmed"] and losses[-1] < losses[0], losses
 
 
 @pytest.mark.gpu

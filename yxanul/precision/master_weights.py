@@ -273,6 +273,32 @@ def build(model, groups: list[dict], fp8_weights: bool = False, **kwargs) -> tor
     return MasterWeightAdamW(pairs, master_groups, main_grads=_unwrapped_attr(model, FUSED) or (), **kwargs)
 
 
+@contextlib.contextmanager
+def model_params_in_groups(optimizer):
+    """Inside, a `MasterWeightAdamW`'s groups hold the model's BF16 parameters instead of their fp32 masters.
+    accelerate's FP8 ``prepare`` (``Accelerator._prepare_te``) converts the model's layers to TE and then maps
+    every optimizer parameter to the model parameter of the same name: a master is none (KeyError, seen on an
+    H200 with ``--use_fp8 --master_weights fp32``). A TE-backend model has nothing to convert, so each parameter
+    maps to itself and the masters go back; a parameter the conversion replaced has no master: refused."""
+    if not isinstance(optimizer, MasterWeightAdamW):
+        yield
+        return
+    master_of = {id(p): m for p, m in optimizer.pairs}
+    param_of = {id(m): p for p, m in optimizer.pairs}
+    masters = [g["params"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["params"] = [param_of[id(m)] for m in g["params"]]
+    try:
+        yield
+    finally:
+        replaced = any(id(p) not in master_of for g in optimizer.param_groups for p in g["params"])
+        for g, ms in zip(optimizer.param_groups, masters):
+            g["params"] = ms
+    if replaced:
+        raise ConfigError("master_weights", "none when accelerate converts the model's layers for FP8 (backend te "
+                                            "builds TE layers: nothing to convert)", "fp32")
+
+
 def clip_in_step(optimizer, max_norm: float) -> torch.Tensor | None:
     """`MasterWeightAdamW.clip_in_step` of a (wrapped) master-weight optimizer; None for any other."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer

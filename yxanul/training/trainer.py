@@ -26,6 +26,7 @@ from ..errors import TrainingDiverged
 from ..models.build import build_model, describe, model_config
 from ..models.modeling_yxanul import resolve_backend
 from ..precision import resolve_precision
+from ..precision.master_weights import model_params_in_groups
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
 from . import fsdp, provenance, speed_defaults
@@ -122,7 +123,9 @@ class Trainer:
                 acc, model, functools.partial(build_optimizer, args=cfg.optim, fp8_weights=fp8),
                 fsdp.fp32_values(model, cfg.model.init_from) if fp8 else None)
         else:
-            self.model, self.optimizer = acc.prepare(model, build_optimizer(model, cfg.optim))
+            optimizer = build_optimizer(model, cfg.optim)
+            with model_params_in_groups(optimizer):  # accelerate's FP8 prepare maps the optimizer's params by name
+                self.model, self.optimizer = acc.prepare(model, optimizer)
         self.plan.after_prepare(self.model)
         if cfg.train.torch_compile:
             self.model = compile_model(self.model, acc.device.type, self.plan.fp8_enabled)
