@@ -290,7 +290,7 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
 
     fp8, bf16, res = tmp_path / "fp8", tmp_path / "bf16", tmp_path / "res"
     init = saved_init(tmp_path / "init", model="medium", seq_length=256)
-    r = run(fp8, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "3")
+    r = run(fp8, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "1", "--keep_last", "6")
     assert "all-gather float8 (TE layers), bfloat16 (the rest), reduce float32" in r.stdout
     rep = json.loads((fp8 / "precision_report.json").read_text())
     assert rep["te_readback"]["fp8_confirmed"] and rep["sharding"]["weight_all_gather"].startswith("float8")
@@ -302,9 +302,14 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
     assert max(abs(a[s] - b[s]) / b[s] for s in a) < 2e-2, curves
 
     continue_from(fp8 / "checkpoints" / "step_3", res)
-    run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "0", "--resume", "latest",
-        blocking=True)
+    run(res, "--init_from", init, "--fp8_weight_all_gather", "--checkpoint_freq", "1", "--keep_last", "6",
+        "--resume", "latest", blocking=True)
     c = losses(res)
+    # first, which part of the optimizer state (if any) the first resumed step left apart: step 4's loss is the
+    # loaded weights' (equal on the lease of 2026-11-27.4), the update after it is the state's
+    drifts = _optimizer_drift(fp8 / "checkpoints" / "step_4" / "optimizer_0",
+                              res / "checkpoints" / "step_4" / "optimizer_0")
+    assert max(drifts.values(), default=1.0) < 1e-3, f"optimizer state at step 4, resumed vs not: {drifts}; {c}"
     assert sorted(c) == [4, 5, 6] and max(abs(a[s] - c[s]) / a[s] for s in c) < 1e-2, f"resumed: {c}; {curves}"
     # the resume restored the Adam moments of every parameter, the fp32 ones (embedding, norms) too: after 3 more
     # steps they match the uninterrupted run's; restarted from zero they would be ~1 - 0.9^3 = 27 % of them
@@ -325,6 +330,25 @@ def test_fsdp2_fp8_weight_all_gather_one_gpu_trains_resumes_and_exports_the_mast
     q0 = _init_tensor(init, "model.layers.0.self_attention.layernorm_qkv.query_weight")
     moved = ((q.float() - q0.float()).norm() / q0.float().norm()).item()
     assert moved > 1e-4, f"the masters never moved from the initialization ({moved:.1e}); {curves}"
+
+
+def _optimizer_drift(want: Path, got: Path) -> dict[str, float]:
+    """Per kind of optimizer entry (exp_avg, exp_avg_sq, master_param, step, ...): the largest relative
+    difference of the two DCP optimizer folders over all parameters (1.0 for an entry only one has)."""
+    a, b = _read_dcp(want, lambda k: True), _read_dcp(got, lambda k: True)
+    out: dict[str, float] = {}
+    for key in set(a) | set(b):
+        kind = key.rsplit(".", 1)[-1]
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None:
+            d = 1.0
+        elif torch.is_tensor(x):
+            x, y = x.float(), y.float()
+            d = ((x - y).norm() / x.norm().clamp_min(1e-12)).item()
+        else:
+            d = 0.0 if x == y else 1.0
+        out[kind] = max(out.get(kind, 0.0), d)
+    return out
 
 
 def test_slurm_script_passes_the_hsdp_sizes_and_accelerate_takes_them(tmp_path):
