@@ -42,6 +42,10 @@ VARIANTS = {
     # every change aimed at xlarge's FP8 / BF16 ratio, together
     "ratio-stack": "--loss_impl te --fuse_qkv_rope --rope_kernel triton --master_weights fp32 "
                    "--fuse_wgrad_accumulation --fp8_attention --norm_kernel cudnn",
+    # triton-rope + cudnn-norm: the two measured on 2026-11-27.4 (ratio-stack failed there: --fp8_attention found no
+    # TE attention backend)
+    "rope-norm": "--fuse_qkv_rope --rope_kernel triton --master_weights fp32 --fuse_wgrad_accumulation "
+                 "--norm_kernel cudnn",
     "fp8-attention": "--fp8_attention",  # on top of the table: the FP8 cases' attention in FP8 too (BF16: unchanged)
     "fused-qkv": "--fuse_qkv_params",
     "fused-rope": "--fuse_qkv_rope",
