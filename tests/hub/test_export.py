@@ -127,6 +127,35 @@ def test_export_picks_best_and_user_errors_are_one_line(tmp_path, capsys, monkey
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")] == []
 
 
+def test_export_never_overwrites_the_run_it_exports(tmp_path, capsys):
+    """--overwrite replaces OUT whole: OUT = the exported checkpoint, the checkpoints folder, another checkpoint
+    or a run folder that holds files is one line, exit 2, and every checkpoint still verifies byte for byte;
+    a new folder in the run, and an earlier export there with --overwrite, are fine."""
+    from yxanul.checkpoint import verify_checkpoint
+    from yxanul.hub.loading import resolve_checkpoint
+
+    run = tmp_path / "run"
+    for step in (2, 4):
+        save_run(random_model(2, True, 1024), run, te_views=False, step=step)
+    (run / "checkpoints" / "best").write_text("step_4\n")
+    (run / "logs").mkdir()
+    (run / "logs" / "events").write_text("x")
+    ckpts = run / "checkpoints"
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    assert resolve_checkpoint(run) == ckpts / "step_4"
+    refused = [(run, ckpts / "step_4"), (run, ckpts), (run, ckpts / "step_2"), (ckpts / "step_4", ckpts / "step_2"),
+               (ckpts / "step_2", ckpts / "step_2" / "sub"), (run, run / "logs")]
+    for source, out in refused:
+        assert cli(["export", str(source), str(out), "--overwrite"]) == 2, (source, out)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: export OUT '{out}': "), err
+    assert {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
+    assert verify_checkpoint(ckpts / "step_2") == verify_checkpoint(ckpts / "step_4") == []
+    assert cli(["export", str(run), str(run / "hf")]) == 0
+    assert cli(["export", str(run), str(run / "hf"), "--overwrite"]) == 0  # an earlier export: what it is for
+    assert (run / "hf" / "config.json").is_file() and not (ckpts / "step_4" / "config.json").exists()
+
+
 @pytest.mark.slow
 def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
     """A real ZeRO-1 run (one process, CPU) leaves DeepSpeed's pytorch_model/ folder; the export equals

@@ -121,8 +121,25 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
             raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
         return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
     with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
+        check_out_spares_run(out, ckpt)
         model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
+
+
+def check_out_spares_run(out: Path, ckpt: Path) -> None:
+    """OUT is replaced whole (``--overwrite``): it must not be the checkpoint being exported, a folder above it or
+    inside it, anything in the run's checkpoints folder (other checkpoints, ``best``/``latest``), nor an existing
+    non-empty folder of the run that is not an earlier export (logs, TensorBoard): a run's files are never lost."""
+    o, ck = out.resolve(), ckpt.resolve()
+    if o == ck or o in ck.parents or ck in o.parents:
+        raise UserError(f"export OUT '{out}': would overwrite the checkpoint '{ckpt}' it exports (choose a folder "
+                        "outside it)")
+    if ck.parent.name != "checkpoints":  # a checkpoint folder outside a run: no run files around it
+        return
+    run = ck.parent.parent
+    if ck.parent in o.parents or (run in o.parents and o.is_dir() and any(o.iterdir()) and not is_export(o)):
+        raise UserError(f"export OUT '{out}': inside the run '{run}' whose files it would replace (choose a new "
+                        "folder, or one outside the run)")
 
 
 def check_shard_size(value: str) -> None:
