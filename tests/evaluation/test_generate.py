@@ -2,11 +2,13 @@
 
 import pytest
 import torch
+from hub.helpers import random_model, save_run
 from transformers import AutoTokenizer, TextStreamer
 
 from yxanul.cli import main as cli
 from yxanul.evaluation.generate import GenerateCommand, generate
 from yxanul.hub.export import export
+from yxanul.hub.loading import load_model
 
 PROMPT = "ROMEO:\nBut soft, what light"
 
@@ -62,3 +64,21 @@ def test_generate_user_errors(tok_run, tmp_path, capsys):
 @pytest.mark.parametrize("flag", ["--max_new_tokens", "--temperature"])
 def test_generate_rejects_negative(flag, tok_run):
     assert cli(["generate", str(tok_run[0]), flag, "-1"]) == 2
+
+
+def test_generate_from_a_run_stops_at_end_of_text(prepared, tmp_path):
+    """A checkpoint's config comes from its preset: the loader takes bos/eos from the run's tokenizer, so
+    generate() stops at end-of-text as it does from an export. The final norm's weight at zero makes every logit
+    0, and greedy decoding's argmax then picks id 0, the bundled tokenizer's <|endoftext|>."""
+    model = random_model(2, False, 8192, seed=5)
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+    save_run(model, tmp_path / "run", te_views=False, data_dir=prepared)
+    loaded, tok = load_model(tmp_path / "run")
+    assert tok.eos_token_id == 0
+    for ids in (loaded.config, loaded.generation_config):
+        assert (ids.eos_token_id, ids.bos_token_id) == (tok.eos_token_id, tok.bos_token_id)
+    RecordingStreamer.chunks = 0
+    got = generate(GenerateCommand(model=str(tmp_path / "run"), prompt=PROMPT, max_new_tokens=8, temperature=0.0,
+                                   device="cpu"), streamer_cls=RecordingStreamer)
+    assert got == "" and RecordingStreamer.chunks == 2  # the prompt, then end-of-text: no 7 more

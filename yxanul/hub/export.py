@@ -26,6 +26,7 @@ from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
 from .card import LOSS_PNG, build_card, plot_loss, read_metrics
 from .loading import (
+    fill_token_ids,
     is_export,
     load_checkpoint_model,
     load_model,
@@ -50,15 +51,6 @@ def llama_config(config, dtype: torch.dtype):
         initializer_range=config.initializer_range, bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, dtype=dtype,
         architectures=["LlamaForCausalLM"])
-
-
-def _token_ids(config, tokenizer) -> None:
-    """Fill bos/eos/pad ids from the tokenizer where the model config has none."""
-    if tokenizer is None:
-        return
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(config, key, None) is None:
-            setattr(config, key, getattr(tokenizer, key, None))
 
 
 def save_llama(model, out: Path, dtype: torch.dtype, max_shard_size: str) -> None:
@@ -158,7 +150,7 @@ def check_shard_size(value: str) -> None:
 def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overwrite, license, repo_id) -> Path:
     """Write into a new folder beside ``out``, then swap it in: a failure half-way leaves ``out`` as it was (an
     ``--overwrite`` deleted the previous export first)."""
-    _token_ids(model.config, tok)
+    fill_token_ids(model, tok)
     tmp = out.absolute().parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

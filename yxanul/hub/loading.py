@@ -157,6 +157,20 @@ def load_checkpoint_model(ckpt: Path):
     return model.eval()
 
 
+def fill_token_ids(model, tokenizer) -> None:
+    """bos/eos/pad ids from the tokenizer where the model has none, in its config and its generation config: a
+    checkpoint's config comes from its preset, which knows no tokenizer, and without an eos id ``generate()``
+    would not stop at end-of-text (an export carries the same ids in its files)."""
+    if tokenizer is None:
+        return
+    gen = getattr(model, "generation_config", None)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(model.config, key, None) is None:
+            setattr(model.config, key, getattr(tokenizer, key, None))
+        if gen is not None and getattr(gen, key, None) is None:
+            setattr(gen, key, getattr(model.config, key))
+
+
 def device_of(flag: str) -> torch.device:
     """The device a ``--device`` value names: ``auto`` (CUDA if there is one), ``cpu`` or ``cuda[:N]`` of this
     machine; anything else is one line (`yxanul generate` and `eval` check it before loading anything)."""
@@ -194,6 +208,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         if dtype is not None:
             model = model.to(dtype)
+    fill_token_ids(model, tok)
     return model.to(device).eval(), tok
 
 
