@@ -106,6 +106,56 @@ def test_eval_of_an_export_says_what_it_skips_and_refuses_nothing_to_do(tok_run,
     assert "cloze: 1/3 items 33% eta " in out and "cloze: 2/3 items 67% eta " in out and "cloze: acc " in out
 
 
+LONG_CTX = "ROMEO:\n" + " ".join(["But soft, what light through yonder window breaks? It is the east, and Juliet "
+                                    "is the sun."] * 12)
+
+
+def ending_of(tok, ctx: str, n: int) -> str:
+    """A text whose continuation after ``ctx`` is exactly ``n`` tokens (lm-eval's split of the pair)."""
+    from yxanul.evaluation.tasks import encode_pair
+
+    words = ("Arise, fair sun, and kill the envious moon, who is already sick and pale with grief " * 20).split()
+    for k in range(1, len(words)):
+        if len(encode_pair(tok, ctx, " ".join(words[:k]))[1]) == n:
+            return " ".join(words[:k])
+    text = " ".join(words)
+    return next(text[:c] for c in range(1, len(text)) if len(encode_pair(tok, ctx, text[:c])[1]) == n)
+
+
+def test_items_longer_than_the_window_score_as_lm_eval_crops_them(tok_run, prepared, tmp_path, capsys):
+    """Context + ending beyond max_position_embeddings (64 here): the sums equal lm-eval HFLM's loglikelihood
+    (it keeps one more context token, never the ending's last token as an input), an ending of exactly the
+    window included; a longer ending is one line naming the task and item, exit 2."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from yxanul.integrations.causal_lm import as_llama, with_pad_token
+
+    run, model = tok_run
+    tok = AutoTokenizer.from_pretrained(str(prepared / "tokenizer"))
+    L = model.config.max_position_embeddings
+    assert L == 64 and len(tok(LONG_CTX).input_ids) > 2 * L
+    endings = ["Romeo?", "the king of all the land and sea", ending_of(tok, LONG_CTX, L)]
+    ours = ending_logprobs(model, tok, LONG_CTX, endings, "cpu", L)
+    lm = HFLM(pretrained=as_llama(model), tokenizer=with_pad_token(tok), batch_size=1)
+    theirs = [ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, (LONG_CTX, " " + e), i)
+                                                for i, e in enumerate(endings)], disable_tqdm=True)]
+    assert ours == pytest.approx(theirs, abs=1e-4)
+    fits, too_long = tmp_path / "fits.jsonl", tmp_path / "too_long.jsonl"
+    fits.write_text(json.dumps({"ctx": LONG_CTX, "endings": endings, "label": 2}))
+    too_long.write_text(json.dumps({"ctx": LONG_CTX, "endings": ["Romeo?", ending_of(tok, LONG_CTX, L + 1)],
+                                    "label": 0}))
+    out = tmp_path / "r.json"
+    assert cli(["eval", str(run), "--tasks", str(fits), "--eval_steps", "1", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["fits"]["n"] == 1
+    capsys.readouterr()
+    assert cli(["eval", str(run), "--tasks", str(too_long), "--eval_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: task 'too_long' item 1: an ending of {L + 1} tokens is longer than the model's "
+                   f"{L}-token window"], err
+
+
 def test_bundled_cloze_task_is_the_builders_output():
     items = load_task("cloze")
     assert len(items) == 300 and all(len(it["endings"]) == 4 for it in items)

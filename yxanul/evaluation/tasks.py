@@ -82,21 +82,26 @@ def encode_pair(tokenizer, ctx: str, ending: str) -> tuple[list[int], list[int]]
 @torch.no_grad()
 def ending_logprobs(model, tokenizer, ctx: str, endings: list[str], device, max_len: int) -> list[float]:
     """Sum of log p(ending tokens | ctx) for each ending: one forward pass over all endings (right padded;
-    padding sits after every scored position, so causal attention never sees it)."""
-    rows, spans = [], []
+    padding sits after every scored position, so causal attention never sees it). A pair longer than the
+    window is cropped as lm-eval's HFLM crops it: its last ``max_len + 1`` tokens less the last one (only ever
+    predicted), so the ending's first token keeps a predecessor and the scores stay lm-eval's. An ending longer
+    than the window cannot be scored whole: a DataError (lm-eval refuses it too)."""
+    rows, ends = [], []
     for e in endings:
         ctx_ids, end_ids = encode_pair(tokenizer, ctx, e)
-        ids = (ctx_ids + end_ids)[-max_len:]                     # keep the ending; crop the context's start
-        rows.append(ids)
-        spans.append((len(ids) - len(end_ids), len(ids)))
+        if len(end_ids) > max_len:
+            raise DataError(f"an ending of {len(end_ids)} tokens is longer than the model's {max_len}-token window")
+        rows.append((ctx_ids + end_ids)[-(max_len + 1):][:-1])  # context >= 1 token: the ending is all scored
+        ends.append(end_ids)
     width = max(len(r) for r in rows)
     pad = tokenizer.eos_token_id or 0
     x = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)  # (N, T)
     logp = F.log_softmax(model(input_ids=x).logits.float(), dim=-1)               # (N, T, V)
     out = []
-    for n, (a, b) in enumerate(spans):
-        targets = x[n, a:b]                                                        # ending tokens
-        out.append(logp[n, a - 1:b - 1].gather(-1, targets[:, None]).sum().item())  # predicted one step earlier
+    for n, (row, end) in enumerate(zip(rows, ends)):
+        a = len(row) - len(end)  # the position whose logits predict the ending's first token
+        targets = torch.tensor(end, device=device)[:, None]
+        out.append(logp[n, a:len(row)].gather(-1, targets).sum().item())
     return out
 
 
@@ -114,7 +119,10 @@ def score_task(model, tokenizer, items: list[dict], device, say=None, name: str 
             last = time.perf_counter()
             eta = (last - t0) / i * (len(items) - i)
             say(f"{name}: {i}/{len(items)} items {i / len(items):.0%} eta {format_duration(eta)}", flush=True)
-        lp = ending_logprobs(model, tokenizer, it["ctx"], it["endings"], device, max_len)
+        try:
+            lp = ending_logprobs(model, tokenizer, it["ctx"], it["endings"], device, max_len)
+        except DataError as e:
+            raise DataError(f"task '{name}' item {i + 1}: {e}") from None
         norm = [v / max(1, len(e)) for v, e in zip(lp, it["endings"])]  # lm-eval: len(choice) in characters
         correct += int(max(range(len(lp)), key=lp.__getitem__) == it["label"])
         correct_norm += int(max(range(len(norm)), key=norm.__getitem__) == it["label"])
@@ -151,7 +159,7 @@ class EvalTasksCallback:
         try:
             out = {}
             for name, items in self.tasks.items():
-                r = score_task(model, tokenizer, items, device)
+                r = score_task(model, tokenizer, items, device, name=name)
                 out[f"eval/{name}_acc"], out[f"eval/{name}_acc_norm"] = r["acc"], r["acc_norm"]
             if self.harness:
                 out.update(self._harness(model, tokenizer))
