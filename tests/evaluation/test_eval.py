@@ -156,6 +156,23 @@ def test_items_longer_than_the_window_score_as_lm_eval_crops_them(tok_run, prepa
                    f"{L}-token window"], err
 
 
+def test_eval_of_a_run_uses_the_trainers_validation_windows(fast, prepared, tmp_path, capsys, monkeypatch):
+    """Without --batch_size / --eval_steps, `yxanul eval RUN` takes the run's micro_batch_size and eval_steps
+    from its config.yaml: the validation loss the trainer logged at its last step, over the same windows."""
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    assert cli(["train", *fast, "--data_dir", str(prepared), "--max_steps", "2", "--eval_freq", "2", "--eval_steps",
+                "3", "--micro_batch_size", "4", "--seq_length", "64", "--checkpoint_freq", "2",
+                "--output_dir", str(run)]) == 0
+    logged = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "val_loss" in r]
+    assert logged[-1]["step"] == 2
+    capsys.readouterr()
+    out = tmp_path / "r.json"
+    assert cli(["eval", str(run), "--device", "cpu", "--output", str(out)]) == 0
+    assert "(3 batches of 4 x 64 tokens from " in capsys.readouterr().out
+    assert json.loads(out.read_text())["val_loss"] == pytest.approx(logged[-1]["val_loss"], abs=1e-5)
+
+
 def test_bundled_cloze_task_is_the_builders_output():
     items = load_task("cloze")
     assert len(items) == 300 and all(len(it["endings"]) == 4 for it in items)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +27,9 @@ from ..tracking import TrackingArgs
 from .harness import evaluate_harness, headline, split_tasks, task_manager
 from .tasks import load_task, score_task, task_name
 
+DEFAULT_BATCH_SIZE = 8  # --batch_size of an export, which has no run config
+TRAINER_EVAL_STEPS = TrackingArgs.__dataclass_fields__["eval_steps"].default
+
 
 @torch.no_grad()
 def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, device) -> dict[str, float]:
@@ -41,22 +44,39 @@ def val_loss(model, data_dir, seq_length: int, batch_size: int, steps: int, devi
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50)), "val_batches": n}
 
 
+def run_config_of(model_path: str) -> dict:
+    """The flat config.yaml of the run behind MODEL: a run's own, else its newest checkpoint's, or a checkpoint's;
+    {} for an export. Only its data and evaluation settings are read (the weights were verified by load_model)."""
+    if is_export(model_path):
+        return {}
+    found = [Path(model_path)] + [Path(c["path"]) for c in reversed(list_checkpoints(model_path))]
+    return next((cfg for cfg in map(saved_config, found) if cfg), {})
+
+
 def data_dir_of(model_path: str) -> Path | None:
     """The prepared data folder of the run behind MODEL (None for an export)."""
-    # the run's (else its newest checkpoint's) or the checkpoint's config.yaml: the data settings only
-    # (the weights were verified by load_model)
-    found = [Path(model_path) / "config.yaml"] + [Path(c["path"]) / "config.yaml"
-                                                  for c in reversed(list_checkpoints(model_path))]
-    path = next((f for f in found if f.is_file()), None)
-    if is_export(model_path) or path is None:
+    cfg = run_config_of(model_path)
+    if not cfg:
         return None
-
-    cfg = saved_config(path.parent)
     keys = {k: cfg[k] for k in DataArgs.__dataclass_fields__ if k in cfg}
     try:
         return Path(keys.get("data_dir") or target_dir(DataArgs(**keys))[0])
     except Exception:  # noqa: BLE001 - the run's source data is not here: no default validation set
         return None
+
+
+def with_run_defaults(a: EvalCommand) -> EvalCommand:
+    """--batch_size / --eval_steps left out: the run's micro_batch_size / eval_steps, so that the validation loss
+    is over the trainer's own windows (the first micro_batch_size x eval_steps of the split); an export, or a
+    config without them: 8 and the trainer's default eval_steps."""
+    cfg = run_config_of(a.model)
+
+    def saved(key: str, default: int) -> int:
+        v = cfg.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else default
+
+    return replace(a, batch_size=a.batch_size or saved("micro_batch_size", DEFAULT_BATCH_SIZE),
+                      eval_steps=a.eval_steps or saved("eval_steps", TRAINER_EVAL_STEPS))
 
 
 @dataclass
@@ -77,8 +97,10 @@ class EvalCommand:
     limit: int | None = field(default=None, metadata={"help": "At most N items per task."})
     seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
                                                                    "max_position_embeddings)."})
-    batch_size: int = field(default=8, metadata={"help": "Validation windows per forward pass."})
-    eval_steps: int = same_as(TrackingArgs, "eval_steps")
+    batch_size: int | None = field(default=None, metadata={
+        "help": f"Validation windows per forward pass (default: the run's micro_batch_size; {DEFAULT_BATCH_SIZE} for "
+                "an export)."})
+    eval_steps: int | None = same_as(TrackingArgs, "eval_steps", default=None)
     device: str = field(default="auto", metadata={"help": "auto (cuda if available), cpu or cuda[:N]."})
     output: str | None = field(default=None, metadata={"help": "Also write the results to this JSON file."})
 
@@ -91,7 +113,7 @@ class EvalCommand:
                 raise ConfigError(key, "an integer >= 1", v)
         check_same_as(self)
         for key in ("batch_size",):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         device_of(self.device)
         if self.output is not None and (not Path(self.output).parent.is_dir() or Path(self.output).is_dir()):
@@ -101,6 +123,7 @@ class EvalCommand:
 
 def evaluate(a: EvalCommand, say=print) -> dict:
     local, harness = split_tasks(a.tasks)
+    a = with_run_defaults(a)
     tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
     tm = task_manager(harness, a.task_dir) if harness else None
     device = device_of(a.device)
