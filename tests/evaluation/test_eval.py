@@ -173,6 +173,12 @@ def test_eval_of_a_run_uses_the_trainers_validation_windows(fast, prepared, tmp_
     assert json.loads(out.read_text())["val_loss"] == pytest.approx(logged[-1]["val_loss"], abs=1e-5)
 
 
+def test_eval_of_a_missing_model_is_one_line_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nonexist"
+    assert cli(["eval", str(missing)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: MODEL '{missing}': no such file or directory"]
+
+
 def test_bundled_cloze_task_is_the_builders_output():
     items = load_task("cloze")
     assert len(items) == 300 and all(len(it["endings"]) == 4 for it in items)

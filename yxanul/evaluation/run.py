@@ -122,6 +122,8 @@ class EvalCommand:
 
 
 def evaluate(a: EvalCommand, say=print) -> dict:
+    if not Path(a.model).exists():  # before "nothing to evaluate", which would blame a missing data folder
+        raise UserError(f"MODEL '{a.model}': no such file or directory")
     local, harness = split_tasks(a.tasks)
     a = with_run_defaults(a)
     tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
