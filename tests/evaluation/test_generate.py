@@ -66,6 +66,13 @@ def test_generate_rejects_negative(flag, tok_run):
     assert cli(["generate", str(tok_run[0]), flag, "-1"]) == 2
 
 
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_generate_rejects_a_temperature_that_is_no_number(value, tmp_path, capsys):
+    assert cli(["generate", str(tmp_path), "--temperature", value]) == 2  # before MODEL is even looked at
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: config key 'temperature': expected a finite number >= 0, got {float(value)!r}"], err
+
+
 def test_generate_from_a_run_stops_at_end_of_text(prepared, tmp_path):
     """A checkpoint's config comes from its preset: the loader takes bos/eos from the run's tokenizer, so
     generate() stops at end-of-text as it does from an export. The final norm's weight at zero makes every logit

@@ -8,6 +8,7 @@ either backend (TE or torch) load into the torch backend, on CPU or GPU.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,8 +38,8 @@ class GenerateCommand:
             raise ConfigError("prompt", "either --prompt or --prompt_file, not both", "both")
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens", "an integer >= 1", self.max_new_tokens)
-        if self.temperature < 0:
-            raise ConfigError("temperature", "a number >= 0", self.temperature)
+        if not math.isfinite(self.temperature) or self.temperature < 0:  # nan < 0 is False
+            raise ConfigError("temperature", "a finite number >= 0", self.temperature)
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError("top_k", "an integer >= 1 or null", self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
