@@ -39,7 +39,7 @@ from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .optim import build_optimizer
 from .preemption import StopRequest
 from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
-from .runtime import StepTimer, build_accelerator, compile_model, process_state, quiet, weights_sharded
+from .runtime import StepTimer, UnwrapCache, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
 from .state import RunInfo, TrainState, read_state_file, state_file_dict
 from .step import StepOutput, train_step
@@ -59,8 +59,8 @@ class Trainer:
         self.guard = CollapseGuard()  # a collapsed model stops like a diverged one
         self.first_loss = self.last_loss = self.tokens_per_sec = None
         self.stage_idx: int | None = None
-        self.train_iter = None
-        self.lock = None
+        self.train_iter = self.lock = None
+        self._unwrap = UnwrapCache()  # `unwrapped_model`
         self._trackers_started = False
         self.t_start = time.monotonic()  # durations: a wall clock may jump (NTP, a VM resumed)
         self.said_at = time.perf_counter()  # the last console line of the loop (progress lines fill long gaps)
@@ -149,7 +149,7 @@ class Trainer:
 
     @property
     def unwrapped_model(self):
-        return self.accelerator.unwrap_model(self.model)
+        return self._unwrap(self.accelerator, self.model)  # again only for another self.model
 
     # -- resume --------------------------------------------------------------------------------
     def resume(self) -> Path | None:
