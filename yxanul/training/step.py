@@ -34,6 +34,7 @@ from ..data.loader import split_window
 from ..models.cuda_graphs import ensure_captured
 from ..precision.forward import forward
 from ..precision.master_weights import clip_in_step, grad_params
+from .direct import optimizer_step
 
 
 @dataclass
@@ -118,6 +119,5 @@ def train_step(model, optimizer, batches: Sequence, *, plan=None, accelerator=No
     norm = None
     if optimizer is not None:
         norm = _clip(model, optimizer, accelerator, max_grad_norm or float("inf"))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(optimizer, accelerator)  # past accelerate's wrapper where it adds nothing (training/direct.py)
     return StepOutput(loss_sum, lm_sum, pen_sum, norm, accum)
