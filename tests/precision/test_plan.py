@@ -140,3 +140,17 @@ def test_fp8_weight_all_gather_needs_fp8_on_and_every_te_layer_in_fp8():
         resolve_precision(PrecisionArgs(**args), te_cfg("gpt2-124m"), H100)  # 768 wide < 1536
     with pytest.raises(ConfigError, match=r"fp8_keep_bf16 \['model.layers.0.\*'\]"):
         resolve_precision(PrecisionArgs(**args, fp8_keep_bf16=["model.layers.0.*"]), te_cfg(), H100, say=print)
+
+
+def test_fp8_attention_with_current_scaling_below_sm100_is_refused_in_one_line():
+    """TE 2.20 runs FP8 attention for current scaling on sm_100+ only: on an H100/H200 every backend is off and
+    the first forward raised "No dot product attention backend is available" (the H200 lease of 2026-11-27)."""
+    args = PrecisionArgs(use_fp8=True, fp8_recipe="current", fp8_attention=True)
+    with pytest.raises(ConfigError, match="^config key 'fp8_attention': expected false with fp8_recipe current on "
+                                          "NVIDIA H100"):
+        resolve_precision(args, te_cfg(), H100, say=lambda *a: None)
+    from yxanul.precision.plan import check_fp8_attention  # what resolve_precision runs once FP8 is on
+
+    check_fp8_attention(args, facts(compute_capability=(10, 0), device_name="NVIDIA B200"))
+    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="delayed", fp8_attention=True), H100)
+    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="current"), H100)

@@ -137,6 +137,8 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
     policy = layer_policy(config, args)
     if args.fp8_weight_all_gather:
         _check_all_layers_fp8(args, fp8, reason, policy)
+    if fp8:
+        check_fp8_attention(args, facts)
     if args.use_fp8 and not fp8:
         if args.require_fp8:
             raise UserError(f"require_fp8: FP8 is impossible here: {reason}")
@@ -145,6 +147,16 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
         say(f"warning: fp8_interval={args.fp8_interval} has no effect (TE has no 'interval' since 1.8: "
             "scales update after every step); recorded only")
     return PrecisionPlan(args, fp8, reason, base, policy, facts)
+
+
+def check_fp8_attention(args: PrecisionArgs, facts: CapabilityFacts) -> None:
+    """TE 2.20's ``get_attention_backend`` turns FusedAttention off for FP8 current scaling below sm_100
+    ("Disabling FusedAttention for FP8 current scaling on arch < sm100"), FlashAttention 3 for FP8 training and the
+    unfused one for FP8: no backend is left, a ValueError at the first forward (an H200, 2026-11-27)."""
+    if args.fp8_attention and args.fp8_recipe == "current" and tuple(facts.compute_capability or (0, 0)) < (10, 0):
+        raise ConfigError("fp8_attention", f"false with fp8_recipe current on {facts.device_name} (TE "
+                                           f"{facts.te_version} has no FP8 attention for current scaling below "
+                                           "compute capability 10.0); or fp8_recipe delayed", True)
 
 
 def _check_all_layers_fp8(args: PrecisionArgs, fp8: bool, reason: str | None, policy: dict) -> None:
