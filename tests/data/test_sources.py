@@ -31,3 +31,16 @@ def test_a_saved_dataset_dict_reads_dataset_split(tmp_path, docs_file):
     assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(docs)
     with pytest.raises(DataError, match=r"dict': no split 'validation' \(splits: train, test\); set dataset_split"):
         prepare(DataArgs(dataset=str(saved), dataset_split="validation", data_dir=str(tmp_path / "p")), **Q)
+
+
+def test_each_split_of_a_saved_dataset_dict_has_its_own_cache(tmp_path, docs_file, monkeypatch):
+    """Prepared into the cache (no data_dir), the train and test splits of one folder are two folders: the
+    fingerprint names the split, or the second prepare would reuse the first one's shards."""
+    _, docs = docs_file(60)
+    monkeypatch.setenv("YXANUL_CACHE", str(tmp_path / "cache"))
+    saved = tmp_path / "dict"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs}),
+                          "test": datasets.Dataset.from_dict({"text": docs[:20]})}).save_to_disk(str(saved))
+    train, test = (prepare(DataArgs(dataset=str(saved), dataset_split=s), **Q) for s in ("train", "test"))
+    assert train != test
+    assert sorted(split_docs(test, "train") + split_docs(test, "val")) == sorted(docs[:20])

@@ -101,6 +101,19 @@ def test_a_tokenizer_path_that_does_not_exist_says_no_such_folder(name):
         load_tokenizer(name)
 
 
+def test_a_tokenizer_folder_under_home_loads_as_tilde(tmp_path, monkeypatch):
+    """`tokenizer: ~/tok` in a YAML (no shell expands it) is the folder, not a Hub id."""
+    import shutil
+
+    from yxanul.data.sources import BUNDLED_TOKENIZER
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(BUNDLED_TOKENIZER, tmp_path / "tok")
+    name, tok = load_tokenizer("~/tok")
+    assert name == str(tmp_path / "tok") and tok.eos_token_id is not None
+
+
 @pytest.mark.parametrize("name", ["gpt2", "org/name"])
 def test_a_hub_id_is_still_asked_of_the_hub(name):
     from yxanul.data.tokenizer_load import load_tokenizer
@@ -165,6 +178,9 @@ def test_ids_with_holes_size_the_dtype_and_vocab_size_by_the_largest_id(tmp_path
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_001
     shard = open_shard(out / meta["splits"]["train"]["shards"][0])
     assert sorted(set(np.asarray(shard).tolist())) == [0, 2, 70_000]
+    from yxanul.tools.find_batch import _tokenizer_size  # find-batch probes the embedding train will build
+
+    assert _tokenizer_size(str(tmp_path / "holes")) == meta["vocab_size"]
 
 
 def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, capsys):

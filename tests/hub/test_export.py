@@ -154,6 +154,10 @@ def test_export_never_overwrites_the_run_it_exports(tmp_path, capsys):
     assert cli(["export", str(run), str(run / "hf")]) == 0
     assert cli(["export", str(run), str(run / "hf"), "--overwrite"]) == 0  # an earlier export: what it is for
     assert (run / "hf" / "config.json").is_file() and not (ckpts / "step_4" / "config.json").exists()
+    other = tmp_path / "other"  # another run's directory is no export folder either
+    save_run(random_model(2, True, 1024), other, te_views=False, step=2)
+    assert cli(["export", str(run), str(other), "--overwrite"]) == 2
+    assert "a run directory" in capsys.readouterr().err and verify_checkpoint(other / "checkpoints" / "step_2") == []
 
 
 @pytest.mark.slow

@@ -259,6 +259,8 @@ def test_summary_line_says_stopped_and_what_this_session_did():
     assert stopped == ("stopped at step 40 of 150 (checkpoint saved; the same command with --resume latest "
                        "--output_dir r continues): 40 steps, 5,120 tokens in 3.0s; no step trained in this session; "
                        "no validation loss yet")  # the run dir: a default one is new at every launch
+    spaced = summary_line(run_summary(st, None, None, "FP32", 3.0, "/data/my runs/exp 1"), max_steps=150)
+    assert "--output_dir '/data/my runs/exp 1' continues" in spaced  # pasted into a shell as it is
     st.step, st.val_loss = 150, 4.5
     done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r"), max_steps=150)
     assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")

@@ -46,6 +46,7 @@ class Source:
         cap = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
         cap |= {} if self.text_template is None else {"text_template": self.text_template}
         cap |= {} if self.max_epochs == 1 else {"max_epochs": self.max_epochs}
+        cap |= {"split": self.split} if self.builder == SAVED else {}  # one folder holds a DatasetDict's splits
         if self.files is None:
             return {"hub": self.path, "name": self.name, "split": self.split, "column": self.text_column,
                     "weight": self.weight} | cap

@@ -57,8 +57,11 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     name = name_or_path or str(BUNDLED_TOKENIZER)
     if name == GPT2_OFFLINE:
         name = _gpt2_offline()
-    if _looks_like_a_path(name) and not Path(name).expanduser().exists():
-        raise DataError(f"tokenizer '{name}': no such folder (a tokenizer is a folder, a Hub id like 'gpt2' or "
+    typed = name
+    if name.startswith("~"):  # a YAML value or a quoted flag: no shell expanded it, and the Hub would take it as an id
+        name = str(Path(name).expanduser())
+    if _looks_like_a_path(name) and not Path(name).exists():
+        raise DataError(f"tokenizer '{typed}': no such folder (a tokenizer is a folder, a Hub id like 'gpt2' or "
                         f"'org/name', or '{GPT2_OFFLINE}')")
     if not trust_remote_code and (where := declares_code(name)):
         raise refused(name, where)

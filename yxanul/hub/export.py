@@ -107,6 +107,9 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
         raise UserError(f"export OUT '{out}': '{blocker}' is a file, not a folder (choose another OUT)")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
+    if (out / "checkpoints").is_dir() or ((out / "config.yaml").is_file() and not (out / "config.json").is_file()):
+        raise UserError(f"export OUT '{out}': a run directory, whose checkpoints and logs --overwrite would replace "
+                        "(choose a new folder)")
     if is_export(source):
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":

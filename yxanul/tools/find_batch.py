@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import parse_args
-from ..data.tokenizer_load import load_tokenizer
+from ..data.tokenizer_load import load_tokenizer, vocab_size
 from ..errors import ConfigError
 from ..flags import build_parser, parse_command_and_rest, with_default_config
 from ..training import speed_defaults
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
 
 
 def _tokenizer_size(name: str | None) -> int:
-
-    return len(load_tokenizer(name)[1])
+    """The embedding rows `yxanul train` gives this tokenizer: its largest id + 1 (prepare's meta vocab_size)."""
+    return vocab_size(load_tokenizer(name)[1])
 
 
 def cpu_bound(b: BatchArgs, seq_length: int, world_size: int, multiple: int) -> tuple[int, MemoryBudget]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,7 @@ def summary_line(summary: dict[str, Any], max_steps: int | None = None) -> str:
     steps, first, last, val = summary["steps"], summary["first_loss"], summary["last_loss"], summary["val_loss"]
     head = "done: " if max_steps is None or steps >= max_steps else \
         f"stopped at step {steps} of {max_steps} (checkpoint saved; the same command with --resume latest " \
-        f"--output_dir {summary['run_dir']} continues): "
+        f"--output_dir {shlex.quote(str(summary['run_dir']))} continues): "
     loss = "no step trained in this session" if first is None else f"loss {first:.6f} -> {last:.6f}"
     return (f"{head}{steps} steps, {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.1f}s; {loss}; "
             + ("no validation loss yet" if val is None else f"val_loss {val:.6f}"))
