@@ -63,3 +63,47 @@ def test_norm_kernel_is_checked_where_it_is_given():
         config_from_preset("nano", 1024, 64, norm_kernel="triton")
     # the torch backend keeps it (a config.json made on a GPU loads on a CPU) and ignores it
     assert config_from_preset("nano", 1024, 64, norm_kernel="cudnn").norm_kernel == "cudnn"
+
+
+def _group_step_optimizer(params):
+    """What FusedAdam (CUDA only) does that the resume depends on: ``initialize_state`` makes a parameter's state,
+    and the step count lives in each param group, made at the first step (TE 2.20 fused_adam.py)."""
+    import torch
+
+    class GroupStep(torch.optim.SGD):
+        def initialize_state(self, p, store_param_remainders):
+            self.state[p]["exp_avg"] = torch.zeros_like(p)
+
+        def step(self, closure=None):
+            for g in self.param_groups:
+                g["step"] = g["step"] + 1 if "step" in g else 1
+            return super().step(closure)
+
+    return GroupStep(params, lr=0.1)
+
+
+def test_a_group_step_count_survives_the_resume_of_every_initialized_state(tmp_path):
+    """`initialize_every_state` before a resume: torch's get_optimizer_state_dict is the template DCP loads into,
+    and only its keys are read. The group's step count must be one of them, or the first resumed step of
+    FusedAdam bias-corrects as step 1 (the FSDP2 FP8-weight resume on the H200, 2026-11-27.4)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    def built():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        opt = _group_step_optimizer(model.parameters())
+        _te.initialize_every_state(opt)  # as training/fsdp.py prepares FP8 weights
+        return model, opt
+
+    model, opt = built()
+    for _ in range(3):
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+    dcp.save({"optimizer": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(tmp_path / "ck"), no_dist=True)
+    model, opt = built()  # a new process resuming
+    template = {"optimizer": get_optimizer_state_dict(model, opt)}
+    dcp.load(template, checkpoint_id=str(tmp_path / "ck"), no_dist=True)
+    set_optimizer_state_dict(model, opt, template["optimizer"])
+    assert [g.get("step") for g in opt.param_groups] == [3]

@@ -160,9 +160,14 @@ def initialize_every_state(optimizer) -> int:
     """FusedAdam's state for every parameter that has none, as its first step would make it (zero moments, a
     master from the parameter). torch's ``get_optimizer_state_dict`` lists only the states that exist and a
     resume (accelerate's DCP load) fills only what it lists: a parameter without one (the embedding and norms,
-    which `seed_fp32_masters` leaves alone) would resume with fresh moments, silently. Returns states made."""
+    which `seed_fp32_masters` leaves alone) would resume with fresh moments, silently. Returns states made.
+    FusedAdam counts its steps in each group (``group["step"]``, made at its first step); a resume loads only the
+    keys the optimizer's own state dict lists, so without the key the saved count was never read and the first
+    resumed step bias-corrected as step 1 (the 2026-11-27.4 H200 run: step 4 exact, then 1-5 % off). 0 = no
+    step taken: FusedAdam adds 1 to a count it finds, as it starts one at 1."""
     made = 0
     for group in optimizer.param_groups:
+        group.setdefault("step", 0)
         for p in group["params"]:
             if len(optimizer.state[p]) == 0:
                 optimizer.initialize_state(p, store_param_remainders=False)  # FusedAdam's default, as in its step
