@@ -73,9 +73,9 @@ def target_dir(args: DataArgs, out_dir=None):
     """(output folder, sources, fingerprint, (tokenizer name, tokenizer))."""
     sources = resolve_sources(args)
     tok_name, tok = load_tokenizer(args.tokenizer, args.trust_remote_code)
-    settings = _settings(args, sources)
-    if vocab_size(tok) != len(tok):  # ids with holes: a folder recording len(tok) as its vocab_size is not reused
-        settings["vocab_size"] = vocab_size(tok)  # (only these fingerprints change: contiguous vocabularies' stay)
+    settings, vocab = _settings(args, sources), vocab_size(tok)
+    if vocab != len(tok):  # ids with holes: a folder recording len(tok) as its vocab_size is not reused
+        settings["vocab_size"] = vocab  # (only these fingerprints change: contiguous vocabularies' stay)
     fp = fingerprint(sources, tok_name, settings)
     out = Path(out_dir or args.data_dir or cache_root() / "data" / fp)
     return out, sources, fp, (tok_name, tok)

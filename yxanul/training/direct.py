@@ -1,13 +1,10 @@
-"""accelerate's per-step wrappers, passed by where they provably do nothing but the torch call inside them.
+"""accelerate's optimizer wrapper, passed by where it provably does nothing but the torch calls inside it.
 
 Written here although accelerate does it, for the time its generality costs every optimizer step (measured on
 CPU, nano; the commits quote them): ``AcceleratedOptimizer.step`` asks ``is_lomo_available()`` twice (an uncached
-``importlib`` search of sys.path, ~55 us), its ``zero_grad`` runs ``inspect.signature`` (~7 us), and
-``Accelerator.clip_grad_norm_`` walks every parameter in Python for DTensor gradients and calls
-``is_torch_version`` before it calls ``torch.nn.utils.clip_grad_norm_`` itself. What those wrappers do besides the
-inner call (accelerate 1.15, accelerate/optimizer.py and accelerator.py), and why a *plain* setup — one process,
-DDP on GPUs or on CPUs, no fp16 grad scaler, no parallelism config (TP/CP/...: DTensor gradients) — needs none of
-it:
+``importlib`` search of sys.path, ~55 us) and its ``zero_grad`` runs ``inspect.signature`` (~7 us). What the wrapper
+does besides the inner call (accelerate 1.15, accelerate/optimizer.py), and why a *plain* setup — one process, DDP
+on GPUs or on CPUs, no fp16 grad scaler, no parallelism config — needs none of it:
 
 - ``step``: an XLA gradient all-reduce (XLA only); no step for a LOMO optimizer (yxanul builds none: refused
   below); steps only ``if gradient_state.sync_gradients`` (kept: read on every call); with a grad scaler, the
@@ -16,12 +13,10 @@ it:
   not exist, and yxanul prepares no scheduler (it sets each group's lr itself, `Trainer.advance`).
 - ``zero_grad``: only ``if sync_gradients``, with ``set_to_none`` when the inner ``zero_grad`` takes it (the
   direct path requires that it does).
-- ``clip_grad_norm_``: FSDP, DeepSpeed and XLA branches (not plain), ``unscale_gradients`` (a no-op without fp16's
-  native AMP), then ``torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=2)`` unless the gradients
-  mix DTensor meshes with plain tensors (only under FSDP2 or a parallelism config).
 
-DeepSpeed (``DeepSpeedOptimizerWrapper``, another class), FSDP/FSDP2, XLA, fp16 and anything else keep the wrappers.
-The decisions are made once per optimizer / accelerator (what they read is fixed once prepared)."""
+The gradient clip stays accelerate's (`step._clip`). DeepSpeed (``DeepSpeedOptimizerWrapper``, another class),
+FSDP/FSDP2, XLA, fp16 and anything else keep the wrapper. The decisions are made once per optimizer / accelerator
+(what they read is fixed once prepared)."""
 
 from __future__ import annotations
 
@@ -33,7 +28,7 @@ _OPTIMIZER_KEY = "_yxanul_direct"  # on accelerate's AcceleratedOptimizer: the o
 
 
 def plain(accelerator) -> bool:
-    """Whether accelerate's clip and optimizer wrappers add nothing to the torch calls inside them here."""
+    """Whether accelerate's optimizer wrapper adds nothing to the torch calls inside it here."""
     got = vars(accelerator).get(_ACCELERATOR_KEY)
     if got is None:
         got = (getattr(accelerator.distributed_type, "value", None) in _PLAIN_TYPES
