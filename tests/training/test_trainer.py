@@ -411,6 +411,28 @@ def test_a_resumed_run_keeps_one_tensorboard_run_whose_steps_are_logged_once(tmp
     assert train_losses(run)[5] == pytest.approx(acc.Scalars("train/loss")[-1].value, rel=1e-6)
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is None, reason="wandb not installed")
+def test_turning_wandb_on_at_a_resume_keeps_the_tensorboard_run(tmp_path, monkeypatch):
+    """accelerate names its trackers from one project name, W&B's project when W&B is on: TensorBoard keeps
+    ``tensorboard/<run_name>`` anyway, so a session with ``--use_wandb`` continues the same curve."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from yxanul.config import parse_args
+    from yxanul.training import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    run = tmp_path / "run"
+    flags = [*RUN, "--use_tensorboard", "true", "--checkpoint_freq", "2", "--output_dir", str(run)]
+    train(parse_args([*flags, "--max_steps", "2"]))
+    train(parse_args([*flags, "--max_steps", "4", "--use_wandb", "--wandb_project", "proj", "--resume", "latest"]))
+    assert list((run / "wandb").glob("offline-run-*"))  # W&B did log
+    runs = [d.name for d in (run / "tensorboard").iterdir() if d.is_dir()]
+    assert runs == [yaml.safe_load((run / "config.yaml").read_text())["run_name"]]
+    acc = EventAccumulator(str(run / "tensorboard" / runs[0]), size_guidance={"scalars": 0}).Reload()
+    assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4]
+
+
 @pytest.mark.slow
 def test_torch_compile_trains_on_cpu(tmp_path):
     """--torch_compile: the compiled model trains (and checkpoints under its original names)."""

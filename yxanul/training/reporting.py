@@ -10,6 +10,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from accelerate.tracking import TensorBoardTracker
+
 from ..precision import format_report, precision_report
 from ..tracking import RUN_ID_FILE, flat_tracker_config, tracker_init_kwargs, wandb_run_id
 
@@ -52,11 +54,21 @@ def start_trackers(accelerator, cfg, run_dir: Path, run_name: str, model, plan, 
         if accelerator.is_main_process:
             (run_dir / RUN_ID_FILE).write_text(wandb_id + "\n")
     init = tracker_init_kwargs(tr, run_dir, run_name, wandb_id, say=say)
-    if tr.use_tensorboard and first_step > 1:
-        init["tensorboard"] = {"purge_step": first_step}  # to SummaryWriter, through accelerate's tracker
+    if tr.use_tensorboard:
+        name_tensorboard_run(accelerator, run_name, purge_step=first_step if first_step > 1 else None)
     config = flat_tracker_config({**cfg.to_flat_dict(), "precision_report": precision_report(model, plan)})
     init_trackers_or_offline(accelerator, tr.wandb_project if tr.use_wandb else run_name, init, config, say)
     return wandb_id
+
+
+def name_tensorboard_run(accelerator, run_name: str, purge_step: int | None) -> None:
+    """TensorBoard writes to ``<logging_dir>/<run_name>`` with or without W&B. accelerate names every tracker
+    it builds from ``init_trackers``' one project name, which W&B needs as its project: turning ``--use_wandb``
+    on or off between sessions would move the run's TensorBoard events to another folder. A tracker instance
+    in ``log_with`` keeps its own name (accelerate starts it in ``init_trackers``)."""
+    kwargs = {"purge_step": purge_step} if purge_step else {}  # to SummaryWriter: a resume replaces later steps
+    accelerator.log_with = [TensorBoardTracker(run_name, accelerator.logging_dir, **kwargs)
+                            if str(t) == "tensorboard" else t for t in accelerator.log_with]
 
 
 def init_trackers_or_offline(accelerator, project: str, init: dict, config: dict, say) -> None:
