@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = launch_command_parser()
     parser.prog, parser.usage = "yxanul launch", USAGE
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    cpu_processes_through_torchrun(args)
     held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
     previous = {sig: signal.signal(sig, forward_to_children) for sig in STOP_SIGNALS}  # torchrun replaces them
     try:
@@ -74,6 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         held.close(emit=True)  # a no-op once launch() decided
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def cpu_processes_through_torchrun(args) -> None:
+    """``--cpu --num_processes N`` with N > 1: accelerate's ``--cpu`` launcher starts ONE process (several only
+    through ``--mpirun_hostfile`` and an MPI install), so the job would silently train on one. N gloo ranks are
+    what ``accelerate_configs/cpu.yaml`` starts: torchrun (``--multi_gpu``) with ``ACCELERATE_USE_CPU=1``
+    (docs/distributed.md, "Why cpu.yaml says MULTI_GPU")."""
+    n = args.num_processes or 1
+    if not args.cpu or n < 2 or args.mpirun_hostfile:
+        return
+    args.cpu, args.multi_gpu = False, True
+    os.environ["ACCELERATE_USE_CPU"] = "1"  # torchrun's workers inherit it; their Accelerator then runs on gloo
+    print(f"yxanul launch: --cpu --num_processes {n}: {n} gloo processes through torchrun (accelerate's --cpu "
+          "launcher alone would start one)", file=sys.stderr, flush=True)
 
 
 def launch(launch_command, args, held: HeldRecords) -> int:

@@ -87,12 +87,18 @@ def test_any_other_failure_keeps_the_launchers_output_and_exit_code(tmp_path):
         assert record in r.stderr, r.stderr[-3000:]
 
 
-def test_a_tiny_two_process_run_exits_0(tmp_path):
-    r = _launch(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir", str(tmp_path / "r"),
-                cwd=tmp_path)
+@pytest.mark.parametrize("launcher", [TWO, ["--cpu", "--num_processes", "2"]], ids=["cpu_yaml", "cpu_flag"])
+def test_a_tiny_two_process_run_exits_0(tmp_path, launcher):
+    """The CPU profile, and `--cpu --num_processes 2` (accelerate alone: one process), both train 2 gloo ranks."""
+    from yxanul.training.state import read_state_file
+
+    env = {k: v for k, v in _env().items() if k != "ACCELERATE_USE_CPU" or launcher is TWO}  # the flag needs none
+    r = subprocess.run(_cmd(*launcher, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir",
+                            str(tmp_path / "r")), capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "done: 2 steps" in r.stdout and not _error_lines(r)
     assert (tmp_path / "r" / "checkpoints" / "latest").read_text().strip() == "step_2"
+    assert read_state_file(tmp_path / "r" / "checkpoints" / "step_2")[1].world_size == 2
 
 
 def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
