@@ -70,7 +70,7 @@ variant_flags() {  # the yxanul bench flags of a speed variant (one table: yxanu
 speed_variants() {  # speed_variants SECONDS: FIRST_VARIANTS in order, each one `yxanul bench` with a fair share
   local budget=$1 s0=$SECONDS name flags left share n
   local -a names
-  local order=default,master-fp32,loss-te,graphs,stack,stack-no-masters,stack-rope,rope-masters,wgrad-masters,triton-rope,cudnn-norm,ratio-stack,rope-norm,fp8-attention,fused-qkv,fused-rope,loss-chunked,compile,plain
+  local order=default,master-fp32,loss-te,graphs,stack,stack-no-masters,stack-rope,rope-masters,wgrad-masters,triton-rope,cudnn-norm,ratio-stack,rope-norm,rope-norm-attn,fp8-attention,fused-qkv,fused-rope,loss-chunked,compile,plain
   IFS=, read -r -a names <<< "${FIRST_VARIANTS:-$order}"
   local presets=${FIRST_PRESETS:-gpt2-124m,medium,xlarge} precisions=bf16,fp8-delayed
   local common=(--backend "${FIRST_BACKEND:-te}" --presets "$presets"

@@ -101,18 +101,23 @@ def test_recipe_read_back_from_te(recipe, cls):
     assert rb["layers"]["mlp"] == {"fp8": 24, plan.base: 0} and plan.label == "FP8"
 
 
+HEADS_128 = {"num_attention_heads": 4, "num_key_value_heads": 4}  # tiny: 512 / 4
+
+
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 def test_fp8_attention_runs_the_attention_in_fp8_and_trains_like_bf16_attention(recipe):
     """``fp8_attention``: the recipe TE sees inside the attention carries ``fp8_dpa``; the first attention output
     moves by FP8 rounding (neither 0 nor O(1)) against the same run with BF16 attention (same weights, same batch);
     6 training steps' losses follow that run within 2 % and fall. Current scaling below sm_100: TE 2.20 has no
-    backend for it, refused in one line before anything runs (`check_fp8_attention`)."""
+    backend for it, refused in one line before anything runs (`check_fp8_attention`). The heads are 128 wide
+    (`tiny` with 4 heads): cuDNN's FP8 attention trains no other head_dim below sm_100 (64 is refused in one line,
+    the last case)."""
     _fp8_ok(recipe)
     if recipe == "current" and torch.cuda.get_device_capability() < (10, 0):
         from yxanul.errors import ConfigError
         from yxanul.models import YxanulForCausalLM, config_from_preset
 
-        model = YxanulForCausalLM(config_from_preset("tiny", 8192, 256, backend="te")).cuda()
+        model = YxanulForCausalLM(config_from_preset("tiny", 8192, 256, backend="te", **HEADS_128)).cuda()
         with pytest.raises(ConfigError, match="fp8_attention"):
             _plan(model, fp8_recipe=recipe, fp8_attention=True)
         return
@@ -126,7 +131,7 @@ def test_fp8_attention_runs_the_attention_in_fp8_and_trains_like_bf16_attention(
     for attention in (False, True):
         _te.reset_fp8_state()
         torch.manual_seed(0)
-        model = YxanulForCausalLM(config_from_preset("tiny", 8192, 256, backend="te")).cuda().train()
+        model = YxanulForCausalLM(config_from_preset("tiny", 8192, 256, backend="te", **HEADS_128)).cuda().train()
         plan = _plan(model, fp8_recipe=recipe, fp8_attention=attention)
         seen, outs = [], []
 
@@ -145,6 +150,12 @@ def test_fp8_attention_runs_the_attention_in_fp8_and_trains_like_bf16_attention(
     rel = ((out - out_ref).norm() / out_ref.norm()).item()
     assert 1e-4 < rel < 0.2, rel
     assert ours == pytest.approx(ref, rel=0.02) and ours[-1] < ours[0], (ours, ref)
+    if torch.cuda.get_device_capability() < (10, 0):
+        from yxanul.errors import ConfigError
+
+        model = YxanulForCausalLM(config_from_preset("tiny", 8192, 256, backend="te")).cuda()  # head_dim 64
+        with pytest.raises(ConfigError, match="fp8_attention': expected false for head_dim 64"):
+            _plan(model, fp8_recipe=recipe, fp8_attention=True)
 
 
 def test_small_gemm_policy_and_keep_bf16_run_bf16_inside_fp8():

@@ -151,6 +151,30 @@ def test_fp8_attention_with_current_scaling_below_sm100_is_refused_in_one_line()
         resolve_precision(args, te_cfg(), H100, say=lambda *a: None)
     from yxanul.precision.plan import check_fp8_attention  # what resolve_precision runs once FP8 is on
 
-    check_fp8_attention(args, facts(compute_capability=(10, 0), device_name="NVIDIA B200"))
-    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="delayed", fp8_attention=True), H100)
-    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="current"), H100)
+    check_fp8_attention(args, facts(compute_capability=(10, 0), device_name="NVIDIA B200"), te_cfg())
+    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="delayed", fp8_attention=True), H100, te_cfg())
+    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="current"), H100, te_cfg())
+
+
+def test_fp8_attention_below_sm100_needs_head_dim_128():
+    """cuDNN's FP8 attention, the only backend TE 2.20 trains FP8 attention with, takes head_dim 128 below sm_100
+    (the H200's "No dot product attention backend" at gpt2-124m, head_dim 64, with delayed scaling); from sm_100
+    on, head_dim <= 128 in multiples of 16. `large` (1536 / 12) is 128 wide, `gpt2-124m` and `medium` 64."""
+    from yxanul.precision.plan import check_fp8_attention
+
+    delayed = PrecisionArgs(use_fp8=True, fp8_recipe="delayed", fp8_attention=True)
+    assert te_cfg("gpt2-124m").head_dim == te_cfg("medium").head_dim == 64 and te_cfg("xlarge").head_dim == 128
+    for preset in ("gpt2-124m", "medium"):
+        with pytest.raises(ConfigError, match="^config key 'fp8_attention': expected false for head_dim 64 on NVIDIA "
+                                              "H100 .*takes head_dim 128 below compute capability 10.0"):
+            check_fp8_attention(delayed, H100, te_cfg(preset))
+    with pytest.raises(ConfigError, match="^config key 'fp8_attention': expected false for head_dim 64"):
+        resolve_precision(PrecisionArgs(use_fp8=True, fp8_attention=True, fp8_min_gemm_dim=0), te_cfg("gpt2-124m"),
+                          H100, say=lambda *a: None)
+    for preset in ("large", "xlarge", "3b"):
+        check_fp8_attention(delayed, H100, te_cfg(preset))
+    b200 = facts(compute_capability=(10, 0), device_name="NVIDIA B200")
+    check_fp8_attention(delayed, b200, te_cfg("gpt2-124m"))
+    with pytest.raises(ConfigError, match="head_dim 72 on NVIDIA B200 .*head_dim <= 128, a multiple of 16"):
+        check_fp8_attention(delayed, b200, te_cfg("medium-large", num_attention_heads=16, num_key_value_heads=16))
+    check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="delayed"), H100, te_cfg("gpt2-124m"))  # flag off

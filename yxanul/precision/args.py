@@ -45,8 +45,9 @@ class PrecisionArgs:
     fp8_attention: bool = field(
         default=False, metadata={"help": "Recipes delayed and current: TE's dot-product attention runs in FP8 too "
                                          "(the recipe's fp8_dpa, a TE beta: cuDNN's fused attention casts q/k/v to "
-                                         "FP8 and its output back); off, attention stays BF16. Current scaling needs "
-                                         "compute capability 10.0+ (TE 2.20 has no backend for it below: refused). "
+                                         "FP8 and its output back); off, attention stays BF16. Below compute "
+                                         "capability 10.0 (H100/H200) it needs fp8_recipe delayed and head_dim 128 "
+                                         "(hidden_size / num_attention_heads; cuDNN's FP8 kernel), else refused. "
                                          "Without FP8: no effect, as every fp8_* setting."})
     fp8_min_gemm_dim: int = field(
         default=DEFAULT_MIN_GEMM_DIM,
