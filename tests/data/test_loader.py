@@ -42,6 +42,16 @@ def test_determinism_and_seeds(bundled):
     assert not torch.equal(a[0][0], take(WindowLoader(bundled, "train", 64, 4, seed=2), 1)[0][0])
 
 
+def test_iterating_leaves_the_global_torch_rng_alone(bundled):
+    """Each DataLoader iterator draws a base seed; from the loader's own generator, not the training's torch RNG,
+    which a resume restores and the loader would otherwise move once per epoch and per resume."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    loader = WindowLoader(bundled, "train", 64, 4, seed=1)
+    take(loader, 2), take(loader, 1)  # two iterators
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_exact_resume(bundled, workers):
     ref = take(WindowLoader(bundled, "train", 64, 4, seed=3), 8)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tiny_run import FAST
 from tiny_run import yx as yxanul
@@ -65,6 +66,31 @@ def test_resume_is_exact(tmp_path):
     a, b = train_losses(full), train_losses(part)
     diffs = [abs(a[s] - b[s]) for s in range(21, 41)]
     assert max(diffs) <= 1e-5, max(diffs)
+
+
+def test_a_resume_continues_the_random_states_the_checkpoint_saved(tmp_path):
+    """torch's, Python's and NumPy's RNGs continue from the checkpoint (accelerate's ``random_states_0.pkl``),
+    not from the seed: the resumed run ends with the uninterrupted run's states. The model's init draws from
+    them after the seed, so a re-seed on resume (or no restore, in a process seeded otherwise) ends elsewhere; so
+    would a loader that drew its iterators' base seeds from the global RNG (one more draw after the resume)."""
+    import random
+
+    import numpy as np
+
+    from yxanul.config import parse_args
+    from yxanul.training import train
+
+    def states():
+        return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+
+    flags = [*RUN, "--checkpoint_freq", "2"]
+    train(parse_args([*flags, "--max_steps", "4", "--output_dir", str(tmp_path / "full")]))
+    full = states()
+    train(parse_args([*flags, "--max_steps", "2", "--output_dir", str(tmp_path / "part")]))
+    random.seed(7), torch.manual_seed(7), np.random.seed(7)  # another process's states
+    train(parse_args([*flags, "--max_steps", "4", "--output_dir", str(tmp_path / "part"), "--resume", "latest"]))
+    resumed = states()
+    assert torch.equal(resumed[0], full[0]) and resumed[1] == full[1] and (resumed[2] == full[2]).all()
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs POSIX signals")

@@ -175,7 +175,10 @@ class WindowLoader:
     def __iter__(self):
         ds, start = self._ds, self._yielded
         sampler = _Count(start)
+        # its own generator: each iterator draws a base seed (for worker seeds; the windows need none), which from
+        # the global RNG would move the training's torch RNG once per epoch and per resume
         loader = torch.utils.data.DataLoader(ds, batch_size=None, sampler=sampler, num_workers=self.num_workers,
+                                             generator=torch.Generator().manual_seed(self.seed),
                                              pin_memory=self.pin_memory, persistent_workers=False,
                                              worker_init_fn=_leave_stop_signals_to_the_main_process,
                                              prefetch_factor=4 if self.num_workers else None)
