@@ -52,6 +52,15 @@ def test_scores_match_a_plain_computation_and_the_definitions(tok_run, prepared)
     assert r["acc_norm"] == 1.0
 
 
+def test_acc_norm_divides_by_the_endings_characters_as_lm_eval_does():
+    """lm-eval's acc_norm: log-likelihood / len(choice), the delimiter's space not counted. Here counting it
+    (or tokens) would pick the other ending: -4 / 1 < -8.2 / 3, but -4 / 2 > -8.2 / 4."""
+    from yxanul.evaluation.tasks import length_normalized
+
+    scores = length_normalized([-4.0, -8.2], ["a", "abc"])
+    assert scores == pytest.approx([-4.0, -8.2 / 3]) and max(range(2), key=scores.__getitem__) == 1
+
+
 def test_val_loss_is_the_models_loss_and_the_export_agrees(tok_run, prepared, tmp_path):
     from yxanul.data.loader import eval_batches
     from yxanul.hub.loading import load_model

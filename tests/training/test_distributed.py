@@ -80,6 +80,10 @@ def test_two_processes_match_one_process_with_double_accumulation_and_resume(tmp
     a, b = losses(two), losses(one)
     assert sorted(a) == sorted(b) == list(range(1, 17))
     assert max(abs(a[s] - b[s]) for s in a) < TOL
+    for run in (two, one):  # tokens/s (and the MFU from it) count the tokens of all processes: 2 x 32 x 2 a step
+        rows = [r for r in read_metrics(run / "metrics.jsonl") if "tokens_per_sec" in r]
+        assert len(rows) == 16 and all(r["tokens_per_sec"] == pytest.approx(128e3 / r["dt_ms"], rel=1e-6)
+                                       for r in rows), rows[:2]
     # a checkpoint written by 2 processes resumes in 1 process (accumulation doubled)
     shutil.copytree(two / "checkpoints" / "step_8", mixed / "checkpoints" / "step_8")
     (mixed / "checkpoints" / "latest").write_text("step_8\n")

@@ -105,6 +105,12 @@ def ending_logprobs(model, tokenizer, ctx: str, endings: list[str], device, max_
     return out
 
 
+def length_normalized(logprobs: list[float], endings: list[str]) -> list[float]:
+    """acc_norm's scores as lm-eval computes them: each ending's log-likelihood over ``len(choice)`` in characters
+    (the choice as the task gives it: the target delimiter, a space, is not counted)."""
+    return [v / max(1, len(e)) for v, e in zip(logprobs, endings, strict=True)]
+
+
 PROGRESS_EVERY_S = 10.0  # `yxanul eval`: a progress line per task at most this far apart
 
 
@@ -123,7 +129,7 @@ def score_task(model, tokenizer, items: list[dict], device, say=None, name: str 
             lp = ending_logprobs(model, tokenizer, it["ctx"], it["endings"], device, max_len)
         except DataError as e:
             raise DataError(f"task '{name}' item {i + 1}: {e}") from None
-        norm = [v / max(1, len(e)) for v, e in zip(lp, it["endings"])]  # lm-eval: len(choice) in characters
+        norm = length_normalized(lp, it["endings"])
         correct += int(max(range(len(lp)), key=lp.__getitem__) == it["label"])
         correct_norm += int(max(range(len(norm)), key=norm.__getitem__) == it["label"])
     n = len(items)
