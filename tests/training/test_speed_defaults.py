@@ -108,6 +108,25 @@ def test_fp8_attention_is_a_default_of_fp8_runs_only():
     assert not cfg.precision.fp8_attention and "kept off: fp8_attention (not an FP8 run)" in line
 
 
+def test_an_fp8_attention_default_is_held_off_where_te_cannot_train_it():
+    """A table's ``--fp8_attention`` never becomes a refusal: the block recipe takes no fp8_dpa (it was a ConfigError
+    from the config's own check), current scaling has none below sm_100, cuDNN's FP8 attention trains only 128-wide
+    heads there (gpt2-124m's are 64); xlarge (128) with delayed scaling on an H100 gets it."""
+    from yxanul.precision.plan import CapabilityFacts
+
+    h100 = CapabilityFacts(te_available=True, te_import_error=None, cuda_available=True, device_name="NVIDIA H100",
+                           compute_capability=(9, 0), bf16_supported=True, te_version="2.20.2")
+    cases = [("xlarge", "block", "with fp8_recipe block (TE's FP8 attention takes the delayed and current recipes)"),
+             ("xlarge", "current", "with fp8_recipe current on NVIDIA H100 (TE 2.20.2 has no FP8 attention"),
+             ("gpt2-124m", "delayed", "for head_dim 64 on NVIDIA H100 (cuDNN's FP8 attention"),
+             ("xlarge", "delayed", None)]
+    for preset, recipe, why in cases:
+        cfg = parse_args(["--model", preset, "--use_fp8", "--fp8_recipe", recipe])
+        out, line = apply(cfg, "te", _table("--fp8_attention", preset=preset), launch_of(cfg, {}, h100))
+        assert out.precision.fp8_attention is (why is None), (preset, recipe, line)
+        assert (f"kept off: fp8_attention ({why}" in line) if why else "kept off" not in line, line
+
+
 def test_a_curriculum_keeps_cuda_graphs_off(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("model: nano\ncurriculum:\n- {seq_length: 32, until_steps: 2}\n- {seq_length: 64}\n")

@@ -28,7 +28,7 @@ from ..errors import ConfigError, UserError
 from .args import PrecisionArgs
 from .forward import forward
 from .master_weights import attach, fuse_wgrad
-from .policy import KINDS, fp8_alignment, layer_policy, module_decisions
+from .policy import KINDS, fp8_alignment, fp8_attention_unsupported, layer_policy, module_decisions
 from .report import install_readback
 from .state import FILE, fp8_state_dict, load_fp8_state_dict, no_pickled_extra_state
 from .stats import fp8_stats
@@ -150,25 +150,11 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
 
 
 def check_fp8_attention(args: PrecisionArgs, facts: CapabilityFacts, config) -> None:
-    """What TE 2.20 can train with ``fp8_dpa``, refused in one line before anything runs (else the first forward
-    raises "No dot product attention backend is available"; an H200, 2026-11-27). ``get_attention_backend``
-    turns FlashAttention 3 and the unfused attention off for FP8 training, and FusedAttention off for current
-    scaling below sm_100; what is left is cuDNN's FP8 kernel, which ``nvte_get_fused_attn_backend``
-    (common/fused_attn/fused_attn.cpp) picks for training only at head_dim 128 below sm_100 (cuDNN 9.2.1+ and
-    9.7+ alike), head_dim <= 128 and a multiple of 16 from sm_100 on."""
-    if not args.fp8_attention:
-        return
-    cc = tuple(facts.compute_capability or (0, 0))
-    if args.fp8_recipe == "current" and cc < (10, 0):
-        raise ConfigError("fp8_attention", f"false with fp8_recipe current on {facts.device_name} (TE "
-                                           f"{facts.te_version} has no FP8 attention for current scaling below "
-                                           "compute capability 10.0); or fp8_recipe delayed", True)
-    hd = config.head_dim
-    if (hd != 128) if cc < (10, 0) else (hd > 128 or hd % 16):
-        need = "head_dim 128 below compute capability 10.0" if cc < (10, 0) else "head_dim <= 128, a multiple of 16"
-        raise ConfigError("fp8_attention", f"false for head_dim {hd} on {facts.device_name} (cuDNN's FP8 attention, "
-                                           f"the one TE {facts.te_version} trains with, takes {need}: hidden_size / "
-                                           "num_attention_heads, e.g. the presets large, xlarge, 3b, 7b)", True)
+    """``fp8_attention`` where TE cannot train it: one line before anything runs (`fp8_attention_unsupported`)."""
+    why = fp8_attention_unsupported(args.fp8_recipe, config.head_dim, facts.compute_capability, facts.device_name,
+                                    facts.te_version) if args.fp8_attention else None
+    if why:
+        raise ConfigError("fp8_attention", f"false {why}", True)
 
 
 def _check_all_layers_fp8(args: PrecisionArgs, fp8: bool, reason: str | None, policy: dict) -> None:

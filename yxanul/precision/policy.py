@@ -12,6 +12,8 @@ Rule, per kind, for the weight shapes (out, in) of its GEMM(s):
    `get_align_size_for_quantization`), and
 2. every dimension >= ``fp8_min_gemm_dim`` (FP8 loses at small widths: docs/fp8.md);
 then ``fp8_keep_bf16`` patterns (fnmatch on module names) force single modules to BF16.
+
+The attention runs in FP8 only with ``fp8_attention``, where TE can train it (`fp8_attention_unsupported`).
 """
 
 from __future__ import annotations
@@ -80,3 +82,25 @@ def module_decisions(model, policy: dict, keep_bf16: list[str] | None) -> dict[s
             fp8, why = False, f"fp8_keep_bf16 pattern {pattern!r}"
         out[name] = (kind, fp8, why)
     return out
+
+
+def fp8_attention_unsupported(recipe: str, head_dim: int, compute_capability: tuple[int, int] | None,
+                              device_name: str | None, te_version: str | None) -> str | None:
+    """Why TE 2.20 cannot train FP8 attention (``fp8_dpa``) here, as the tail of a "false ..." line (None: it can);
+    `check_fp8_attention` refuses a run that asks for it, a speed default is held off. Without this the first
+    forward raises "No dot product attention backend is available" (an H200, 2026-11-27). ``get_attention_backend``
+    turns FlashAttention 3 and the unfused attention off for FP8 training, and FusedAttention off for current
+    scaling below sm_100; what is left is cuDNN's FP8 kernel, which ``nvte_get_fused_attn_backend``
+    (common/fused_attn/fused_attn.cpp) picks for training only at head_dim 128 below sm_100 (cuDNN 9.2.1+ and
+    9.7+ alike), head_dim <= 128 and a multiple of 16 from sm_100 on. The block and MXFP8 recipes take no fp8_dpa."""
+    cc, device = tuple(compute_capability or (0, 0)), device_name or "a machine without CUDA"
+    if recipe not in ("delayed", "current"):
+        return f"with fp8_recipe {recipe} (TE's FP8 attention takes the delayed and current recipes)"
+    if recipe == "current" and cc < (10, 0):
+        return (f"with fp8_recipe current on {device} (TE {te_version} has no FP8 attention for current scaling "
+                "below compute capability 10.0); or fp8_recipe delayed")
+    if (head_dim != 128) if cc < (10, 0) else (head_dim > 128 or head_dim % 16):
+        need = "head_dim 128 below compute capability 10.0" if cc < (10, 0) else "head_dim <= 128, a multiple of 16"
+        return (f"for head_dim {head_dim} on {device} (cuDNN's FP8 attention, the one TE {te_version} trains with, "
+                f"takes {need}: hidden_size / num_attention_heads, e.g. the presets large, xlarge, 3b, 7b)")
+    return None

@@ -164,14 +164,17 @@ def _time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], lis
 
 
 def with_speed_defaults(a: BenchCommand, preset: str, precision: str, backend: str, given: set[str],
-                        table: dict) -> tuple[BenchCommand, dict]:
-    """(``a`` with the speed defaults of (backend, preset) that a run of this case would get, those values):
-    the trainer's table and rule (`yxanul.training.speed_defaults`), for the flags not on the command line."""
+                        table: dict, facts=None) -> tuple[BenchCommand, dict]:
+    """(``a`` with the speed defaults of (backend, preset) that a run of this case would get on the machine of
+    ``facts`` (default: this one), those values): the trainer's table and rule (`yxanul.training.speed_defaults`),
+    for the flags not on the command line."""
     entry = table.get(backend, {}).get(preset)
     if not a.speed_defaults or entry is None:
         return a, {}
+    attention = speed_defaults.attention_here(preset, precision.removeprefix("fp8-"), facts) \
+        if precision.startswith("fp8") else None
     launch = speed_defaults.Launch(gradient_checkpointing=a.gradient_checkpointing, torch_compile=a.torch_compile,
-                                   bf16_compute=precision != "fp32")
+                                   bf16_compute=precision != "fp32", fp8_attention=attention)
     current = {k: getattr(a, k) for k in speed_defaults.KEYS}
     chosen = speed_defaults.choose(entry, given, launch, current, fp8=precision.startswith("fp8"))[0]
     return replace(a, **chosen), chosen
@@ -183,11 +186,11 @@ def run_case(preset: str, seq: int, micro: int, precision: str, a: BenchCommand,
     applied to the flags not in ``given`` (None: none)."""
     import torch
 
-    from ..precision import resolve_precision  # torch: --help stays light
+    from ..precision import probe_facts, resolve_precision  # torch: --help stays light
     from ..training.step import train_step  # torch: --help stays light
 
     backend = _config(preset, seq, a).backend  # 'auto' resolved: the table is per backend
-    a, applied = with_speed_defaults(a, preset, precision, backend, given, speed_table or {})
+    a, applied = with_speed_defaults(a, preset, precision, backend, given, speed_table or {}, probe_facts())
     config = _config(preset, seq, a)
     row = {"preset": preset, "seq_length": seq, "micro_batch": micro, "precision": precision,
            "backend": config.backend, "variant": variant(a), "params": None, "status": "ok", "reason": None,

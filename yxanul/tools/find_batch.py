@@ -61,13 +61,14 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
     import torch  # torch only past --help and flag errors (both stay under a second)
 
     from ..models.build import build_model, model_config  # torch: --help stays light
-    from ..precision import resolve_precision  # torch: --help stays light
+    from ..precision import probe_facts, resolve_precision  # torch: --help stays light
 
     ours, cfg = _parse(argv)
     t0 = time.perf_counter()
     vocab = ours.vocab_size or _tokenizer_size(cfg.data.tokenizer)
     # the probe measures the run's loss and weights; cuda_graphs held off: the probes change the micro-batch
-    cfg, line = speed_defaults.for_run(cfg, model_config(cfg.model, vocab).backend, speed_table, probes=True)
+    cfg, line = speed_defaults.for_run(cfg, model_config(cfg.model, vocab).backend, speed_table, probes=True,
+                                       facts=probe_facts())
     if line:
         print(line)
     model = build_model(cfg.model, vocab_size=vocab)

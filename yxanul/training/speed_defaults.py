@@ -19,7 +19,8 @@ never turned into a refusal:
 - ``fuse_wgrad_accumulation``: a run that ends up without ``master_weights fp32`` or a fused QKV (the flag
   needs both);
 - ``rope_kernel``: a run that ends up without ``fuse_qkv_rope`` (it is that flag's kernel);
-- ``fp8_attention``: a run that is not FP8;
+- ``fp8_attention``: a run that is not FP8, or one where TE cannot train it (its recipe, the GPU, the preset's
+  head_dim: ``precision.plan.fp8_attention_unsupported``);
 - an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
   all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
@@ -46,6 +47,7 @@ from ..lint.fsdp import launch_engine
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from ..precision.args import PrecisionArgs
+from ..precision.policy import fp8_attention_unsupported
 
 TABLE_FILE = Path(__file__).resolve().parents[1] / "assets" / "speed_defaults.yaml"
 SHIPPED_BACKENDS = ("te",)  # the torch backend runs on CPUs: its default must stay the reference
@@ -139,6 +141,7 @@ class Launch:
     gradient_checkpointing: bool = False
     torch_compile: bool = False
     bf16_compute: bool = True
+    fp8_attention: str | None = None  # why TE cannot train FP8 attention in this run (None: it can)
 
 
 def held_off(key: str, value: Any, launch: Launch) -> str | None:
@@ -160,6 +163,8 @@ def held_off(key: str, value: Any, launch: Launch) -> str | None:
             return "fp32 compute"
     if key == "fuse_qkv_rope" and value and launch.engine != "none":
         return launch.engine
+    if key == "fp8_attention" and value and launch.fp8_attention:
+        return launch.fp8_attention
     return None
 
 
@@ -232,13 +237,24 @@ def _line(backend: str, preset: str, entry: dict | None, chosen: dict, held: dic
     return "; ".join(parts) + " (--speed_defaults false: none)"
 
 
-def launch_of(cfg, env) -> Launch:
-    """The `Launch` of a run of ``cfg`` under the environment ``env`` (``WORLD_SIZE`` as accelerate exports it)."""
-    b = cfg.batch
+def launch_of(cfg, env, facts=None) -> Launch:
+    """The `Launch` of a run of ``cfg`` under the environment ``env`` (``WORLD_SIZE`` as accelerate exports it) on
+    the machine of ``facts`` (`precision.probe_facts`; None: FP8 attention judged by recipe and shape alone)."""
+    b, p = cfg.batch, cfg.precision
     return Launch(processes=int(env.get("WORLD_SIZE", "1") or 1), engine=launch_engine(env),
                   fixed_shapes=not (b.auto_batch_size or b.curriculum),
                   gradient_checkpointing=cfg.model.gradient_checkpointing, torch_compile=cfg.train.torch_compile,
-                  bf16_compute=cfg.precision.mixed_precision != "fp32")
+                  bf16_compute=p.mixed_precision != "fp32",
+                  fp8_attention=attention_here(cfg.model.model, p.fp8_recipe, facts) if p.use_fp8 else None)
+
+
+def attention_here(preset: str, recipe: str, facts=None) -> str | None:
+    """`fp8_attention_unsupported` for ``preset``'s heads under ``recipe`` on the machine of ``facts`` (None: a
+    GPU that takes what the recipe and head_dim allow, sm_100+)."""
+    shape = PRESETS[preset]
+    cc = facts.compute_capability if facts is not None else (10, 0)
+    return fp8_attention_unsupported(recipe, shape["hidden_size"] // shape["num_attention_heads"], cc,
+                                     getattr(facts, "device_name", None), getattr(facts, "te_version", None))
 
 
 def resumed_config(cfg) -> dict | None:
@@ -250,11 +266,13 @@ def resumed_config(cfg) -> dict | None:
     return saved_config(run_dir_of(cfg) if resume in RUN_DIR_RESUMES else resume) or None
 
 
-def for_run(cfg, backend: str, table: dict | None = None, env=None, probes: bool = False) -> tuple[Any, str | None]:
-    """`apply` to a `yxanul train` run: the shipped table (or ``table``), the launch of ``env``, the resumed run's
-    values. ``backend``: te or torch (``auto`` resolved). ``probes``: the micro-batch changes (find-batch)."""
+def for_run(cfg, backend: str, table: dict | None = None, env=None, probes: bool = False,
+            facts=None) -> tuple[Any, str | None]:
+    """`apply` to a `yxanul train` run: the shipped table (or ``table``), the launch of ``env`` on the machine of
+    ``facts`` (default: this one), the resumed run's values. ``backend``: te or torch (``auto`` resolved).
+    ``probes``: the micro-batch changes (find-batch)."""
     table = load_table() if table is None else table
-    launch = launch_of(cfg, os.environ if env is None else env)
+    launch = launch_of(cfg, os.environ if env is None else env, facts)
     if probes:
         launch = dataclasses.replace(launch, fixed_shapes=False)
     return apply(cfg, backend, table, launch, resumed_config(cfg))

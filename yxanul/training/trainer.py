@@ -25,7 +25,7 @@ from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged
 from ..models.build import build_model, describe, model_config
 from ..models.modeling_yxanul import resolve_backend
-from ..precision import resolve_precision
+from ..precision import probe_facts, resolve_precision
 from ..precision.master_weights import model_params_in_groups
 from ..run_lock import lock_on_main
 from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
@@ -71,7 +71,8 @@ class Trainer:
         from accelerate.utils import set_seed
 
         say0 = print if os.environ.get("RANK", "0") == "0" else quiet
-        cfg, line = speed_defaults.for_run(self.cfg, resolve_backend(self.cfg.model.backend), self.speed_table)
+        cfg, line = speed_defaults.for_run(self.cfg, resolve_backend(self.cfg.model.backend), self.speed_table,
+                                           facts=probe_facts())
         self.cfg = cfg
         if line:
             say0(line)
