@@ -20,7 +20,7 @@ never turned into a refusal:
   needs both);
 - ``rope_kernel``: a run that ends up without ``fuse_qkv_rope`` (it is that flag's kernel);
 - ``fp8_attention``: a run that is not FP8, or one where TE cannot train it (its recipe, the GPU, the preset's
-  head_dim: ``precision.plan.fp8_attention_unsupported``);
+  head_dim: ``precision.policy.fp8_attention_unsupported``);
 - an entry's ``fp8_min_gemm_dim`` (FP8 measured to pay on every layer with the entry's flags): a run without
   all of those flags (one held off, or turned off by the user);
 - a resume keeps the values the run was started with (the checkpoint's config.yaml): a newer table never
