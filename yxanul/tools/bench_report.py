@@ -20,6 +20,7 @@ def environment(device) -> dict:
         env["device_name"] = torch.cuda.get_device_name(device)
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
         env["driver"] = _driver_version()
+        env["cudnn"] = torch.backends.cudnn.version()  # TE's fused attention (BF16 and FP8) is cuDNN's: its rules vary
     return env
 
 
