@@ -200,6 +200,13 @@ def test_warmup_flag_replaces_the_files_other_unit(tmp_path):
     assert (cfg.optim.warmup_steps, cfg.optim.warmup_tokens) == (7, None)
 
 
+def test_warmup_as_long_as_the_run_is_refused():
+    """Step s takes lr_at(s - 1): with warmup_steps == max_steps the last step is still warming up."""
+    with pytest.raises(ConfigError, match=r"config key 'warmup_steps': expected less than max_steps \(20\)"):
+        resolve({"warmup_steps": 20, "max_steps": 20})
+    assert resolve({"warmup_steps": 19, "max_steps": 20}).optim.warmup_steps == 19
+
+
 def test_warmup_tokens_beyond_max_steps_is_refused():
     with pytest.raises(ConfigError, match=r"config key 'warmup_tokens': .*less than max_steps \(100\).* "
                                           r"8,192,000 tokens are 2000 steps"):

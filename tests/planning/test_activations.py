@@ -30,6 +30,20 @@ def test_formula_equals_the_saved_tensors_of_a_real_bf16_step(name, micro, seq, 
     assert got["bytes"] == saved + casts + (0 if chunked else LOSS_SCALAR)
 
 
+@pytest.mark.parametrize("micro,seq", [(1, 48), (3, 32)])
+def test_checkpointing_formula_equals_the_saved_tensors_of_a_real_bf16_step(micro, seq):
+    """Activation checkpointing: autograd keeps each layer's input (the first the fp32 embedding, then bf16), and
+    outside the layers what the formula counts there; besides, the LM head's bf16 weight copy (autocast's, outside
+    the checkpointed layers), the RoPE table (one T x head_dim fp32 checkpoint input) and the loss scalar."""
+    torch.manual_seed(0)
+    c = YxanulConfig(**SHAPES["mha-3-layers"], backend="torch")
+    model = YxanulForCausalLM(c).train()
+    model.gradient_checkpointing_enable()
+    got = measure_saved(model, micro, seq, torch.bfloat16)
+    extra = 2 * c.vocab_size * c.hidden_size + seq * c.head_dim * 4 + LOSS_SCALAR
+    assert got["bytes"] == activations(c, micro, seq, checkpointing=True).saved + extra
+
+
 def test_checkpointing_keeps_only_the_layer_inputs():
     c = YxanulConfig(**SHAPES["gqa"], backend="torch")
     full, ckpt = activations(c, 2, 64), activations(c, 2, 64, checkpointing=True)

@@ -55,6 +55,8 @@ def test_collapse_guard_counts_zero_norms_and_refuses_a_save():
         g.observe(6, 0.0)
     with pytest.raises(TrainingDiverged, match="gradient norm inf"):
         CollapseGuard().observe(1, math.inf)
+    with pytest.raises(TrainingDiverged, match="gradient norm nan"):
+        CollapseGuard().observe(1, math.nan)
     with pytest.raises(TrainingDiverged, match="at a checkpoint step"):
         CollapseGuard().before_save(4, 0.0)
     CollapseGuard().before_save(4, 0.1)
