@@ -1,6 +1,7 @@
 """Issue 21: a mixture source read max_epochs times, on_source_end stop | drop, resume after kill -9 with
 epochs, and the loader's warning when max_steps needs more tokens than were prepared."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -63,6 +64,11 @@ def test_a_reread_sources_order_settings_are_in_the_fingerprint(tmp_path):
     once = {target_dir(DataArgs(dataset=str(src), streaming=streaming, data_seed=seed))[2]
             for streaming in (False, True) for seed in (0, 1)}
     assert len(once) == 1  # read once, without a shuffle buffer: the same bytes either way (one cache)
+    # every setting that changes the prepared bytes names another cache (the shard size: another window grid)
+    base = DataArgs(dataset=str(src))
+    for key, value in (("shard_size_tokens", 4096), ("val_fraction", 0.2), ("max_documents", 10),
+                       ("max_tokens", 5000)):
+        assert target_dir(dataclasses.replace(base, **{key: value}))[2] != target_dir(base)[2], key
 
 
 def test_no_document_of_a_reread_source_is_forced_into_validation_beside_its_copy(tmp_path):

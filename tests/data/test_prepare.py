@@ -49,6 +49,10 @@ def test_shards_round_trip_dtype_and_bad_files(tmp_path):
     (tmp_path / "trunc.bin").write_bytes((tmp_path / "s.bin").read_bytes()[:-10])
     with pytest.raises(DataError, match=r"shard '.*trunc.bin': truncated \(4022 bytes, expected 4032\)"):
         open_shard(tmp_path / "trunc.bin")
+    (tmp_path / "long.bin").write_bytes((tmp_path / "s.bin").read_bytes() + b"\0" * 8)
+    with pytest.raises(DataError, match=r"shard '.*long.bin': longer than its header says .*\(4040 bytes, expected "
+                                        r"4032\)"):
+        open_shard(tmp_path / "long.bin")
 
 
 def test_packing_round_trip_disjoint_val_and_idempotence(tmp_path, docs_file):

@@ -93,6 +93,7 @@ ACC_CASES = [
     ("bad_backend", {"fp8_config": {"backend": "transformer_engine"}}, "fp8_config.backend", "error"),
     ("fp8_no_backend", {"fp8_config": None}, "fp8_config.backend", "warning"),
     ("fp8_ao_backend", {"fp8_config": {"backend": "AO"}}, "fp8_config.backend", "warning"),
+    ("fp8_msamp_backend", {"fp8_config": {"backend": "MSAMP"}}, "fp8_config.backend", "warning"),
     ("te_dropped_interval", {"fp8_config": {"backend": "TE", "interval": 1}}, "fp8_config.interval", "warning"),
     ("most_recent", {"fp8_config": {"backend": "TE", "amax_compute_algo": "most_recent"}},
      "fp8_config.amax_compute_algo", "warning"),

@@ -145,6 +145,10 @@ def test_a_resume_keeps_the_values_its_run_started_with(tmp_path):
     assert "the resumed run keeps loss_impl default, cuda_graphs False" in line
     fresh, _ = for_run(parse_args(["--model", "nano", "--output_dir", str(tmp_path / "new")]), "te", _table(), env={})
     assert fresh.model.loss_impl == "te"
+    # a flag given on the resume wins over the run's value (and the table's)
+    cfg, line = for_run(parse_args(["--model", "nano", "--output_dir", str(run), "--resume", "latest",
+                                    "--loss_impl", "chunked"]), "te", _table(), env={})
+    assert (cfg.model.loss_impl, cfg.model.cuda_graphs) == ("chunked", False) and "keeps loss_impl" not in line
 
 
 def _losses(run_dir):

@@ -45,8 +45,10 @@ def open_shard(path: str | os.PathLike) -> np.memmap:
     if version != VERSION or code not in _DTYPES:
         raise DataError(f"shard '{p}': unsupported format version {version} / dtype code {code}")
     expected = HEADER + n * code
-    if p.stat().st_size != expected:
-        raise DataError(f"shard '{p}': truncated ({p.stat().st_size} bytes, expected {expected})")
+    size = p.stat().st_size
+    if size != expected:  # longer: a shard being written (its count is filled in last) or appended to
+        what = "truncated" if size < expected else "longer than its header says (an unfinished or damaged shard)"
+        raise DataError(f"shard '{p}': {what} ({size} bytes, expected {expected})")
     return np.memmap(p, dtype=np.dtype(_DTYPES[code]).newbyteorder("<"), mode="r", offset=HEADER, shape=(n,))
 
 
