@@ -39,6 +39,18 @@ PLAIN = textwrap.dedent("""
 SHAPES = [(2, False, 1000), (4, True, 1024), (1, False, 1030)]  # GQA untied V%64!=0; MHA tied; MQA untied
 
 
+def test_the_llama_config_carries_the_checkpoints_heads_and_tie(tmp_path):
+    """The fast half of the plain-transformers test below (slow): the exported config.json has the checkpoint's
+    KV heads (read off its weights) and tie, so the weights load into the right shapes."""
+    for kv, tied, vocab in SHAPES:
+        model = random_model(kv, tied, vocab)
+        save_run(model, tmp_path / f"r{kv}")
+        out = export(tmp_path / f"r{kv}", tmp_path / f"l{kv}", dtype="fp32")
+        cfg = json.loads((out / "config.json").read_text())
+        assert (cfg["num_key_value_heads"], cfg["tie_word_embeddings"], cfg["vocab_size"]) == (kv, tied, vocab)
+        assert cfg["rope_parameters"]["rope_theta"] == model.config.rope_theta
+
+
 @pytest.mark.slow  # ~20-60 s on 2 busy cores: a subprocess importing transformers, 3 models
 def test_llama_export_matches_yxanul_in_plain_transformers(tmp_path):
     ids = torch.tensor(IDS)

@@ -54,6 +54,15 @@ def test_a_second_ctrl_c_exits_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)
+    # a Ctrl-C after a SIGTERM (the scheduler's stop, then the user's key) is the first Ctrl-C: the save goes on
+    with StopRequest() as stop:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            pytest.fail("a Ctrl-C after a SIGTERM exited at once, without the checkpoint")
+        assert stop.signum == signal.SIGINT
 
 
 def test_a_read_only_output_dir_is_one_line(tmp_path):

@@ -119,3 +119,13 @@ def test_join_existing_sweep_does_not_create_one(tmp_path, monkeypatch):
     assert main([str(SWEEP), "--sweep_id", "ent/proj/abc", "--count", "2", "--output_root", str(tmp_path)],
                 client=fake) == 0
     assert fake.calls == [("agent", "ent/proj/abc", 2, "yxanul", None)]
+    # the file's project and entity are its defaults: the training flags given to `yxanul sweep` win
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump({**yaml.safe_load(SWEEP.read_text()), "project": "file-p", "entity": "file-e"}))
+    fake = RecordingWandb(tmp_path, [])
+    assert main([str(own), "--count", "1", "--output_root", str(tmp_path), "--wandb_project", "flag-p",
+                 "--wandb_entity", "flag-e"], client=fake) == 0
+    assert [c[2:] for c in fake.calls if c[0] == "sweep"] == [("flag-p", "flag-e")]
+    fake = RecordingWandb(tmp_path, [])
+    assert main([str(own), "--count", "1", "--output_root", str(tmp_path)], client=fake) == 0
+    assert [c[2:] for c in fake.calls if c[0] == "sweep"] == [("file-p", "file-e")]
