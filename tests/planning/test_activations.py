@@ -38,7 +38,7 @@ def test_checkpointing_formula_equals_the_saved_tensors_of_a_real_bf16_step(micr
     torch.manual_seed(0)
     c = YxanulConfig(**SHAPES["mha-3-layers"], backend="torch")
     model = YxanulForCausalLM(c).train()
-    model.gradient_checkpointing_enable()
+    model.set_activation_checkpointing(True)
     got = measure_saved(model, micro, seq, torch.bfloat16)
     extra = 2 * c.vocab_size * c.hidden_size + seq * c.head_dim * 4 + LOSS_SCALAR
     assert got["bytes"] == activations(c, micro, seq, checkpointing=True).saved + extra
