@@ -7,6 +7,7 @@ import pytest
 
 from yxanul.tracking import (
     TrackingArgs,
+    flat_tracker_config,
     format_duration,
     format_step_line,
     mfu,
@@ -51,8 +52,15 @@ def test_step_line_shape_and_penalty_columns():
     assert line == ("step  250/300 83% eta 8s | epoch 0 | loss: 3.456789 | lr: 6.00e-04 | norm: 0.8234 | "
                     "dt: 156.78ms | tok/sec: 3345.67 | BF16")  # 50 steps left x 0.157 s
     assert progress(7, 50_000, 0.25) == "step    7/50000 0% eta 3h28m" and format_duration(245) == "4m05s"
+    assert progress(3, 4, 10.0) == "step    3/4 75% eta 10s"  # the steps left, this one done
     line = format_step_line(1, 0, 3.5, 6e-4, 0.5, 1.0, 2.0, "FP32", lm_loss=3.25, penalty=0.25)
     assert "| loss: 3.500000 | lm_loss: 3.250000 | penalty: 0.250000 | lr:" in line
+
+
+def test_the_tracker_config_is_flat_with_every_level_in_its_keys():
+    """TensorBoard hparams and W&B config take scalars: nested keys join with '/', lists become JSON."""
+    flat = flat_tracker_config({"lr": 1e-3, "precision_report": {"layers": {"qkv": {"fp8": 2}}, "keep": ["a", "b"]}})
+    assert flat == {"lr": 1e-3, "precision_report/layers/qkv/fp8": 2, "precision_report/keep": '["a", "b"]'}
 
 
 def test_tracker_settings_are_passed_not_written_to_the_environment(tmp_path, monkeypatch):

@@ -389,13 +389,17 @@ def test_callbacks_get_eval_metrics_saves_and_the_end(tmp_path):
         def on_train_end(self, trainer):
             self.events.append(("end", trainer.state.step))
 
+    class Second:  # another callback's metrics join the first's in the same row
+        def on_evaluate(self, trainer):
+            return {"other": 7.0}
+
     rec = Recorder()
     summary = train(_cfg(tmp_path, "--max_steps", "3", "--eval_freq", "2", "--checkpoint_freq", "1",
-                         "--save_final", "true"), callbacks=[rec])
+                         "--save_final", "true"), callbacks=[rec, Second()])
     assert rec.events == [("save", "step_1", False), ("eval", 2), ("save", "step_2", True), ("eval", 3),
                           ("save", "step_3", summary["best_val_loss"] == summary["val_loss"]), ("end", 3)]
     evals = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
-    assert [e["answer"] for e in evals] == [42.0, 42.0]
+    assert [(e["answer"], e["other"]) for e in evals] == [(42.0, 7.0), (42.0, 7.0)]
 
 
 @pytest.mark.slow
