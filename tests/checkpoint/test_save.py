@@ -73,6 +73,8 @@ def test_keep_last_and_best(tmp_path, acc_model):
     assert steps == [2, 4, 5]  # last two + best (val 1.0)
     table = format_table(tmp_path)
     assert "best" in table.splitlines()[1] and "latest" in table.splitlines()[-1]
+    save_checkpoint(acc, tmp_path, _state(6, 1.0), keep_last=2)  # ties the best: the first to reach it stays best
+    assert (tmp_path / "checkpoints" / "best").read_text().strip() == "step_2"
 
 
 def test_a_run_gone_back_to_an_older_checkpoint_keeps_its_own_and_falls_back_to_its_own(tmp_path, acc_model):

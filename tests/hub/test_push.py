@@ -161,6 +161,11 @@ def test_callback_strategies_and_a_push_that_never_succeeds(run, capsys):
     down.on_train_end()  # no exception into the training loop
     assert down.failed == [run / "hub" / "step_2"] and (run / "hub" / "step_2" / "model.safetensors").is_file()
     assert "was not pushed; it stays on disk" in capsys.readouterr().out
+    assert down.api.fail == 99 - 2  # exactly `retries` attempts
+    flaky = HubPushCallback(HubArgs(hub_model_id="me/r"), run, api=RecordingHfApi(fail=2), retries=3, backoff_s=0)
+    flaky.on_save(None, ckpt)
+    flaky.on_train_end()
+    assert flaky.failed == [] and len(flaky.api.uploads()) == 1  # the third attempt goes through
 
 
 def test_hub_config_keys(tmp_path, monkeypatch):
