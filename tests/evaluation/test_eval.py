@@ -61,6 +61,22 @@ def test_acc_norm_divides_by_the_endings_characters_as_lm_eval_does():
     assert scores == pytest.approx([-4.0, -8.2 / 3]) and max(range(2), key=scores.__getitem__) == 1
 
 
+def test_the_harness_model_is_a_llama_whose_tokenizer_pads_a_batch(tok_run):
+    """`load_causal_lm` (what the harness scores): a plain LlamaForCausalLM with the run's logits, and a tokenizer
+    that pads (the bundled one has no pad token: eos pads, masked out), so lm-eval's batches of 2+ work."""
+    from yxanul.integrations.causal_lm import load_causal_lm
+
+    run, model = tok_run
+    llama, tok = load_causal_lm(run)
+    assert type(llama).__name__ == "LlamaForCausalLM" and tok.pad_token == tok.eos_token
+    batch = tok(["JULIET:", "HAMLET:\nTo be, or not to be"], return_tensors="pt", padding=True)
+    keep = batch.attention_mask.bool()
+    assert not keep.all()  # the short prompt was padded
+    with torch.no_grad():
+        got, ref = llama(**batch).logits, model(**batch).logits
+    assert (got[keep] - ref[keep]).abs().max().item() <= 1e-4
+
+
 def test_val_loss_is_the_models_loss_and_the_export_agrees(tok_run, prepared, tmp_path):
     from yxanul.data.loader import eval_batches
     from yxanul.hub.loading import load_model

@@ -80,6 +80,9 @@ def test_two_processes_match_one_process_with_double_accumulation_and_resume(tmp
     a, b = losses(two), losses(one)
     assert sorted(a) == sorted(b) == list(range(1, 17))
     assert max(abs(a[s] - b[s]) for s in a) < TOL
+    vals = [[r["val_loss"] for r in read_metrics(run / "metrics.jsonl") if "val_loss" in r] for run in (two, one)]
+    assert vals[0] and len(vals[0]) == len(vals[1])  # the validation averages over both ranks' batches
+    assert max(abs(a - b) for a, b in zip(*vals)) < TOL, vals
     for run in (two, one):  # tokens/s (and the MFU from it) count the tokens of all processes: 2 x 32 x 2 a step
         rows = [r for r in read_metrics(run / "metrics.jsonl") if "tokens_per_sec" in r]
         assert len(rows) == 16 and all(r["tokens_per_sec"] == pytest.approx(128e3 / r["dt_ms"], rel=1e-6)
