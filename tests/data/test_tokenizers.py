@@ -83,6 +83,19 @@ def test_held_out_documents_0_holds_out_nothing_and_reports_nothing(tmp_path, ca
     assert "bytes/token" not in capsys.readouterr().out
 
 
+def test_a_small_corpus_holds_out_its_last_tenth_apart_from_the_sample(tmp_path):
+    """All of a small corpus fits in the sample: its last tenth is held out instead, and not also trained on
+    (else the bytes/token measured on it would flatter the tokenizer)."""
+    from yxanul.data.tokenizer_train import TokenizerTrainCommand, sample_and_held_out
+
+    docs = tmp_path / "d.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"doc {i}: the cat sat on the mat"}) + "\n" for i in range(30)))
+    cmd = TokenizerTrainCommand(action="train", dataset=str(docs), out=str(tmp_path / "t"))
+    sample, held = sample_and_held_out(cmd)
+    assert len(held) == 3 and len(sample) == 27 and not set(held) & set(sample)
+    assert held == [f"doc {i}: the cat sat on the mat" for i in (27, 28, 29)]
+
+
 @pytest.mark.parametrize("where", ["file", "below_a_file", "proc"])
 def test_an_out_that_cannot_be_a_folder_is_one_line_before_training(tmp_path, where):
     existing = tmp_path / "notes.txt"

@@ -116,7 +116,11 @@ def test_too_few_questions_for_a_step_and_a_file_as_output_dir_are_one_line(qa_r
     (tmp_path / "f").write_text("x")
     cases = [(["--limit", "3", "--output_dir", str(tmp_path / "g")], "3 questions, fewer than the 4 prompts of a step "
                                                                      "(--batch_size 16 / --num_generations 4)"),
-             (["--output_dir", str(tmp_path / "f" / "sub")], f"'{tmp_path / 'f'}' is a file, not a folder")]
+             (["--output_dir", str(tmp_path / "f" / "sub")], f"'{tmp_path / 'f'}' is a file, not a folder"),
+             # 128 positions, 120 of them for the completion: no bundled prompt fits in the 8 left
+             (["--max_completion_length", "120", "--output_dir", str(tmp_path / "g")],
+              "every prompt is longer than 8 tokens (the model's max_position_embeddings minus "
+              "--max_completion_length)")]
     for argv, needle in cases:
         assert cli(["grpo", str(qa_run), "--device", "cpu", "--max_steps", "1", *argv]) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
