@@ -51,3 +51,21 @@ def test_the_hooks_save_q_k_v_names_and_load_them_back_in_either_layout(groups):
         module.weight.zero_()
     module.load_state_dict(state)
     assert torch.equal(module.weight, fused)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_llama_mapping_goes_there_and_back_to_the_same_tensors(tiny_config, tied):
+    """yxanul -> Llama (gate and up split out of fc1, the tied head left out) -> yxanul: every tensor back under its
+    own name, fc1 as cat[gate, up] again (the fast check beside the slow export round trip)."""
+    from yxanul.models import YxanulForCausalLM
+    from yxanul.models.state_dict import llama_to_yxanul, yxanul_to_llama
+
+    torch.manual_seed(0)
+    state = YxanulForCausalLM(tiny_config(tie_word_embeddings=tied)).state_dict()
+    llama = yxanul_to_llama(state, tied)
+    assert ("lm_head.weight" in llama) is not tied
+    gate, up = llama["model.layers.0.mlp.gate_proj.weight"], llama["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(torch.cat([gate, up]), state["model.layers.0.layernorm_mlp.fc1_weight"])
+    back = llama_to_yxanul(llama)
+    expected = {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")}
+    assert back.keys() == expected.keys() and all(torch.equal(back[k], expected[k]) for k in expected)
