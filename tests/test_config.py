@@ -28,6 +28,9 @@ def test_bool_flag_forms():
     assert parse_args(["--use_fp8"]).precision.use_fp8 is True
     assert parse_args(["--use_fp8", "false"]).precision.use_fp8 is False
     assert parse_args(["--use_tensorboard", "no"]).tracking.use_tensorboard is False
+    assert parse_args(["--use_fp8", "False"]).precision.use_fp8 is False  # any case, as YAML 1.1 and Python print
+    assert parse_args(["--use_fp8", "TRUE"]).precision.use_fp8 is True
+    assert resolve({"use_tensorboard": "No"}).tracking.use_tensorboard is False
     with pytest.raises(ConfigError, match="^config key 'use_wandb': expected true or false, got 'maybe'"):
         parse_args(["--use_wandb", "maybe"])  # not "unexpected argument 'maybe'"
     assert resolve({"use_tensorboard": 0}).tracking.use_tensorboard is False  # YAML's 0 as the flag's 0
@@ -47,7 +50,8 @@ def test_unknown_yaml_key_suggests():
 
 
 @pytest.mark.parametrize("key,value", [("max_steps", "ten"), ("max_lr", [1]), ("fp8_format", "e3m4"),
-                                       ("max_steps", 2.5), ("use_fp8", "maybe"), ("max_lr", -1.0)])
+                                       ("max_steps", 2.5), ("use_fp8", "maybe"), ("max_lr", -1.0),
+                                       ("keep_last", 0), ("eval_tasks_limit", 0)])
 def test_bad_values_name_the_key(key, value):
     with pytest.raises(ConfigError) as e:
         resolve({key: value})

@@ -45,15 +45,32 @@ def test_generate_streams_the_greedy_continuation(tok_run, prepared, tmp_path, c
     assert a == b
 
 
+def test_sampling_reaches_generate_a_nucleus_of_one_token_is_greedy(tok_run, capsys):
+    """--top_p and --top_k reach transformers' sampling: a nucleus (or top-k) of one token samples the greedy text
+    whatever the seed; the same seed samples the same text."""
+    run, _ = tok_run
+    greedy = generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=6, temperature=0.0))
+    for seed in (1, 2):
+        assert generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=6, temperature=1.0,
+                                        top_p=1e-6, seed=seed)) == greedy
+        assert generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=6, temperature=1.0, top_k=1,
+                                        seed=seed)) == greedy
+    free = [generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=6, temperature=1.0, seed=s))
+            for s in (1, 1, 2)]
+    assert free[0] == free[1] and greedy not in free
+    capsys.readouterr()
+
+
 def test_generate_user_errors(tok_run, tmp_path, capsys):
     run, _ = tok_run
     assert cli(["generate", str(run), "--prompt", "a", "--prompt_file", "f"]) == 2
     assert cli(["generate", str(run), "--prompt_file", str(tmp_path / "missing.txt")]) == 2
     assert cli(["generate", str(run), "--top_p", "1.5"]) == 2
     assert cli(["generate", str(tmp_path / "nothing")]) == 2
+    assert cli(["generate", str(run), "--top_p", "0"]) == 2  # an empty nucleus
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(e.startswith("error: ") for e in err), err
-    assert "top_p" in err[2] and "no such file" in err[3]
+    assert len(err) == 5 and all(e.startswith("error: ") for e in err), err
+    assert "top_p" in err[2] and "no such file" in err[3] and "top_p" in err[4]
     bad = ["foo", "mps", f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"]
     for command, device in [(c, d) for c in ("generate", "eval") for d in bad]:  # before anything loads
         assert cli([command, str(run), "--device", device]) == 2
