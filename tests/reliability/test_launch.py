@@ -44,6 +44,7 @@ def test_wandb_key_format_is_checked_at_start_offline():
     assert "whitespace" in check_wandb_key(True, {"WANDB_API_KEY": "a" * 40 + "\n"})
     assert check_wandb_key(True, {"WANDB_API_KEY": "a" * 40}) is None
     assert check_wandb_key(True, {"WANDB_API_KEY": "abc", "WANDB_MODE": "offline"}) is None
+    assert check_wandb_key(True, {"WANDB_API_KEY": "abc", "WANDB_MODE": "dryrun"}) is None  # wandb's old offline
     assert check_wandb_key(False, {"WANDB_API_KEY": "abc"}) is None
 
 

@@ -105,3 +105,20 @@ def test_the_optimizer_steps_past_accelerates_wrapper_only_where_it_adds_nothing
         assert not plain(fake(**kw)), kw
     assert direct_optimizer(DeepSpeedOptimizerWrapper.__new__(DeepSpeedOptimizerWrapper), fake()) is None
     assert direct_optimizer(opt, None) is None  # no accelerator: the plain optimizer's own calls
+
+
+def test_the_step_timer_leaves_out_what_it_is_told_to(monkeypatch):
+    """Seconds per step between two logs: evaluation, saving and tracker start-up (`exclude`) are not steps, so
+    tokens/s and MFU do not drop at every eval; a clock that did not move is 'not measured' (nan)."""
+    import math
+
+    from yxanul.training import runtime
+
+    now = [100.0]
+    monkeypatch.setattr(runtime.time, "perf_counter", lambda: now[0])
+    timer = runtime.StepTimer()
+    timer.steps, now[0] = 4, 112.0  # 4 steps in 12 s, 4 s of which an evaluation
+    timer.exclude(4.0)
+    assert timer.peek() == 2.0 and timer.lap() == 2.0 and timer.steps == 0
+    timer.steps = 1
+    assert math.isnan(timer.lap())  # no time has passed since the lap

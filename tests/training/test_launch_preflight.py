@@ -28,3 +28,13 @@ def test_the_same_configs_pass_where_they_can_run():
     preflight(parse_args(["--fuse_qkv_rope"]), say=said.append, env={"WORLD_SIZE": "2"}, cuda_available=False)  # DDP
     preflight(parse_args(["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params", "--backend", "te"]),
               say=said.append, env=FSDP2, cuda_available=False)
+
+
+def test_an_error_in_the_launch_environment_stops_before_anything_is_built(tmp_path):
+    """What `check_launch_environment` calls an error (here a DeepSpeed config file that is not there) is a
+    one-line refusal, not a warning the run goes past."""
+    from yxanul.errors import UserError
+
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "none.json")}
+    with pytest.raises(UserError, match=r"^environment: error: ACCELERATE_DEEPSPEED_CONFIG_FILE: .*none\.json not"):
+        preflight(parse_args([]), say=lambda *a: None, env=env, cuda_available=False)
