@@ -204,6 +204,26 @@ def test_warmup_flag_replaces_the_files_other_unit(tmp_path):
     assert (cfg.optim.warmup_steps, cfg.optim.warmup_tokens) == (7, None)
 
 
+def test_every_foreign_spelling_points_at_a_real_key_with_its_meaning():
+    """Each other trainer's name maps to a key `yxanul train` has (or `yxanul plan`'s gpus/nodes, or to advice),
+    is not itself a yxanul key, and the common ones mean what they say."""
+    from yxanul.config import _fields
+    from yxanul.foreign_keys import FOREIGN_KEYS
+
+    ours = set(_fields())
+    for foreign, (key, what) in FOREIGN_KEYS.items():
+        assert foreign not in ours and what, foreign
+        assert key is None or key in ours or key in ("gpus", "nodes"), (foreign, key)
+    meaning = {"block_size": "seq_length", "seq_len": "seq_length", "context_length": "seq_length",
+               "max_iters": "max_steps", "total_steps": "max_steps", "lr": "max_lr", "learning_rate": "max_lr",
+               "grad_accum": "gradient_accumulation_steps", "accumulate_grad_batches": "gradient_accumulation_steps",
+               "grad_clip": "max_grad_norm", "gradient_clipping": "max_grad_norm", "warmup_iters": "warmup_steps",
+               "save_steps": "checkpoint_freq", "eval_interval": "eval_freq", "log_interval": "log_freq",
+               "batch_size": "micro_batch_size", "global_batch_size": "target_tokens_per_step",
+               "resume_from_checkpoint": "resume", "out_dir": "output_dir", "adam_beta2": "beta2"}
+    assert {k: FOREIGN_KEYS[k][0] for k in meaning} == meaning
+
+
 def test_warmup_as_long_as_the_run_is_refused():
     """Step s takes lr_at(s - 1): with warmup_steps == max_steps the last step is still warming up."""
     with pytest.raises(ConfigError, match=r"config key 'warmup_steps': expected less than max_steps \(20\)"):

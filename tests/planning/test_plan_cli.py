@@ -65,6 +65,10 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
                                               "train.py") and "--use_fp8 true" in fp8["choice"]["launch"]
     zero = launch_line(PlanCommand(preset="7b", gpus=8), "zero3", True)
     assert "--mixed_precision" not in zero  # DeepSpeed's profiles leave the precision to the yxanul config
+    _, ddp = run_json(capsys, "--preset", "nano", "--gpus", "4", "--gpu_memory", "16")  # fits whole: DDP
+    assert ddp["choice"]["strategy"] == "ddp"
+    assert ddp["choice"]["launch"].startswith("accelerate launch --config_file accelerate_configs/multi_gpu_fp8.yaml "
+                                              "--mixed_precision bf16 --num_machines 1 --num_processes 4 train.py")
 
 
 def test_max_micro_batch_is_the_largest_that_fits():

@@ -415,3 +415,17 @@ def test_find_batch_probes_with_the_speed_defaults_the_run_would_get(capsys):
     assert [line.split()[:2] for line in out.splitlines() if line.strip()[:1].isdigit()] == [["1", "ok"], ["2", "ok"]]
     assert fb.main([*argv, "--loss_impl", "default"], speed_table=table) == 0  # the user's flag wins
     assert "speed defaults for torch/nano (x): none applied; kept off: cuda_graphs" in capsys.readouterr().out
+
+
+def test_the_cpu_search_stops_at_the_runs_own_sequences_per_process(capsys):
+    """On a CPU the search's cap is the sequences one process uses per step: the target over all processes,
+    divided by their number (8192 tokens at 64 per sequence = 128 sequences: 64 each on 2), never above the
+    max_micro_batch_size, rounded down to the multiple."""
+    from yxanul.training.batching import BatchArgs
+
+    assert fb.cpu_bound(BatchArgs(target_tokens_per_step=8192), 64, 2, 8)[0] == 64
+    assert fb.cpu_bound(BatchArgs(target_tokens_per_step=8192), 64, 1, 8)[0] == 128
+    assert fb.cpu_bound(BatchArgs(target_effective_batch_size=100), 64, 4, 8)[0] == 24  # 25 per process -> 24
+    assert fb.cpu_bound(BatchArgs(micro_batch_size=4, gradient_accumulation_steps=3, max_micro_batch_size=8),
+                        64, 2, 1)[0] == 8
+    capsys.readouterr()
