@@ -72,6 +72,12 @@ def test_a_later_push_in_shards_replaces_the_single_weights_file(run, tmp_path):
     shards = sorted(p for p in repo if p.startswith("model-"))
     assert "model.safetensors" not in repo and len(shards) > 1 and "model.safetensors.index.json" in repo
     assert "README.md" in repo and "loss_curve.png" in repo  # the rest of the card stays
+    # and back to one file: the shards and their index go in the same commit; the user's message is the commit's
+    assert push_main([str(run), "--hub_model_id", "me/m", "--commit_message", "back to one file"], api=api) == 0
+    repo = api.repos[("me/m", None)]
+    assert "model.safetensors" in repo and not [p for p in repo if p.startswith("model-") or p.endswith(".json")
+                                                and "index" in p]
+    assert api.uploads()[-1]["message"] == "back to one file"
 
 
 def test_push_errors_are_one_line(run, capsys, tmp_path):

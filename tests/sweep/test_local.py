@@ -120,3 +120,17 @@ def test_accelerate_launch_trial_runs_every_rank_with_the_trials_flags(tmp_path)
     cfg = (run / "config.yaml").read_text()
     assert "penalty_weight: 0.02" in cfg and "penalty_type: z_loss" in cfg
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+def test_a_sweep_whose_trials_fail_exits_1_and_names_them(tmp_path):
+    """Each trial is its own `yxanul train`: one that fails (here its data file is missing: exit 2 in the trial)
+    does not stop the others, and the sweep ends with exit 1 naming every failed trial and its log."""
+    env = dict(os.environ, YXANUL_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "yxanul", "sweep", str(SWEEP), "--offline", "--count", "2",
+                        "--output_root", str(tmp_path), *TRIAL_FLAGS, "--dataset", str(tmp_path / "none.jsonl")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "2 trial(s) failed: trial-000, trial-001 (run the same command to retry)" in r.stdout
+    log = tmp_path / "sweeps" / "penalty_weight_tinyshakespeare" / "trial-000" / "train.log"
+    assert f"trial-000 failed (exit code 2, log {log})" in r.stdout and "none.jsonl" in log.read_text()
