@@ -221,3 +221,11 @@ def test_bench_data_reads_a_null_text_as_an_empty_row_as_prepare_does(tmp_path):
     out = tmp_path / "r.json"
     assert bench_main(["--dataset", str(src), "--num_procs", "1", "--trials", "1", "--output", str(out)]) == 0
     assert json.loads(out.read_text())["documents"] == 41  # the pipeline wrote the raw tokenizer's tokens
+
+
+@pytest.mark.parametrize("flag", ["--trials", "--repeat"])
+def test_bench_data_needs_one_run_at_least(flag, capsys):
+    from yxanul.cli import main as cli
+
+    assert cli(["bench-data", flag, "0"]) == 2  # one line, exit 2: no measurement of nothing
+    assert "config key 'repeat/trials': expected integers >= 1" in capsys.readouterr().err

@@ -149,6 +149,17 @@ def test_accelerate_rule_fires_and_fix_is_clean(tmp_path, monkeypatch, name, cha
         assert left == [], [p.line() for p in left]
 
 
+@pytest.mark.parametrize("reshard", [True, "FULL_SHARD", "full_shard"])
+def test_fsdp_resharding_after_forward_is_clean_in_either_spelling(tmp_path, monkeypatch, reshard):
+    """accelerate's FSDP2 takes `fsdp_reshard_after_forward` as a bool or FSDP1's strategy name: FULL_SHARD is
+    the same as true (SHARD_GRAD_OP, like false, keeps the gathered weights: flagged above)."""
+    monkeypatch.chdir(ROOT)
+    cfg = {**GOOD_ACC, "distributed_type": "FSDP", "fsdp_config": {**FSDP2, "fsdp_reshard_after_forward": reshard}}
+    assert "fsdp_config.fsdp_reshard_after_forward" not in _keys(lint_file(_write(tmp_path, "a.yaml", cfg)))
+    cfg["fsdp_config"]["fsdp_reshard_after_forward"] = "SHARD_GRAD_OP"
+    assert "fsdp_config.fsdp_reshard_after_forward" in _keys(lint_file(_write(tmp_path, "b.yaml", cfg)), "warning")
+
+
 def test_dead_fp8_keys_renamed_by_fix(tmp_path):
     cfg = {**GOOD_ACC, "fp8_config": {"backend": "te", "amax_history_length": 16, "optimization_level": "O1"}}
     out = str(tmp_path / "o.yaml")

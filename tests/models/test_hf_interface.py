@@ -164,3 +164,13 @@ print(type(m).__name__, type(c).__name__)
                            timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.split()[-2:] == ["YxanulForCausalLM", "YxanulConfig"]
+
+
+def test_positions_from_a_mask_are_those_of_the_last_tokens_after_a_cache():
+    """With a KV cache and no position_ids, the T new tokens' positions come from the (B, S) mask: each row counts
+    from 0 at its first real token, and the new tokens are the mask's last T columns."""
+    from yxanul.models.masking import position_ids_from_mask
+
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])  # S = 6: a left-padded row
+    assert position_ids_from_mask(mask, 6).tolist() == [[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]]
+    assert position_ids_from_mask(mask, 2).tolist() == [[2, 3], [4, 5]]  # 4 cached, 2 new
