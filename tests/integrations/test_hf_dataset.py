@@ -38,7 +38,7 @@ def test_items_are_the_window_loaders_batches_in_its_order(small_data, world):
     assert len(ds) == 2 * n
 
 
-@pytest.mark.parametrize("world,accumulation", [(1, 1), (2, 3)])
+@pytest.mark.parametrize("world,accumulation", [(1, 1), (2, 3), (2, 5)])  # (2, 5): n % 20 >= B x 5
 def test_epochs_are_laid_out_as_the_loader_lays_them_out_for_the_run_batch(small_data, world, accumulation):
     """Over 3 epochs of a split that no global batch divides: the loader drops each epoch's last
     n % (B x W x A) windows and starts the next at window 0; the dataset given the same batch does the same."""
