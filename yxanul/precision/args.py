@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigError
+from .policy import fp8_attention_recipe_unsupported
 
 # Default of the small-GEMM policy. A layer runs FP8 only when every dimension of its GEMM(s) is
 # >= this. Measured on an H100 (docs/benchmarks.md, FP8 delayed vs BF16 step time):
@@ -106,8 +107,7 @@ class PrecisionArgs:
         if self.use_fp8 and self.mixed_precision == "fp32":  # accelerate's fp8 mode is bf16 autocast + TE
             raise ConfigError("mixed_precision", "auto or bf16 with use_fp8 (accelerate runs every non-FP8 layer "
                                                  "under bf16 autocast)", "fp32")
-        if self.fp8_attention and self.use_fp8 and self.fp8_recipe not in ("delayed", "current"):
-            raise ConfigError("fp8_attention", f"false with fp8_recipe {self.fp8_recipe} (TE's FP8 attention takes "
-                                               "the delayed and current recipes)", True)
+        if self.fp8_attention and self.use_fp8 and (why := fp8_attention_recipe_unsupported(self.fp8_recipe)):
+            raise ConfigError("fp8_attention", f"false {why}", True)
         if self.use_fp8 and self.fp8_format == "e5m2":
             raise ConfigError("fp8_format", "hybrid or e4m3 (TE recipes reject pure E5M2 training)", "e5m2")

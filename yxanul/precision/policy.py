@@ -84,6 +84,13 @@ def module_decisions(model, policy: dict, keep_bf16: list[str] | None) -> dict[s
     return out
 
 
+def fp8_attention_recipe_unsupported(recipe: str) -> str | None:
+    """The part of `fp8_attention_unsupported` that the config alone decides (PrecisionArgs checks it at parse)."""
+    if recipe not in ("delayed", "current"):
+        return f"with fp8_recipe {recipe} (TE's FP8 attention takes the delayed and current recipes)"
+    return None
+
+
 def fp8_attention_unsupported(recipe: str, head_dim: int, compute_capability: tuple[int, int] | None,
                               device_name: str | None, te_version: str | None) -> str | None:
     """Why TE 2.20 cannot train FP8 attention (``fp8_dpa``) here, as the tail of a "false ..." line (None: it can);
@@ -94,8 +101,8 @@ def fp8_attention_unsupported(recipe: str, head_dim: int, compute_capability: tu
     (common/fused_attn/fused_attn.cpp) picks for training only at head_dim 128 below sm_100 (cuDNN 9.2.1+ and
     9.7+ alike), head_dim <= 128 and a multiple of 16 from sm_100 on. The block and MXFP8 recipes take no fp8_dpa."""
     cc, device = tuple(compute_capability or (0, 0)), device_name or "a machine without CUDA"
-    if recipe not in ("delayed", "current"):
-        return f"with fp8_recipe {recipe} (TE's FP8 attention takes the delayed and current recipes)"
+    if why := fp8_attention_recipe_unsupported(recipe):
+        return why
     if recipe == "current" and cc < (10, 0):
         return (f"with fp8_recipe current on {device} (TE {te_version} has no FP8 attention for current scaling "
                 "below compute capability 10.0); or fp8_recipe delayed")
