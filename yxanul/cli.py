@@ -122,17 +122,8 @@ def _run(func, argv) -> int:
         _detach_stdout()
         return _fail("error: standard output was closed (broken pipe, e.g. `| head`); stopping", EXIT_BROKEN_PIPE)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return _fail(_disk_full_line(e), 2)
-        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and e.filename:  # a read-only or foreign folder
-            return _fail(f"error: '{e.filename}': {e.strerror}; check its permissions or choose another folder "
-                         "(e.g. --output_dir)", 2)
-        if e.errno in (errno.ENOTDIR, errno.EISDIR) and e.filename:  # a file where a folder goes, or the reverse
-            what = "a file is in the way of a folder" if e.errno == errno.ENOTDIR else \
-                "a folder is in the way of a file"
-            return _fail(f"error: '{e.filename}': {e.strerror} ({what}); move it or choose another folder "
-                         "(e.g. --output_dir)", 2)
-        return _bug(e)
+        line = _path_error_line(e)
+        return _fail(line, 2) if line else _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
         return _bug(e)
 
@@ -160,6 +151,37 @@ def _let_rank_0_fail_first() -> None:
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     time.sleep(QUIET_RANK_EXIT_S)
+
+
+def _path_error_line(e: OSError) -> str | None:
+    """One line for an OSError that a path the user chose explains (a full disk, a read-only or foreign folder,
+    a file where a folder goes, a link to nowhere, e.g. an unmounted scratch filesystem); None: a bug."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _disk_full_line(e)
+    if not e.filename:
+        return None
+    fix = "choose another folder (e.g. --output_dir)"
+    link = _dangling_link(str(e.filename))
+    if link is not None and e.errno in (errno.EEXIST, errno.ENOENT):
+        return (f"error: '{link}' is a symbolic link to '{os.readlink(link)}', which does not exist (a filesystem "
+                f"that is not mounted?); mount it, fix the link or {fix}")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only or foreign folder
+        return f"error: '{e.filename}': {e.strerror}; check its permissions or {fix}"
+    in_the_way = e.errno == errno.ENOTDIR or (e.errno == errno.EEXIST and os.path.isfile(e.filename))
+    if in_the_way or e.errno == errno.EISDIR:  # a file where a folder goes, or the reverse
+        what = "a file is in the way of a folder" if in_the_way else "a folder is in the way of a file"
+        return f"error: '{e.filename}': {e.strerror} ({what}); move it or {fix}"
+    return None
+
+
+def _dangling_link(path: str) -> str | None:
+    """The first part of ``path`` (itself or a parent) that is a symbolic link to nothing, else None."""
+    parts = os.path.normpath(path).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        part = os.sep.join(parts[:i]) or os.sep
+        if os.path.islink(part) and not os.path.exists(part):
+            return part
+    return None
 
 
 def _disk_full_line(e: OSError) -> str:

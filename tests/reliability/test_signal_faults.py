@@ -93,6 +93,19 @@ def test_a_file_where_the_run_needs_a_folder_and_the_reverse_are_one_line(tmp_pa
         assert str(run / name) in r.stderr and "is in the way" in r.stderr, r.stderr
 
 
+def test_a_link_to_an_unmounted_folder_and_a_file_in_an_out_path_are_one_line(tmp_path):
+    """A scratch link whose filesystem is not mounted (mkdir: EEXIST on the link) in --output_dir, and a file
+    where a plot's folder goes (EEXIST, not ENOTDIR, from Path.mkdir): one line naming it, exit 2."""
+    (tmp_path / "scratch").symlink_to(tmp_path / "not-mounted" / "scratch")
+    r = yx_here("train", *FAST, "--max_steps", "2", "--output_dir", tmp_path / "scratch" / "run")
+    one_line(r, 2, f"error: '{tmp_path / 'scratch'}' is a symbolic link to '{tmp_path / 'not-mounted' / 'scratch'}', "
+                   "which does not exist")
+    (tmp_path / "file").write_text("mine")
+    r = yx_here("plot-lr", "--out", tmp_path / "file" / "lr.png")
+    one_line(r, 2, f"error: '{tmp_path / 'file'}': ")
+    assert "a file is in the way of a folder" in r.stderr and (tmp_path / "file").read_text() == "mine"
+
+
 def test_an_export_out_that_is_a_file_is_one_line(base_run, tmp_path):
     f = tmp_path / "file"
     f.write_text("mine")
