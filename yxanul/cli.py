@@ -96,7 +96,7 @@ QUIET_RANK_EXIT_S = 2.0  # a rank other than 0 exits this long after a user erro
 def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
     a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk, a read-only
-    or forbidden path -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141;
+    or forbidden path, a file where a folder goes, a link to nothing -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141;
     Ctrl-C -> 130; any other exception -> its traceback (a bug: report it), then one line, 1.
     ``process_exit``: the process exits with the returned code (the `yxanul` entry points, train.py):
     then, on every error, a watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread,
