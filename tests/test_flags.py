@@ -107,15 +107,21 @@ def test_merge_strict_refuses_an_unknown_yaml_key_in_one_line():
 def test_merge_subset_ignores_other_sections_keys_and_flags_win():
     types_ = {"dataset": str | None, "datasets": list[dict] | None, "seq_length": int}
     yaml_values = {"max_lr": 1e-3, "datasets": [{"name": "a"}], "seq_length": "256"}
-    assert merge(types_, yaml_values, {"seq_length": "128"}, mode="subset") == {
+    others = {"max_lr", "max_steps"}  # the larger config's other keys
+    assert merge(types_, yaml_values, {"seq_length": "128"}, mode="subset", others=others) == {
         "datasets": [{"name": "a"}], "seq_length": 128}
     # a flag replaces the file's value of its twin in the other unit; unset (None) it replaces nothing
-    assert merge(types_, yaml_values, {"dataset": "x"}, mode="subset", replaces={"dataset": "datasets"}) == {
-        "dataset": "x", "seq_length": 256}
+    assert merge(types_, yaml_values, {"dataset": "x"}, mode="subset", replaces={"dataset": "datasets"},
+                 others=others) == {"dataset": "x", "seq_length": 256}
     assert "datasets" in merge(types_, yaml_values, {"dataset": None}, mode="subset",
-                               replaces={"dataset": "datasets"})
+                               replaces={"dataset": "datasets"}, others=others)
     with pytest.raises(ConfigError, match="seq_length"):
-        merge(types_, {"seq_length": "long"}, {}, mode="subset")
+        merge(types_, {"seq_length": "long"}, {}, mode="subset", others=others)
+    # a key of neither (a typo) is the strict mode's one line, with the closest key of either
+    with pytest.raises(ConfigError, match="datsets.*did you mean 'datasets'"):
+        merge(types_, {"datsets": [{"name": "a"}]}, {}, mode="subset", others=others)
+    with pytest.raises(ConfigError, match="max_stepz.*did you mean 'max_steps'"):
+        merge(types_, {"max_stepz": 3}, {}, mode="subset", others=others)
 
 
 def test_train_and_plot_lr_share_the_merge(tmp_path):
@@ -124,7 +130,7 @@ def test_train_and_plot_lr_share_the_merge(tmp_path):
     cfg.write_text("max_steps: 200\nwarmup_steps: 20\ntarget_tokens_per_step: 1000\nuse_wandb: false\n")
     with pytest.raises(ConfigError, match="max_stepz"):
         resolve({"max_stepz": 1})
-    c = resolve(load_yaml(str(cfg)) | {"not_a_key": 1}, {"warmup_tokens": 5000}, mode="subset")
+    c = resolve(load_yaml(str(cfg)), {"warmup_tokens": 5000})
     assert (c.optim.warmup_steps, c.train.max_steps) == (5, 200)
 
 

@@ -19,7 +19,7 @@ from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 COMMANDS = {
     "train": ("yxanul.cli", "train_main", "pretrain a model (default: the embedded demo config)"),
     "launch": ("yxanul.launcher", "main", "`accelerate launch ...` whose user errors are one line, exit 2, per job"),
-    "prepare": ("yxanul.data.prepare", "main", "tokenize and pack a dataset into token shards"),
+    "prepare": ("yxanul.tools.prepare", "main", "tokenize and pack a dataset into token shards"),
     "bench-data": ("yxanul.data.bench_data", "main",
                    "raw tokenizer vs the prepare pipeline, tokens/s per process count"),
     "tokenizer": ("yxanul.data.tokenizer_train", "main", "train a byte-level BPE tokenizer (`yxanul tokenizer train`)"),
@@ -96,8 +96,9 @@ QUIET_RANK_EXIT_S = 2.0  # a rank other than 0 exits this long after a user erro
 def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
     a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk, a read-only
-    or forbidden path, a file where a folder goes, a link to nothing -> one line naming the file, 2; a closed stdout (``| head``) -> one line, 141;
-    Ctrl-C -> 130; any other exception -> its traceback (a bug: report it), then one line, 1.
+    or forbidden path, a file where a folder goes, a link to nothing -> one line naming the file, 2; a closed
+    stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other exception -> its traceback (a bug: report
+    it), then one line, 1.
     ``process_exit``: the process exits with the returned code (the `yxanul` entry points, train.py):
     then, on every error, a watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread,
     a child) would keep it alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""

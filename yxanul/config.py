@@ -93,6 +93,12 @@ def _fields() -> dict[str, tuple[str, dataclasses.Field, Any]]:
     return out
 
 
+def config_keys() -> frozenset[str]:
+    """Every key of a training config: what a command that reads part of one (`yxanul prepare --config`)
+    ignores, and nothing else."""
+    return frozenset(_fields())
+
+
 # --------------------------------------------------------------------------- parsing
 def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
     parser = OneLineParser(
@@ -116,16 +122,14 @@ WARMUP_REPLACES = {"warmup_steps": "warmup_tokens", "warmup_tokens": "warmup_ste
 
 
 def resolve(yaml_values: dict[str, Any] | None = None, cli_values: dict[str, Any] | None = None,
-            source: str | None = None, user_keys: set[str] | None = None, mode: str = "strict") -> Config:
-    """Merge defaults < YAML < CLI (:func:`yxanul.flags.merge`, ``mode`` strict or subset), validate every
-    value, build each section's dataclass. ``user_keys``: the keys the user chose (default: every key
-    given here); a default that conflicts with them adapts (`_adapt_defaults`) instead of being refused."""
+            source: str | None = None, user_keys: set[str] | None = None) -> Config:
+    """Merge defaults < YAML < CLI (:func:`yxanul.flags.merge`, strict: a key of no section is one line),
+    validate every value, build each section's dataclass. ``user_keys``: the keys the user chose (default:
+    every key given here); a default that conflicts with them adapts (`_adapt_defaults`) instead of being
+    refused."""
     fields = _fields()
-    if mode == "subset":  # the file's other keys are not the user's choice of anything here
-        yaml_values = {k: v for k, v in (yaml_values or {}).items() if k in fields}
     user_keys = set(yaml_values or {}) | set(cli_values or {}) if user_keys is None else user_keys
-    merged = merge({k: tp for k, (_, _, tp) in fields.items()}, yaml_values, cli_values, mode=mode,
-                   replaces=WARMUP_REPLACES)
+    merged = merge({k: tp for k, (_, _, tp) in fields.items()}, yaml_values, cli_values, replaces=WARMUP_REPLACES)
     notes = _adapt_defaults(merged, user_keys, fields)
     per_section: dict[str, dict[str, Any]] = {name: {} for name, _ in _sections()}
     for key, value in merged.items():

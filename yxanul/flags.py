@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -236,24 +237,26 @@ MERGE_MODES = ("strict", "subset")
 
 def merge(types_: dict[str, Any], yaml_values: dict[str, Any] | None, cli_values: dict[str, Any] | None,
           mode: str = "strict", replaces: dict[str, str] | None = None,
-          where: str = "see `yxanul train --help`") -> dict[str, Any]:
+          where: str = "see `yxanul train --help`", others: Collection[str] = ()) -> dict[str, Any]:
     """The one YAML + flags merge: the values given, later wins (YAML file < flags), each checked against
     its field's type (``types_``: key -> type; :func:`coerce`). Defaults are the dataclass's own.
 
     ``mode="strict"``: a YAML key that is no field is a one-line ConfigError with the closest key.
     ``mode="subset"``: the command reads only these fields of a larger config (a `yxanul train` config given
-    to prepare or plot-lr): the file's other keys are ignored. A flag is always a field (argparse refused
-    any other). ``replaces``: flag -> the key in the other unit that it replaces (``--warmup_steps`` drops
-    the file's ``warmup_tokens``): a flag set to a value drops the file's value of that key."""
+    to prepare): the file's keys of that config (``others``) are ignored, any other key is the same one-line
+    error as in strict mode (a typo must not silently fall back to a default). A flag is always a field
+    (argparse refused any other). ``replaces``: flag -> the key in the other unit that it replaces
+    (``--warmup_steps`` drops the file's ``warmup_tokens``): a flag set to a value drops the file's value of
+    that key."""
     if mode not in MERGE_MODES:
         raise ValueError(f"merge mode {mode!r}: expected one of {MERGE_MODES}")
     merged: dict[str, Any] = {}
     for values, from_cli in ((yaml_values or {}), False), ((cli_values or {}), True):
         for key, value in values.items():
             if key not in types_:
-                if mode == "subset" and not from_cli:
+                if mode == "subset" and not from_cli and key in others:
                     continue
-                raise unknown_key(key, types_, where=where)
+                raise unknown_key(key, [*types_, *others], where=where)
             merged[key] = coerce(key, types_[key], value, from_cli=from_cli)
     for flag, other in (replaces or {}).items():
         if (cli_values or {}).get(flag) is not None and other not in (cli_values or {}):

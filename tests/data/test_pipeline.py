@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from _data import WORDS, files_of, meta_of, write_docs
 
-from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
 from yxanul.data.prepare import prepare
 from yxanul.data.shards import open_shard
 from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.errors import DataError
+from yxanul.tools import prepare as prepare_cmd
 
 Q = {"progress": False, "say": lambda *a, **k: None}
 def _prepare_cmd(src: Path, out: Path, extra=()) -> list[str]:
@@ -208,18 +208,22 @@ def test_prepare_cli_flags_and_config(tmp_path, capsys):
     src = write_docs(tmp_path / "docs.jsonl", 200, 10, "doc")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"model: nano\nmax_lr: 1.0\ndataset: {src}\nval_fraction: 0.1\nmix_by: documents\n")
-    assert prep.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"),
+    assert prepare_cmd.main(["--config", str(cfg), "--streaming", "--data_dir", str(tmp_path / "o"),
                       "--max_documents", "50"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train"]["documents"] + summary["val"]["documents"] == 50
-    args = prep.parse_prepare_args(["--config", str(cfg), "--val_fraction", "0.2"])
+    args = prepare_cmd.parse_prepare_args(["--config", str(cfg), "--val_fraction", "0.2"])
     assert (args.val_fraction, args.mix_by, args.streaming) == (0.2, "documents", False)  # flags over the file
     from yxanul.errors import UserError
 
     with pytest.raises(UserError, match="did you mean '--streaming'|did you mean 'streaming'"):
-        prep.parse_prepare_args(["--streamin"])
+        prepare_cmd.parse_prepare_args(["--streamin"])
     with pytest.raises(UserError, match="mix_by"):
-        prep.parse_prepare_args(["--mix_by", "bytes"])
+        prepare_cmd.parse_prepare_args(["--mix_by", "bytes"])
+    # a training config's keys are ignored; a typo of a data key must not prepare the default corpus instead
+    cfg.write_text(f"model: nano\nmax_lr: 1.0\ndatsets:\n  - {{path: {src}}}\n")
+    with pytest.raises(UserError, match="datsets.*did you mean 'datasets'"):
+        prepare_cmd.parse_prepare_args(["--config", str(cfg)])
 
 
 @pytest.mark.slow

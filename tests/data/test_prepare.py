@@ -19,6 +19,7 @@ from yxanul.data.shards import ShardWriter, dtype_for_vocab, open_shard, write_s
 from yxanul.data.sources import BUNDLED_CORPUS, BUNDLED_TOKENIZER
 from yxanul.data.tokenizer_load import load_tokenizer
 from yxanul.errors import ConfigError, DataError
+from yxanul.tools import prepare as prepare_cmd
 
 Q = {"progress": False, "say": lambda *a, **k: None}
 
@@ -214,7 +215,7 @@ def test_mixture_weights_from_cli_config(tmp_path, capsys):
     cfg = tmp_path / "mix.yaml"
     cfg.write_text(f"model: nano\nval_fraction: 0.01\nmax_documents: 500\ndata_dir: {tmp_path / 'mix'}\n"
                    f"datasets:\n  - {{path: {a}, weight: 3}}\n  - {{path: {b}, weight: 1, text_column: q}}\n")
-    assert prep.main(["--config", str(cfg)]) == 0
+    assert prepare_cmd.main(["--config", str(cfg)]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train"]["documents"] + summary["val"]["documents"] == 500
     docs = split_docs(tmp_path / "mix", "train")

@@ -35,7 +35,7 @@ def test_flags_values_and_png(tmp_path, capsys):
 def test_config_file_flags_override_and_curriculum(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("max_lr: 3e-3\nmin_lr_ratio: 0.2\nwarmup_steps: 20\nmax_steps: 100\nlr_decay_steps: 80\n"
-                   "seq_length: 128\ntarget_tokens_per_step: 4096\nsome_other_key: ignored\ncurriculum:\n"
+                   "seq_length: 128\ntarget_tokens_per_step: 4096\nuse_wandb: false\ncurriculum:\n"
                    "  - {seq_length: 64, until_tokens: 200000}\n  - {seq_length: 128}\n")
     out = tmp_path / "lr.png"
     assert main(["--config", str(cfg), "--max_steps", "300", "--out", str(out)]) == 0
@@ -60,6 +60,9 @@ def test_errors(tmp_path):
     cfg.write_text("auto_batch_size: true\n"
                    "curriculum:\n  - {seq_length: 64, until_tokens: 1000}\n  - {seq_length: 128}\n")
     with pytest.raises(UserError, match="tokens per optimizer step"):
+        main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])
+    cfg.write_text("max_lr: 3e-3\nwarmup_step: 20\n")  # a typo is no key of any config: not silently ignored
+    with pytest.raises(ConfigError, match="warmup_step.*did you mean 'warmup_steps'"):
         main(["--config", str(cfg), "--out", str(tmp_path / "x.png")])
 
 

@@ -4,7 +4,6 @@ Public API (imported lazily, so `yxanul.config` can import `DataArgs` without to
 
     DataArgs                                   yxanul.data.args
     prepare(args, out_dir=None, progress=True) -> Path   (parallel, resumable; see prepare.py)
-    parse_prepare_args(argv) -> DataArgs                (`yxanul prepare` flags over --config)
     ensure_prepared(args, is_main_process=True, wait=None) -> Path
     load_tokenizer(name_or_path) -> (name, tokenizer); load_prepared_tokenizer(data_dir)
     WindowLoader(data_dir, split, seq_length, micro_batch_size, seed, rank=0, world_size=1, ...)
@@ -20,7 +19,7 @@ from .._lazy import lazy_exports
 _WHERE = {
     "DataArgs": "args", "prepare": "prepare", "ensure_prepared": "prepare", "load_tokenizer": "tokenizer_load",
     "load_prepared_tokenizer": "tokenizer_load", "WindowLoader": "loader", "eval_batches": "loader",
-    "write_shard": "shards", "open_shard": "shards", "ShardWriter": "shards", "parse_prepare_args": "prepare",
+    "write_shard": "shards", "open_shard": "shards", "ShardWriter": "shards",
     "Mixture": "mixture", "SourceStream": "mixture", "train_bpe": "tokenizer_train",
 }
 __all__ = sorted(_WHERE)

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import __version__
 from ..errors import DataError, is_no_space
-from ..flags import fields_of, load_yaml, merge, parse_command, with_default_config
 from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
@@ -324,34 +321,3 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
             wait()
     wait()
     return verified(get(progress=False, say=quiet, create=False), quiet)  # the main process's verification cached
-
-
-@dataclass
-class PrepareCommand(DataArgs):
-    """Tokenize and pack a dataset into token shards (docs/data.md)."""
-
-    config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
-                                                                "'datasets' mixture); flags override it."})
-
-
-def parse_prepare_args(argv: list[str] | None) -> DataArgs:
-    """Flags (yxanul.flags.parse_command) over the data keys of ``--config``."""
-    argv = list(argv or [])
-    cli = parse_command(PrepareCommand, argv, prog="yxanul prepare")
-    data_fields = fields_of(DataArgs)
-    given = {k for k in data_fields for a in argv if a == f"--{k}" or a.startswith(f"--{k}=")}
-    # only the data keys of the file: a training config can be prepared ahead of `yxanul train`
-    values = merge({k: tp for k, (_, tp) in data_fields.items()}, load_yaml(cli.config) if cli.config else {},
-                   {k: getattr(cli, k) for k in given}, mode="subset", replaces={"dataset": "datasets"})
-    return DataArgs(**values)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`yxanul prepare [--config FILE] [--dataset ...] [--tokenizer ...] [--data_dir ...]`: without --config, the
-    data keys of the embedded default, as `yxanul train` reads them: it prepares the shards `yxanul train` reads."""
-    out = prepare(parse_prepare_args(with_default_config(list(sys.argv[1:] if argv is None else argv))))
-    meta = read_meta(out)
-    print(json.dumps({k: meta[k] for k in ("tokenizer", "vocab_size", "eos_token_id", "dtype")} |
-                     {s: {k: v for k, v in d.items() if k not in ("shards", "manifest")}
-                      for s, d in meta["splits"].items()} | {"mixture": meta["mixture"]}))
-    return 0

@@ -1,3 +1,4 @@
 """User-facing tools around training: `yxanul bench` (bench.py), `yxanul compare` (compare.py),
-`yxanul plot-lr` (plot_lr.py) and `yxanul verify` (verify.py). Each module's ``main(argv)`` is the
+`yxanul plot-lr` (plot_lr.py), `yxanul prepare` (prepare.py: the data layer's `prepare` as a command) and
+`yxanul verify` (verify.py). Each module's ``main(argv)`` is the
 command; each parses its flags from a dataclass with :func:`yxanul.flags.parse_command`."""

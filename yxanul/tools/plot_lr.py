@@ -57,9 +57,9 @@ def _values(a: PlotLRCommand) -> dict:
     if a.tokens_per_step is not None:
         raw.pop("target_effective_batch_size", None)
         flags["target_tokens_per_step"] = a.tokens_per_step
-    # keys not used here are ignored, as documented; a flag replaces the file's warmup in the other unit
-    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)),
-                  mode="subset")
+    # config keys not used here are ignored, as documented (a key of no config: one line, as `yxanul train` says
+    # it); a flag replaces the file's warmup in the other unit
+    cfg = resolve(raw, flags, source=path, user_keys=set(flags) | (set() if a.config is None else set(raw)))
     for line in cfg.notes:
         print(line)
     values = {k: getattr(cfg.optim if k != "max_steps" else cfg.train, k) for k in _SCHEDULE_KEYS}
