@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _data import split_docs
+from _data import files_of, meta_of, split_docs
 
 from yxanul.data import prepare as prep
 from yxanul.data.args import DataArgs
@@ -272,6 +272,10 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     with pytest.raises(DataError, match=r"data_dir '.*typo': no prepared shards \(no meta.json\); run `yxanul prepare"):
         ensure_prepared(DataArgs(data_dir=str(tmp_path / "typo")), is_main_process=True, wait=lambda: waits.append(5))
     assert waits[-1] == 5 and not (tmp_path / "typo").exists()  # nothing packed into the mistyped folder
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "meta.json").write_text('{"tokenizer": ')
+    with pytest.raises(DataError, match=r"data_dir '.*damaged': its meta.json is damaged"):
+        ensure_prepared(DataArgs(data_dir=str(tmp_path / "damaged")))
     with pytest.raises(DataError, match="no such file"):  # the main process reaches the barrier on failure too
         ensure_prepared(DataArgs(dataset=str(tmp_path / "nope.txt")), wait=lambda: waits.append(4))
     assert waits[-1] == 4
@@ -279,6 +283,45 @@ def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     (tmp_path / "junk" / "x").write_text("x")
     with pytest.raises(DataError, match="not a prepared data folder"):
         prepare(DataArgs(dataset=str(path), data_dir=str(tmp_path / "junk")), **Q)
+
+
+@pytest.mark.parametrize("damage", ["finished", "current"])
+def test_a_resume_over_shards_changed_since_they_were_written_starts_over(tmp_path, docs_file, monkeypatch, damage):
+    """An interrupted prepare resumes from its saved progress; a finished shard whose tokens changed (or the
+    written part of the current one, truncated) before the restart would be vouched for by the manifest:
+    the restart says so in one warning line and prepares from the start, as an uninterrupted run would."""
+    from yxanul.data import prepare as prep_mod
+
+    path, _ = docs_file(400)
+    kw = dict(dataset=str(path), shard_size_tokens=1024, val_fraction=0.05, prepare_num_proc=1)
+    ref = prepare(DataArgs(**kw, data_dir=str(tmp_path / "ref")), **Q)
+    saved, real = [], prep_mod._Packer.checkpoint
+
+    def interrupted(self):
+        real(self)
+        saved.append(self.writers["train"].state())
+        if len(saved) == 3:
+            raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(prep_mod._Packer, "checkpoint", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            prepare(DataArgs(**kw, data_dir=str(tmp_path / "d")), **Q)
+    work, state = tmp_path / "d.partial", saved[-1]
+    assert len(state["entries"]) >= 2 and state["current"]["tokens"] > 0
+    if damage == "finished":
+        shard = work / state["entries"][1]["file"]
+        data = bytearray(shard.read_bytes())
+        data[40] ^= 1
+        shard.write_bytes(bytes(data))
+    else:
+        shard = work / f"train_{len(state['entries']):05d}.bin"
+        with open(shard, "r+b") as f:
+            f.truncate(32 + 2 * (state["current"]["tokens"] - 1))
+    lines = []
+    out = prepare(DataArgs(**kw, data_dir=str(tmp_path / "d")), progress=False, say=lines.append)
+    assert any(line.startswith(f"warning: data: '{shard}'") and "from the start" in line for line in lines), lines
+    assert not any("resuming" in line for line in lines)
+    assert files_of(out) == files_of(ref) and meta_of(out) == meta_of(ref)
 
 
 def test_data_args_validation():

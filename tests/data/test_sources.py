@@ -1,4 +1,7 @@
-"""Sources: a `datasets` save_to_disk folder is read as the dataset it holds, not as a folder of files."""
+"""Sources: a `datasets` save_to_disk folder is read as the dataset it holds, not as a folder of files; what a
+source holds that is not text, a split a local file does not have and a path listed twice are one line."""
+
+import json
 
 import datasets
 import pytest
@@ -44,3 +47,39 @@ def test_each_split_of_a_saved_dataset_dict_has_its_own_cache(tmp_path, docs_fil
     train, test = (prepare(DataArgs(dataset=str(saved), dataset_split=s), **Q) for s in ("train", "test"))
     assert train != test
     assert sorted(split_docs(test, "train") + split_docs(test, "val")) == sorted(docs[:20])
+
+
+def test_a_text_column_holding_other_values_than_text_is_one_line_not_rows_dropped(tmp_path):
+    """A null is an empty row (skipped, as documented); a number, list or dict in the text column is one line
+    naming the column and the type: dropping those rows silently would train on less than the user's data."""
+    for value, kind in ((12345, "int"), (["a", "b"], "list"), ({"a": 1}, "dict"), (True, "bool")):
+        p = tmp_path / f"{kind}.jsonl"
+        rows = [{"text": f"document {i} with words"} for i in range(30)] + [{"text": None}, {"text": value}]
+        p.write_text("\n".join(json.dumps(r) for r in rows))
+        with pytest.raises(DataError, match=rf"dataset '{p}': column 'text' holds {kind} values"):
+            prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / f"d-{kind}")), **Q)
+    p = tmp_path / "nulls.jsonl"
+    p.write_text("\n".join(json.dumps({"text": None if i % 5 == 0 else f"doc {i} words"}) for i in range(40)))
+    out = prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / "d-nulls")), **Q)
+    assert len(split_docs(out, "train")) + len(split_docs(out, "val")) == 32
+
+
+def test_a_split_of_a_local_file_is_one_line_not_the_whole_file(tmp_path, docs_file):
+    path, _ = docs_file()
+    with pytest.raises(DataError, match=rf"dataset '{path}': local files have one split, 'train' \(split "
+                                        r"'validation' selects"):
+        prepare(DataArgs(dataset=str(path), dataset_split="validation", data_dir=str(tmp_path / "d")), **Q)
+
+
+def test_a_path_twice_in_a_mixture_is_told_apart_or_refused(tmp_path):
+    """Twice with the same settings: one line (its documents would be read twice and the report merge them);
+    with other columns (or Hub configs/splits): each entry named by what tells it apart, in the report too."""
+    p = tmp_path / "two.jsonl"
+    p.write_text("\n".join(json.dumps({"text": f"alpha {i} " * 8, "q": f"question {i} " * 4}) for i in range(200)))
+    same = [{"path": str(p), "weight": 0.5}, {"path": str(p), "weight": 0.5}]
+    with pytest.raises(DataError, match=f"dataset '{p}': listed 2 times in datasets with the same settings"):
+        prepare(DataArgs(datasets=same, data_dir=str(tmp_path / "d1")), **Q)
+    out = prepare(DataArgs(datasets=[same[0], {**same[1], "text_column": "q"}], data_dir=str(tmp_path / "d2")), **Q)
+    mix = json.loads((out / "meta.json").read_text())["mixture"]
+    assert set(mix) == {f"{p} (text_column=text)", f"{p} (text_column=q)"}
+    assert all(m["documents"] > 0 for m in mix.values())

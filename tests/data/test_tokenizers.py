@@ -229,3 +229,21 @@ def test_bench_data_needs_one_run_at_least(flag, capsys):
 
     assert cli(["bench-data", flag, "0"]) == 2  # one line, exit 2: no measurement of nothing
     assert "config key 'repeat/trials': expected integers >= 1" in capsys.readouterr().err
+
+
+def test_bench_data_refuses_what_prepare_refuses_in_one_line_before_measuring(tmp_path, capsys):
+    """No text, a non-text value, a broken line (named by its number) and an --output that cannot be written: one
+    line each, exit 2, before any measurement (not an internal error after it)."""
+    from yxanul.cli import main as cli
+
+    cases = {"empty.jsonl": ("", "contains no text"), "ws.jsonl": ("  \n\t\n", "contains no text"),
+             "num.jsonl": ('{"text": "a b c"}\n{"text": 12345}\n', "column 'text' holds int values (e.g. '12345')"),
+             "broken.jsonl": ('{"text": "a"}\n{"text": "b"}\n{"text": "c\n', "line 3: not JSON")}
+    for name, (content, needle) in cases.items():
+        (tmp_path / name).write_text(content)
+        assert cli(["bench-data", "--dataset", str(tmp_path / name), "--trials", "1"]) == 2, name
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert cli(["bench-data", "--output", str(tmp_path / "no" / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"config key 'output': expected a file in an existing, writable folder ('{tmp_path / 'no'}')" in err

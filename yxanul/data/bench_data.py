@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import ConfigError, DataError
 from ..flags import parse_command
 from .args import DataArgs
-from .sources import BUNDLED_CORPUS
+from .sources import BUNDLED_CORPUS, Source, text_values
 from .tiktoken_path import build_encoding, tiktoken_spec
 from .tokenizer_load import load_tokenizer
 
@@ -55,16 +55,34 @@ class BenchDataCommand:
             raise ConfigError("prepare_backend", "one of tokenizers, tiktoken, auto", self.prepare_backend)
 
 
+def _read_jsonl(path: str) -> list:
+    """The 'text' of every line of a .jsonl file; a bad line is one line naming its number."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, ValueError) as e:
+        raise DataError(f"dataset '{path}': expected a .jsonl file with a 'text' column ({e})") from None
+    docs = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            docs.append(json.loads(line)["text"])
+        except (ValueError, KeyError, TypeError) as e:
+            what = "no 'text' key" if isinstance(e, (KeyError, TypeError)) else f"not JSON ({e})"
+            raise DataError(f"dataset '{path}': line {i}: {what}; expected a .jsonl file with a 'text' column") \
+                from None
+    return docs
+
+
 def _documents(args: BenchDataCommand, tmp: Path) -> tuple[Path, list[str]]:
     if args.dataset:
-        try:
-            docs = [json.loads(line)["text"] for line in Path(args.dataset).read_text().splitlines() if line.strip()]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataError(f"dataset '{args.dataset}': expected a .jsonl file with a 'text' column ({e})") from None
+        docs = _read_jsonl(args.dataset)
     else:
         with gzip.open(BUNDLED_CORPUS, "rt", encoding="utf-8") as f:
             docs = [json.loads(line)["text"] for line in f] * args.repeat
-    docs = [d if isinstance(d, str) else "" for d in docs]  # as prepare reads a null (mixture.py): an empty row
+    docs = text_values(docs, Source(args.dataset, None, None), "convert them")  # as prepare reads them
+    if not any(d.strip() for d in docs):
+        raise DataError(f"dataset '{args.dataset}': contains no text")
     path = tmp / "docs.jsonl"
     path.write_text("\n".join(json.dumps({"text": d}) for d in docs))
     return path, docs
@@ -157,6 +175,10 @@ def run(args: BenchDataCommand, say=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_command(BenchDataCommand, argv, prog="yxanul bench-data")
+    if args.output:  # before minutes of measuring, not after
+        parent = Path(args.output).expanduser().absolute().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK) or Path(args.output).is_dir():
+            raise ConfigError("output", f"a file in an existing, writable folder ('{parent}')", args.output)
     result = run(args)
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

@@ -29,7 +29,7 @@ from collections import deque
 
 import numpy as np
 
-from .sources import Source, load_source
+from .sources import Source, load_source, text_values
 
 BATCH_DOCS = 256  # documents per tokenization task: big enough to amortise IPC, small for memory
 
@@ -56,7 +56,7 @@ class SourceStream:
         if skip:  # a state taken after the epoch's last document: Dataset.skip(len) would raise IndexError
             rows = getattr(ds, "num_rows", None)
             ds = ds.skip(skip) if rows is None or skip < rows else ds.select([])
-        self.key, self.pool, self.prefetch = key, pool, prefetch
+        self.key, self.pool, self.prefetch, self.src = key, pool, prefetch, src
         self._batches = ds.iter(batch_size=BATCH_DOCS)
         self._docs: deque = deque()
         self._eof = False
@@ -69,7 +69,7 @@ class SourceStream:
             except StopIteration:
                 self._eof = True
                 return
-            self.pool.submit(self.key, [t if isinstance(t, str) else "" for t in batch["text"]])
+            self.pool.submit(self.key, text_values(batch["text"], self.src))
 
     def next_doc(self) -> np.ndarray | None:
         """The next document's tokens, or None when the source (this epoch) is exhausted."""
@@ -90,7 +90,7 @@ class Mixture:
                  on_source_end: str = "stop"):
         total = sum(s.weight for s in sources)
         n = len(sources)
-        self.names = [s.path for s in sources]
+        self.names = [s.key for s in sources]
         self.weights = [s.weight / total for s in sources]
         self.caps = [getattr(s, "max_tokens", None) for s in sources]
         self.max_epochs = [getattr(s, "max_epochs", 1) for s in sources]

@@ -33,7 +33,7 @@ from .args import DataArgs
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
 from .remote_code import strip_code
-from .shards import ShardWriter, dtype_for_vocab
+from .shards import ShardWriter, dtype_for_vocab, resume_problem
 from .sources import cache_root, check_hub_reachable, check_source, fingerprint, resolve_sources
 from .tiktoken_path import tiktoken_spec
 from .tokenize import Encoder, Pool
@@ -104,7 +104,7 @@ class _Packer:
 
     def __init__(self, args: DataArgs, sources, work, fp: str, encoder, state: dict | None):
         st = state or {}
-        self.args, self.work, self.fp, self.names = args, work, fp, [s.path for s in sources]
+        self.args, self.work, self.fp, self.names = args, work, fp, [s.key for s in sources]
         self.mix = Mixture(sources, args.mix_by, args.max_tokens, st.get("mix"), args.on_source_end)
         dtype = __import__("numpy").dtype(encoder.dtype)
         self.writers = {s: ShardWriter(work.path, s, dtype, args.shard_size_tokens, encoder.eos,
@@ -236,7 +236,13 @@ def prepare(args: DataArgs, out_dir=None, progress: bool = True, *, say=print, c
         _check_target(out)
         clean_stale(out.parent, keep=work.path, out_name=out.name)
         resumed = work.progress(fp)
-        if resumed:
+        damaged = resumed and next(filter(None, (resume_problem(work.path, split, w) for split, w in
+                                                 resumed.get("writers", {}).items())), None)
+        if damaged:  # resuming would vouch for shards that are not what was written: start over instead
+            say(f"warning: data: {damaged} in {work.path} is not what the interrupted run wrote; preparing "
+                f"{out} from the start")
+            work.reset()
+        elif resumed:
             say(f"data: resuming in {work.path} after document {resumed['doc_index']:,}")
         t0, dtype = time.monotonic(), dtype_for_vocab(vocab_size(tok))
         splits, packer = _pack(args, sources, work, fp, tok, dtype, progress)
@@ -276,7 +282,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
             "vocab_size": vocab_size(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__,
             "splits": splits,
-            "sources": [s.path for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
+            "sources": [s.key for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
             "shard_size_tokens": args.shard_size_tokens, "yxanul_version": __version__,
             "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
                       "backend": packer.pool.encoder.backend},
@@ -306,6 +312,9 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
             if read_meta(Path(args.data_dir)):
                 return Path(args.data_dir)
+            if (Path(args.data_dir) / "meta.json").is_file():
+                raise DataError(f"data_dir '{args.data_dir}': its meta.json is damaged (not the JSON `yxanul "
+                                "prepare` writes); delete the folder and prepare it again")
             raise DataError(f"data_dir '{args.data_dir}': no prepared shards (no meta.json); run `yxanul prepare "
                             "--data_dir ...` first, or set dataset/datasets to prepare it here")
     else:

@@ -142,10 +142,36 @@ class ShardWriter:
     def state(self) -> dict:
         return {"entries": list(self.entries), "tokens": self.tokens, "documents": self.documents,
                 "current": {"tokens": self._cur["tokens"], "documents": self._cur["documents"],
-                            "sources": dict(self._cur["sources"]), "max_id": self._cur["max_id"]}}
+                            "sources": dict(self._cur["sources"]), "max_id": self._cur["max_id"],
+                            "sha256": self._hash.copy().hexdigest()}}
 
     def close(self) -> dict:
         if self._f is not None:
             self._finish()
         return {"tokens": self.tokens, "documents": self.documents,
                 "shards": [e["file"] for e in self.entries], "manifest": self.entries}
+
+
+def resume_problem(out_dir: Path, prefix: str, state: dict) -> str | None:
+    """What no longer matches ``state`` (a `ShardWriter.state` saved by an interrupted prepare) among the shards
+    in ``out_dir``: a finished shard's length or sha256, or the written part of the current one (a disk error,
+    a file edited or truncated before the restart); None: resuming writes what an uninterrupted run would."""
+    files = [(out_dir / e["file"], e["tokens"], e.get("sha256")) for e in state.get("entries", [])]
+    cur = state.get("current", {})
+    if cur.get("tokens"):
+        files.append((out_dir / f"{prefix}_{len(files):05d}.bin", cur["tokens"], cur.get("sha256")))
+    for path, tokens, digest in files:
+        try:
+            with open(path, "rb") as f:
+                itemsize = struct.unpack("<4sIIQ12x", f.read(HEADER))[2]
+                left, h = tokens * itemsize, hashlib.sha256()
+                while left and (chunk := f.read(min(left, 64 << 20))):
+                    h.update(chunk)
+                    left -= len(chunk)
+        except (OSError, struct.error) as e:
+            return f"'{path}' ({e.strerror if isinstance(e, OSError) else 'no header'})"
+        if left:
+            return f"'{path}' (shorter than written)"
+        if digest is not None and h.hexdigest() != digest:
+            return f"'{path}' (its tokens changed since they were written)"
+    return None

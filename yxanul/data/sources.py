@@ -41,6 +41,12 @@ class Source:
     max_tokens: int | None = None  # this source's cap in a mixture
     text_template: str | None = None  # the text built from several columns (template.py)
     max_epochs: int = 1       # times this source may be read in a mixture (mixture.py)
+    label: str | None = None  # its name in reports and meta.json where its path is in a mixture twice
+
+    @property
+    def key(self) -> str:
+        """The source's name in the mixture's report, meta.json and the shards' per-source counts."""
+        return self.label or self.path
 
     def fingerprint(self) -> dict:
         cap = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
@@ -156,12 +162,30 @@ def resolve_sources(args) -> list[Source]:
         for src, d in zip(out, args.datasets):
             src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template")
             src.max_epochs = int(d.get("max_epochs", 1))
+        _label_repeated_paths(out)
         return out
     if args.dataset:
         src = resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)
         src.text_template = getattr(args, "text_template", None)
         return [src]
     return [resolve_source(str(BUNDLED_CORPUS))]
+
+
+def _label_repeated_paths(sources: list[Source]) -> None:
+    """A path listed twice in a mixture (two configs or splits of one Hub dataset) is named by what tells the
+    entries apart; twice with the same settings is one line (its documents would be read twice, and the report
+    would merge the two)."""
+    for src in sources:
+        same = [s for s in sources if s.path == src.path]
+        if len(same) == 1:
+            continue
+        parts = [f"{k}={getattr(src, k)}" for k in ("name", "split", "text_column", "text_template")
+                 if len({getattr(s, k) for s in same}) > 1]
+        if not parts:
+            raise DataError(f"dataset '{src.path}': listed {len(same)} times in datasets with the same settings "
+                            "(its documents would be read twice); list it once, with the weight of all, or set "
+                            "its max_epochs")
+        src.label = f"{src.path} ({', '.join(parts)})"
 
 
 def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | None = None):
@@ -173,6 +197,9 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     Hub datasets keep the default datasets cache (their downloads are worth keeping)."""
     import datasets
 
+    if src.files is not None and src.builder != SAVED and src.split != "train":  # read whole: never a silent no-op
+        raise DataError(f"dataset '{src.path}': local files have one split, 'train' (split '{src.split}' selects a "
+                        "split of a Hub dataset or of a save_to_disk folder); leave dataset_split unset")
     local = {} if cache_dir is None else {"cache_dir": str(cache_dir)}
     try:
         if src.files is None:
@@ -204,6 +231,19 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
                         "set text_column")
     ds = ds.select_columns([src.text_column])
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
+
+
+def text_values(values: list, src: Source, fix: str | None = None) -> list[str]:
+    """A batch of a source's text column as strings. A null is an empty document (skipped, docs/data.md); any
+    other value (a number, a list, a dict) is one line naming the column and its type: a row silently dropped
+    would train on less than the user's data. ``fix``: the advice (default: the text_column/template keys)."""
+    for v in values:
+        if v is not None and not isinstance(v, str):
+            fix = fix or "convert them or set " + ("text_column or " if src.text_template is None else "") + \
+                "text_template"
+            raise DataError(f"dataset '{src.path}': column '{src.text_column}' holds {type(v).__name__} values "
+                            f"(e.g. {str(v)[:40]!r}), expected text; {fix}")
+    return [v or "" for v in values]
 
 
 def _load_saved(src: Source, streaming: bool):

@@ -26,7 +26,7 @@ from typing import Literal
 from ..errors import ConfigError, DataError
 from ..flags import check_same_as, parse_command, same_as
 from .args import DataArgs
-from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source
+from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source, text_values
 from .tokenizer_load import load_tokenizer
 
 
@@ -97,8 +97,9 @@ def _documents(args: TokenizerTrainCommand):
     check_source(src)
     check_hub_reachable([src])
     for row in load_source(src, streaming=True):
-        if isinstance(row["text"], str) and row["text"]:
-            yield row["text"]
+        text = text_values([row["text"]], src)[0]
+        if text:
+            yield text
 
 
 def sample_and_held_out(args: TokenizerTrainCommand) -> tuple[list[str], list[str]]:
