@@ -135,6 +135,33 @@ def test_a_hub_id_is_still_asked_of_the_hub(name):
         load_tokenizer(name)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "tok/typo"])
+def test_a_hub_id_with_the_hub_unreachable_is_one_line_at_once(name, monkeypatch):
+    """Not offline mode, but no route to the Hub (a cluster node): one TCP probe, then one line naming the
+    tokenizer, instead of transformers' minute of retries and the network blamed last."""
+    import time
+
+    from huggingface_hub import constants
+
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port: refused at once
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match=rf"^tokenizer '{name}': not a local folder, and the Hugging Face Hub is "
+                                        r"unreachable from here \(127.0.0.1: Connection refused\)"):
+        load_tokenizer(name)
+    assert time.monotonic() - t0 < 10
+
+
+def test_an_empty_tokenizer_folder_says_it_has_no_tokenizer_files(tmp_path):
+    from yxanul.data.tokenizer_load import load_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(DataError, match=r"tokenizer '.*tok': a folder without tokenizer files"):
+        load_tokenizer(str(tmp_path / "tok"))
+
+
 def _superbpe_shaped(tmp_path, vocab: int = 200_005):
     """A byte-level BPE with SuperBPE's vocabulary size (200K): the bundled 8k BPE with its tokens moved
     to the top ids and fillers below, so the ids in use are > 65,535 and need uint32 shards."""

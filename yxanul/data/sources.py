@@ -317,9 +317,19 @@ def check_hub_reachable(sources: list[Source], timeout: float = 3.0) -> None:
     """Hub sources need the Hub: say so in one line at once, instead of datasets' 25 s of retries and a
     multi-line log. Skipped in offline mode (datasets then fails fast) and for mirrored names."""
     hub = [s for s in sources if s.files is None and hub_path(s.path) == s.path]
-    if not hub or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
-            os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if not hub or os.environ.get("HF_DATASETS_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return
+    why = hub_unreachable_why(timeout)
+    if why:
+        raise DataError(hub_unreachable(hub[0].path, why))
+
+
+def hub_unreachable_why(timeout: float = 3.0) -> str | None:
+    """Why the Hub's endpoint cannot be reached (one TCP connect, ``timeout`` s), or None: it can, or offline mode
+    is on (then the libraries fail fast themselves). What datasets and transformers would find after ~25-50 s of
+    retries and a multi-line log."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return None
     import socket
     from urllib.parse import urlparse
 
@@ -329,7 +339,8 @@ def check_hub_reachable(sources: list[Source], timeout: float = 3.0) -> None:
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
     except OSError as e:
-        raise DataError(hub_unreachable(hub[0].path, f"{url.hostname}: {e.strerror or type(e).__name__}")) from None
+        return f"{url.hostname}: {e.strerror or type(e).__name__}"
+    return None
 
 
 def fingerprint(sources: list[Source], tokenizer: str, extra: dict) -> str:

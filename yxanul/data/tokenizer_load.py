@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from .remote_code import declares_code, refused
-from .sources import BUNDLED_TOKENIZER, cache_root
+from .sources import BUNDLED_TOKENIZER, cache_root, hub_unreachable_why
 
 GPT2_OFFLINE = "gpt2-offline"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "org/name"
@@ -63,13 +63,23 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     if _looks_like_a_path(name) and not Path(name).exists():
         raise DataError(f"tokenizer '{typed}': no such folder (a tokenizer is a folder, a Hub id like 'gpt2' or "
                         f"'org/name', or '{GPT2_OFFLINE}')")
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+    if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in files):
+        raise DataError(f"tokenizer '{typed}': a folder without tokenizer files (expected {' or '.join(files[:2])}, "
+                        "as save_pretrained writes)")
+    hub_id = not Path(name).exists()
+    why = hub_id and hub_unreachable_why()
     if not trust_remote_code and (where := declares_code(name)):
         raise refused(name, where)
-    try:
-        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    try:  # the Hub unreachable: only a copy in the HF cache, at once, not a minute of retries
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=bool(why))
     except Exception as e:  # noqa: BLE001 -- any failure to load becomes one line
         if not trust_remote_code and "trust_remote_code" in str(e):
             raise refused(name) from None
+        if why:
+            raise DataError(f"tokenizer '{typed}': not a local folder, and the Hugging Face Hub is unreachable from "
+                            f"here ({why}) to fetch it as a Hub id: give a tokenizer folder or '{GPT2_OFFLINE}', or "
+                            "download it where the Hub is reachable") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]})") from None
     if tok.eos_token_id is None:
