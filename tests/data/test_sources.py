@@ -83,3 +83,13 @@ def test_a_path_twice_in_a_mixture_is_told_apart_or_refused(tmp_path):
     mix = json.loads((out / "meta.json").read_text())["mixture"]
     assert set(mix) == {f"{p} (text_column=text)", f"{p} (text_column=q)"}
     assert all(m["documents"] > 0 for m in mix.values())
+
+
+def test_a_csv_without_a_header_row_is_one_line_asking_about_it(tmp_path):
+    """Its first document became the column name: one line, the name cut, the likely cause named."""
+    p = tmp_path / "noheader.csv"
+    p.write_text('"First document,\nover two lines and long enough to be cut at forty characters"\n"second"\n"third"\n')
+    with pytest.raises(DataError) as e:
+        prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / "d")), **Q)
+    assert "\n" not in str(e.value) and "(is its first row a header?); set text_column" in str(e.value)
+    assert "columns: First document, over two lines and long )" in str(e.value)

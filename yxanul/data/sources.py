@@ -227,7 +227,9 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     if not cols and streaming:  # streamed CSV/JSON: columns are known only once a row is read
         cols = list(_first(ds, src))
     if cols and src.text_column not in cols:
-        raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {', '.join(cols)}); "
+        names = ", ".join(" ".join(str(c).split())[:40] for c in cols[:20]) + (", ..." if len(cols) > 20 else "")
+        header = " (is its first row a header?)" if src.builder == "csv" else ""
+        raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {names}){header}; "
                         "set text_column")
     ds = ds.select_columns([src.text_column])
     return ds if src.text_column == "text" else ds.rename_column(src.text_column, "text")
