@@ -93,3 +93,12 @@ def test_a_csv_without_a_header_row_is_one_line_asking_about_it(tmp_path):
         prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / "d")), **Q)
     assert "\n" not in str(e.value) and "(is its first row a header?); set text_column" in str(e.value)
     assert "columns: First document, over two lines and long )" in str(e.value)
+
+
+def test_a_broken_line_in_the_middle_of_a_jsonl_is_named_by_its_number(tmp_path):
+    p = tmp_path / "broken.jsonl"
+    rows = [json.dumps({"text": f"document {i} words"}) for i in range(100)]
+    rows[50] = '{"text": "unterminated'
+    p.write_text("\n".join(rows))
+    with pytest.raises(DataError, match=rf"dataset '{p}': could not be loaded \({p} line 51: not JSON"):
+        prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / "d")), **Q)

@@ -220,7 +220,8 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
         if is_no_space(e):
             raise _cache_full(src, cache_dir) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"dataset '{src.path}': could not be loaded ({first[:300]})") from None
+        raise DataError(f"dataset '{src.path}': could not be loaded ({_bad_json_line(src) or first[:300]})") \
+            from None
     if src.text_template is not None:
         return _templated(ds, src)
     cols = list(ds.column_names or [])
@@ -246,6 +247,27 @@ def text_values(values: list, src: Source, fix: str | None = None) -> list[str]:
             raise DataError(f"dataset '{src.path}': column '{src.text_column}' holds {type(v).__name__} values "
                             f"(e.g. {str(v)[:40]!r}), expected text; {fix}")
     return [v or "" for v in values]
+
+
+def _bad_json_line(src: Source) -> str | None:
+    """The first line of a JSON Lines source that is not JSON, as "FILE line N: why" (datasets says only "An
+    error occurred while generating the dataset"); None: none found. Read only after a failed load."""
+    if src.builder != "json":
+        return None
+    for f in src.files or ():
+        try:
+            with (gzip.open if f.endswith(".gz") else open)(f, "rt", encoding="utf-8") as lines:
+                if f.removesuffix(".gz").endswith(".json") and lines.read(1) in "[{":
+                    continue  # one JSON document, not JSON Lines
+                lines.seek(0)
+                for n, line in enumerate(lines, 1):
+                    try:
+                        json.loads(line) if line.strip() else None
+                    except ValueError as e:
+                        return f"{f} line {n}: not JSON ({str(e)[:120]})"
+        except (OSError, ValueError):  # unreadable or not UTF-8: the library's own message stands
+            return None
+    return None
 
 
 def _load_saved(src: Source, streaming: bool):
