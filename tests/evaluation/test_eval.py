@@ -112,6 +112,18 @@ def test_eval_cli_on_a_run_and_on_a_users_hellaswag_file(tok_run, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 5 and f"{bad}:2:" in err[0] and "mmlu" in err[1] and "prepared" in err[2], err
     assert all("config key 'output': expected a JSON file in an existing folder" in e for e in err[3:]), err
+    # an earlier result is replaced; any other file (a run's config.yaml, a checkpoint's state) is never written
+    assert cli(["eval", str(run), "--eval_steps", "1", "--seq_length", "32", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["written_by"] == "yxanul eval" and "cloze" not in json.loads(out.read_text())
+    ckpt = next((run / "checkpoints").glob("step_*"))
+    (tmp_path / "mine.json").write_text('{"a": 1}')  # e.g. a run's config, another tool's JSON
+    for target in (tmp_path / "mine.json", ckpt / "trainer_state.json", ckpt / "results.json"):
+        before = target.read_bytes() if target.exists() else None
+        assert cli(["eval", str(run), "--eval_steps", "1", "--output", str(target)]) == 2, target
+        assert (target.read_bytes() if target.exists() else None) == before
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "a new file or an earlier `yxanul eval` result" in err[0], err
+    assert all("outside a run's checkpoints folder" in e for e in err[1:]), err
 
 
 def test_eval_of_an_export_says_what_it_skips_and_refuses_nothing_to_do(tok_run, tmp_path, capsys, monkeypatch):

@@ -128,6 +128,26 @@ def test_too_few_questions_for_a_step_and_a_file_as_output_dir_are_one_line(qa_r
     assert not (tmp_path / "g").exists()
 
 
+def test_overwrite_never_deletes_a_run_or_its_checkpoints(qa_run, tmp_path, capsys):
+    """--overwrite deletes output_dir first: the MODEL's run, its checkpoints folder or one checkpoint, another run
+    directory and a folder above the MODEL are refused in one line before anything loads, every file intact."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(qa_run, other)
+    ckpts = qa_run / "checkpoints"
+    step = next(p for p in ckpts.iterdir() if p.name.startswith("step_"))
+    before = {f: f.read_bytes() for root in (qa_run, other) for f in root.rglob("*") if f.is_file()}
+    for model, out, needle in [(qa_run, qa_run, "would overwrite the MODEL"), (qa_run, other, "a run directory"),
+                               (step, ckpts, "would overwrite the MODEL"), (qa_run, ckpts, "inside the run"),
+                               (step, qa_run.parent, "would overwrite the MODEL")]:
+        assert cli(["grpo", str(model), "--device", "cpu", "--max_steps", "1", "--output_dir", str(out),
+                    "--overwrite"]) == 2, (model, out)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: output_dir '{out}': ") and needle in err[0], err
+    assert {f: f.read_bytes() for root in (qa_run, other) for f in root.rglob("*") if f.is_file()} == before
+
+
 @pytest.mark.slow
 def test_sft_then_grpo_raises_the_reward(qa_run, tmp_path):
     """SFT teaches the letter format partly; GRPO (format + answer rewards) then raises the mean reward.

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import EveryRankError
+from ..errors import EveryRankError, UserError
 from .args import RUN_DIR_RESUMES
 from .io import file_in_the_way, saved_config
 from .pointers import checkpoints_dir
@@ -97,3 +97,29 @@ def _check_resume_target(resume: str | None, run_dir: Path) -> None:
 def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
     return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
 
+
+
+def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overwrite: bool) -> None:
+    """An output folder that a command fills, and under ``overwrite`` replaces whole (`yxanul export` OUT,
+    `yxanul grpo --output_dir`), must spare every trained file: not the MODEL it reads nor a folder above it,
+    nothing in the MODEL's run's checkpoints folder (its checkpoints, ``best``/``latest``), not a run directory
+    (its checkpoints and logs), nor a non-empty folder of the MODEL's run that is not an earlier export (logs,
+    TensorBoard). One line naming ``label`` (the command's name for OUT) and what it would lose."""
+    out, o, src = Path(out), Path(out).resolve(), Path(source).resolve()
+    if o == src or o in src.parents:
+        raise UserError(f"{label} '{out}': would overwrite the MODEL '{source}' it reads (choose a folder outside it)")
+    if blocker := file_in_the_way(out):
+        raise UserError(f"{label} '{out}': '{blocker}' is a file, not a folder (choose another {label.split()[-1]})")
+    run = src if (src / "checkpoints").is_dir() else src.parent.parent if src.parent.name == "checkpoints" else None
+    filled = o.is_dir() and any(o.iterdir())
+    if src.parent.name == "checkpoints" and src in o.parents:
+        raise UserError(f"{label} '{out}': inside the checkpoint '{source}' it reads (choose a folder outside it)")
+    if run is not None and (run / "checkpoints" == o or run / "checkpoints" in o.parents or
+                            (run in o.parents and filled and not (o / "config.json").is_file())):
+        raise UserError(f"{label} '{out}': inside the run '{run}' whose files it would replace (choose a new "
+                        "folder, or one outside the run)")
+    if filled and not overwrite:
+        raise UserError(f"{label} '{out}': exists and is not empty (choose another folder or --overwrite)")
+    if (o / "checkpoints").is_dir() or ((o / "config.yaml").is_file() and not (o / "config.json").is_file()):
+        raise UserError(f"{label} '{out}': a run directory, whose checkpoints and logs --overwrite would replace "
+                        "(choose a new folder)")

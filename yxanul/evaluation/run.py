@@ -116,9 +116,30 @@ class EvalCommand:
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         device_of(self.device)
-        if self.output is not None and (not Path(self.output).parent.is_dir() or Path(self.output).is_dir()):
-            raise ConfigError("output", "a JSON file in an existing folder (checked before the evaluation runs)",
-                              self.output)
+        if self.output is not None:
+            _check_output(Path(self.output))
+
+
+WRITTEN_BY = "yxanul eval"  # in every results JSON: the one kind of existing file --output may replace
+
+
+def _check_output(out: Path) -> None:
+    """--output, before the evaluation runs: a JSON file in an existing folder, outside any checkpoints folder
+    (a file there would change a checkpoint), and new or an earlier result: any other file (a run's config.yaml,
+    a checkpoint's trainer_state.json) is never overwritten."""
+    if not out.parent.is_dir() or out.is_dir():
+        raise ConfigError("output", "a JSON file in an existing folder (checked before the evaluation runs)", str(out))
+    if "checkpoints" in (p.name for p in out.absolute().parents):
+        raise ConfigError("output", "a file outside a run's checkpoints folder (a file there changes a checkpoint)",
+                          str(out))
+    if out.is_file():
+        try:
+            earlier = json.loads(out.read_text()).get("written_by") == WRITTEN_BY
+        except (OSError, ValueError, AttributeError):
+            earlier = False
+        if not earlier:
+            raise ConfigError("output", "a new file or an earlier `yxanul eval` result (this file is neither: it "
+                                        "is left as it is)", str(out))
 
 
 def evaluate(a: EvalCommand, say=print) -> dict:
@@ -131,7 +152,7 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     device = device_of(a.device)
     data_dir = _validation_data(a, tasks or harness, say)  # nothing to do is one line before the model loads
     model, tok = load_model(a.model, device)
-    results: dict = {"model": a.model}
+    results: dict = {"written_by": WRITTEN_BY, "model": a.model}
     if data_dir is not None:
         T = a.seq_length or int(model.config.max_position_embeddings)
         results.update(val_loss(model, data_dir, T, a.batch_size, a.eval_steps, device))

@@ -19,7 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..checkpoint.io import file_in_the_way
+from ..checkpoint import check_out_spares_runs
 from ..data.args import DataArgs
 from ..errors import ConfigError, UserError
 from ..flags import parse_command, same_as
@@ -139,11 +139,7 @@ def prepare_output(a: GrpoCommand) -> Path:
     import shutil
 
     out = Path(a.output_dir)
-    if blocker := file_in_the_way(out):
-        raise UserError(f"output_dir '{out}': '{blocker}' is a file, not a folder (choose another output_dir)")
-    if out.exists() and any(out.iterdir()):
-        if not a.overwrite:
-            raise UserError(f"output_dir '{out}': exists and is not empty (choose another folder or --overwrite)")
+    if out.exists() and any(out.iterdir()):  # checked by `grpo` first: spares every trained file
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -171,6 +167,7 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     cpu = a.device == "cpu" or not torch.cuda.is_available()
     if a.device == "cuda" and cpu:
         raise UserError("device 'cuda': no CUDA GPU here (use --device cpu)")
+    check_out_spares_runs(a.output_dir, a.model, "output_dir", a.overwrite)  # --overwrite deletes it: never a run
     ds = load_qa(a.dataset, a.split, a.dataset_name, a.limit)  # a bad dataset fails before the model loads
     model, tok = load_causal_lm(a.model)
     ds = fitting(ds, tok, int(model.config.max_position_embeddings) - a.max_completion_length, a.dataset, say)

@@ -19,8 +19,7 @@ from typing import Literal
 
 import torch
 
-from ..checkpoint import STATE_FILE, read_state
-from ..checkpoint.io import file_in_the_way
+from ..checkpoint import STATE_FILE, check_out_spares_runs, read_state
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
@@ -100,41 +99,16 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
         raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
     check_shard_size(max_shard_size)
     out = Path(out)
-    src = Path(source).resolve()
-    if src == out.resolve() or out.resolve() in src.parents:
-        raise UserError(f"export OUT '{out}': would overwrite the MODEL '{source}' it exports")
-    if blocker := file_in_the_way(out):
-        raise UserError(f"export OUT '{out}': '{blocker}' is a file, not a folder (choose another OUT)")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"export OUT '{out}': exists and is not empty (choose another folder or --overwrite)")
-    if (out / "checkpoints").is_dir() or ((out / "config.yaml").is_file() and not (out / "config.json").is_file()):
-        raise UserError(f"export OUT '{out}': a run directory, whose checkpoints and logs --overwrite would replace "
-                        "(choose a new folder)")
+    check_out_spares_runs(out, source, "export OUT", overwrite)
     if is_export(source):
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":
             raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
         return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
     with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
-        check_out_spares_run(out, ckpt)
+        check_out_spares_runs(out, ckpt, "export OUT", overwrite)  # the checkpoint a run directory resolved to
         model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
-
-
-def check_out_spares_run(out: Path, ckpt: Path) -> None:
-    """OUT is replaced whole (``--overwrite``): it must not be the checkpoint being exported, a folder above it or
-    inside it, anything in the run's checkpoints folder (other checkpoints, ``best``/``latest``), nor an existing
-    non-empty folder of the run that is not an earlier export (logs, TensorBoard): a run's files are never lost."""
-    o, ck = out.resolve(), ckpt.resolve()
-    if o == ck or o in ck.parents or ck in o.parents:
-        raise UserError(f"export OUT '{out}': would overwrite the checkpoint '{ckpt}' it exports (choose a folder "
-                        "outside it)")
-    if ck.parent.name != "checkpoints":  # a checkpoint folder outside a run: no run files around it
-        return
-    run = ck.parent.parent
-    if ck.parent in o.parents or (run in o.parents and o.is_dir() and any(o.iterdir()) and not is_export(o)):
-        raise UserError(f"export OUT '{out}': inside the run '{run}' whose files it would replace (choose a new "
-                        "folder, or one outside the run)")
 
 
 def check_shard_size(value: str) -> None:
