@@ -78,6 +78,34 @@ def test_generate_user_errors(tok_run, tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("error: config key 'device': expected auto, cpu or cuda[:N] ("), err
 
 
+def test_generate_stops_at_the_positions_the_model_was_trained_on_and_says_so(tok_run, capsys):
+    """A completion past max_position_embeddings would run the model where it never trained (and a huge
+    max_new_tokens for minutes): capped, with one note; a prompt that fills them keeps its last tokens."""
+    run, _ = tok_run
+    from yxanul.hub.loading import load_model
+
+    limit = int(load_model(str(run), "cpu")[0].config.max_position_embeddings)
+    text = generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=10**8, temperature=0.0))
+    out = capsys.readouterr()
+    (note,) = out.err.strip().splitlines()
+    assert note.startswith("note: generating ") and f"not {10**8}" in note and f"the {limit} positions" in note
+    n = int(note.split()[2])
+    assert 0 < n < limit and text == generate(GenerateCommand(model=str(run), prompt=PROMPT, max_new_tokens=n,
+                                                              temperature=0.0))
+    assert capsys.readouterr().err == ""  # within the positions: no note
+    generate(GenerateCommand(model=str(run), prompt="a " * (2 * limit), max_new_tokens=3, temperature=0.0))
+    assert "note: generating 1 tokens, not 3" in capsys.readouterr().err
+
+
+def test_generate_seed_and_prompt_file_errors_are_one_line(tok_run, tmp_path, capsys):
+    run, _ = tok_run
+    assert cli(["generate", str(run), "--seed", "-1"]) == 2
+    assert cli(["generate", str(run), "--prompt_file", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: config key 'seed': expected an integer in [0, 2**32), got -1",
+                   f"error: prompt_file '{tmp_path}': a folder, not a file"], err
+
+
 @pytest.mark.parametrize("flag", ["--max_new_tokens", "--temperature"])
 def test_generate_rejects_negative(flag, tok_run):
     assert cli(["generate", str(tok_run[0]), flag, "-1"]) == 2

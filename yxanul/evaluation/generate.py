@@ -9,6 +9,7 @@ either backend (TE or torch) load into the torch backend, on CPU or GPU.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,8 @@ class GenerateCommand:
             raise ConfigError("top_k", "an integer >= 1 or null", self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError("top_p", "a number in (0, 1] or null", self.top_p)
+        if not 0 <= self.seed < 2**32:  # numpy's seed range, which transformers' set_seed feeds
+            raise ConfigError("seed", "an integer in [0, 2**32)", self.seed)
         device_of(self.device)
 
 
@@ -52,7 +55,7 @@ def prompt_text(a: GenerateCommand) -> str:
         return a.prompt or ""
     p = Path(a.prompt_file)
     if not p.is_file():
-        raise DataError(f"prompt_file '{a.prompt_file}': no such file")
+        raise DataError(f"prompt_file '{a.prompt_file}': " + ("a folder, not a file" if p.is_dir() else "no such file"))
     try:
         return p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -69,14 +72,19 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
     if tok is None:
         raise UserError(f"MODEL '{a.model}': no tokenizer found (export the run with its prepared data present)")
     ids = tok(text, return_tensors="pt").input_ids if text else torch.tensor([[tok.eos_token_id]])
-    ids = ids[:, -int(model.config.max_position_embeddings):].to(device)   # (1, T)
+    limit = int(model.config.max_position_embeddings)
+    ids = ids[:, -(limit - 1):].to(device)   # (1, T): the last tokens of a longer prompt, room for one new one
+    new = min(a.max_new_tokens, limit - ids.shape[1])
+    if new < a.max_new_tokens:  # past its positions a model has never been trained: stop there, and say so
+        print(f"note: generating {new} tokens, not {a.max_new_tokens}: the prompt ({ids.shape[1]} tokens) and the "
+              f"completion fill the {limit} positions the model was trained on", file=sys.stderr, flush=True)
     set_seed(a.seed)
     streamer = (streamer_cls or TextStreamer)(tok, skip_prompt=True, skip_special_tokens=True)
     print(text, end="", flush=True)
     sampling = dict(do_sample=True, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p) \
         if a.temperature > 0 else dict(do_sample=False)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.max_new_tokens,
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                              streamer=streamer, use_cache=True, pad_token_id=tok.eos_token_id, **sampling)
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
