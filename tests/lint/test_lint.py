@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from yxanul import lint
-from yxanul.errors import UserError
+from yxanul.errors import ConfigError, UserError
 from yxanul.lint import accelerate as R_acc
 from yxanul.lint import check_launch_environment, fix_config, lint_file, sanitize_deepspeed_config
 from yxanul.lint import deepspeed as R_ds
@@ -222,7 +222,12 @@ def test_seed_broken_config_and_cli(tmp_path, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "1 file(s): 0 error(s), 1 warning(s) (--strict: warnings fail)"
     assert lint.main([fixed, "--strict"]) == 0 and lint.main([bad, "--strict"]) == 1  # errors keep exit 1
-    assert lint.main([str(tmp_path / "missing.json")]) == 1
+    # what is no config file is a usage error (exit 2 through the CLI), not a lint finding (exit 1)
+    for path, why in ((tmp_path / "missing.json", "no such file"), (tmp_path, "a folder, not a config file")):
+        with pytest.raises(UserError, match=f"lint-config: '{path}': {why}"):
+            lint.main([fixed, str(path)])
+    with pytest.raises(ConfigError, match="config key 'world_size': expected an integer >= 1, got 0"):
+        lint.main([fixed, "--world_size", "0"])  # 0 would skip the batch-size check and say ok
     with pytest.raises(UserError, match="FILE"):  # one line, exit code 2 through the CLI
         lint.main([])
 

@@ -104,3 +104,27 @@ def test_no_arguments_plot_what_yxanul_train_runs_and_say_where(tmp_path, capsys
     o = parse_args(["--config", DEFAULT_CONFIG, "--max_steps", "20"]).optim  # what the trainer runs
     assert _values(text)["last"][1] == pytest.approx(lr_at(19, max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio,
                                                                warmup_steps=o.warmup_steps, decay_steps=20))
+
+
+def test_an_out_that_is_no_image_file_is_one_line_before_plotting(tmp_path):
+    """A suffix matplotlib cannot write (.yaml: a traceback after the plot) or a folder (its .png was written next
+    to it under another name); compare and plot-lr share the check, every format named is one matplotlib writes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from yxanul.tools.compare import main as compare_main
+    from yxanul.tools.figures import FORMATS
+
+    fig = plt.figure()
+    assert set(FORMATS) <= set(fig.canvas.get_supported_filetypes())
+    plt.close(fig)
+    runs = [str(tmp_path), str(tmp_path)]
+    for command, argv in ((main, ["--out", str(tmp_path / "lr.yaml")]), (main, ["--out", str(tmp_path)]),
+                          (main, ["--tokens_per_step", "0"]),
+                          (compare_main, [*runs, "--out", str(tmp_path / "c.txt")]),
+                          (compare_main, [*runs, "--tolerance", "-1"])):
+        with pytest.raises(ConfigError, match=r"config key '(out|tolerance|tokens_per_step)'"):
+            command(argv)
+    assert list(tmp_path.iterdir()) == []

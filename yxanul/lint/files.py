@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from .accelerate import fix_accelerate, lint_accelerate
 from .common import ERROR, WARNING, Problem, _delete
@@ -160,6 +160,14 @@ class LintCommand:
                                    "train_batch_size = micro x accumulation x world size."})
     strict: bool = field(default=False, metadata={"help": "For CI gates: exit 2 when there are warnings (and no "
                                                           "errors, which exit 1 anyway)."})
+
+    def __post_init__(self):  # what is not a config to lint is a usage error (exit 2), not a finding (exit 1)
+        for path in self.files:
+            if not os.path.isfile(path):
+                raise UserError(f"lint-config: '{path}': " + ("a folder, not a config file" if os.path.isdir(path)
+                                                               else "no such file"))
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError("world_size", "an integer >= 1", self.world_size)
 
 
 def _fix_one(path: str, args: LintCommand, use_fp8) -> None:

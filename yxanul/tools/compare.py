@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
+from .figures import check_figure_out
 
 
 @dataclass
@@ -168,6 +169,9 @@ class CompareCommand:
             raise ConfigError("smooth", "an integer >= 1", self.smooth)
         if self.labels and len(self.labels.split(",")) != len(self.runs):
             raise ConfigError("labels", f"{len(self.runs)} comma-separated labels", self.labels)
+        if self.tolerance is not None and not 0 <= self.tolerance < float("inf"):
+            raise ConfigError("tolerance", "a relative difference >= 0, e.g. 0.02", self.tolerance)
+        check_figure_out("out", self.out)
 
 
 def main(argv: list[str] | None = None) -> int:

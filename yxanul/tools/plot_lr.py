@@ -23,6 +23,7 @@ from ..flags import parse_command, same_as
 from ..training.args import TrainArgs
 from ..training.optim import OptimArgs
 from ..training.schedule import Curriculum, lr_at
+from .figures import check_figure_out
 
 
 @dataclass
@@ -42,6 +43,12 @@ class PlotLRCommand:
     out: str | None = field(default=None, metadata={
         "help": "PNG to write (default: lr_schedule.png in the config's output_dir, else in runs/); the path is "
                 "printed."})
+
+
+    def __post_init__(self):
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise ConfigError("tokens_per_step", "a positive integer", self.tokens_per_step)
+        check_figure_out("out", self.out)
 
 
 _SCHEDULE_KEYS = ("max_lr", "min_lr_ratio", "warmup_steps", "warmup_tokens", "max_steps", "lr_decay_steps")
