@@ -134,7 +134,7 @@ def _reports_for_the_job(e: UserError) -> bool:
     same flags and files, so an error raised before the process group exists (config, launch checks) is
     the same on every rank, and so is an `EveryRankError` after it (the run directory): only rank 0 prints it,
     the others exit quietly with the same code. Otherwise, an error may be one rank's own: every rank prints."""
-    if os.environ.get("RANK", "0") == "0":
+    if os.environ.get("RANK", "0") == "0" or not os.environ["RANK"].isdigit():  # rank 0, or no rank to defer to
         return True
     if isinstance(e, EveryRankError):
         return False

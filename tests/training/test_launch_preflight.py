@@ -38,3 +38,28 @@ def test_an_error_in_the_launch_environment_stops_before_anything_is_built(tmp_p
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "none.json")}
     with pytest.raises(UserError, match=r"^environment: error: ACCELERATE_DEEPSPEED_CONFIG_FILE: .*none\.json not"):
         preflight(parse_args([]), say=lambda *a: None, env=env, cuda_available=False)
+
+
+def test_launcher_variables_left_in_a_shell_are_one_line_before_anything_reads_them(tmp_path, monkeypatch, capsys):
+    """A WORLD_SIZE with no launcher (no MASTER_ADDR: accelerate's multi-line ValueError) and launcher variables
+    that are no numbers (int() in the speed defaults: an internal error) stop `yxanul train` in one line, exit 2;
+    what torchrun exports passes."""
+    from yxanul.cli import main as cli
+    from yxanul.training.launch import check_process_env
+
+    check_process_env({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+                       "MASTER_PORT": "29500"})
+    check_process_env({})
+    cases = [({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 in the environment but no MASTER_ADDR: start several processes "
+                                   "with `yxanul launch`"),
+             ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' in the environment: expected a whole number"),
+             ({"RANK": "x"}, "RANK='x' in the environment: expected a whole number"),
+             ({"WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "p"}, "MASTER_PORT='p'")]
+    for env, needle in cases:
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert cli(["train", "--max_steps", "1", "--output_dir", str(tmp_path / "r")]) == 2, env
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {needle}"), (env, err)
+    assert not (tmp_path / "r").exists()

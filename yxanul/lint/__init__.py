@@ -19,7 +19,7 @@ refuse to start; "warning" = wasteful or ignored -> sanitized / reported, the ru
 
 from .common import ERROR, WARNING, Problem
 from .files import detect_kind, fix_config, lint_file, main, sanitize_deepspeed_config
-from .launch import check_launch_environment
+from .launch import check_launch_environment, process_env_problem
 
 __all__ = ["ERROR", "WARNING", "Problem", "check_launch_environment", "detect_kind", "fix_config", "lint_file",
-           "main", "sanitize_deepspeed_config"]
+           "main", "process_env_problem", "sanitize_deepspeed_config"]

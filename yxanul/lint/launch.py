@@ -22,6 +22,23 @@ def _int(value, default: int | None) -> int | None:
         return default
 
 
+PROCESS_INTS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+
+
+def process_env_problem(env=None) -> str | None:
+    """The process-group variables a launcher exports, as torch's ``env://`` rendezvous reads them: whole numbers,
+    and with WORLD_SIZE > 1 a MASTER_ADDR to meet at (a WORLD_SIZE left in a shell, with no launcher, was
+    accelerate's multi-line ValueError). One line, or None."""
+    env = os.environ if env is None else env
+    for key in PROCESS_INTS:
+        if key in env and _int(env[key], None) is None:
+            return f"{key}={env[key]!r} in the environment: expected a whole number (as a launcher exports it)"
+    if _int(env.get("WORLD_SIZE", "1"), 1) > 1 and not env.get("MASTER_ADDR"):
+        return (f"WORLD_SIZE={env['WORLD_SIZE']} in the environment but no MASTER_ADDR: start several processes "
+                "with `yxanul launch` (or accelerate launch / torchrun), or unset WORLD_SIZE for one")
+    return None
+
+
 def _deepspeed_problems(env, add, use_fp8) -> list[Problem]:
     # several DeepSpeed processes without CUDA are fine: DeepSpeed's CPU accelerator joins them over gloo
     # and the trainer tells accelerate so (training/runtime.py process_state; tests/training/test_deepspeed.py)

@@ -5,6 +5,7 @@ key that would only fail after the first step.
 - ``check_launch_environment`` (:mod:`yxanul.lint.launch`, with the linter's own rules): the ACCELERATE_*
   variables and the DeepSpeed file in use. Errors mean: refuse.
 - ``check_wandb_key(use_wandb, env=os.environ)`` -> a problem string or None (format check, offline).
+- ``check_process_env(env)``: the launcher's process-group variables, whole numbers and a MASTER_ADDR.
 - ``preflight(cfg, say)``: both, raising a one-line UserError on an error, printing warnings.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError, UserError
-from ..lint import ERROR, check_launch_environment
+from ..lint import ERROR, check_launch_environment, process_env_problem
 from ..lint.fsdp import launch_engine, train_conflicts
 
 
@@ -30,6 +31,14 @@ def check_wandb_key(use_wandb: bool, env=None) -> str | None:
         return None
     problem = check_api_key(key.strip()) if key.strip() == key else "API key starts or ends with whitespace."
     return f"WANDB_API_KEY: {problem.rstrip('.')} (set a valid key, or WANDB_MODE=offline)" if problem else None
+
+
+def check_process_env(env=None) -> None:
+    """The process-group variables a launcher exports (WORLD_SIZE, RANK, MASTER_ADDR, ...), before the speed
+    defaults or accelerate read them: a one-line UserError (`yxanul.lint.launch.process_env_problem`)."""
+    problem = process_env_problem(env)
+    if problem:
+        raise UserError(problem)
 
 
 def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> None:

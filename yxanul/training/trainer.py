@@ -34,7 +34,7 @@ from .batching import plan_curriculum, resolve_batch, torch_reduce_min
 from .callbacks import CallbackList, from_config
 from .evaluation import evaluate_loss, sample
 from .guards import CollapseGuard, check_val_loss
-from .launch import preflight
+from .launch import check_process_env, preflight
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .optim import build_optimizer
 from .preemption import StopRequest
@@ -70,6 +70,7 @@ class Trainer:
         """Run dir, data, model, precision plan, batch plan, accelerator, optimizer, loaders."""
         from accelerate.utils import set_seed
 
+        check_process_env()  # the launcher's WORLD_SIZE/RANK/MASTER_ADDR, before anything reads them
         say0 = print if os.environ.get("RANK", "0") == "0" else quiet
         cfg, line = speed_defaults.for_run(self.cfg, resolve_backend(self.cfg.model.backend), self.speed_table,
                                            facts=probe_facts())
