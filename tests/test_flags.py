@@ -86,6 +86,13 @@ def test_every_help_keeps_every_flag():
     assert all(len(flags) >= 2 for flags in now.values())  # --help itself and at least one own flag
 
 
+def test_no_help_shows_a_docstring_written_for_callers():
+    """A help text is for the user: no reST of a docstring's parameter notes (find-batch's showed
+    "``speed_table``: the speed defaults (None: the shipped table)")."""
+    leaks = {cmd: line for cmd, text in help_texts().items() for line in text.splitlines() if "``" in line}
+    assert not leaks, leaks
+
+
 def test_flags_in_reads_options_and_aliases_only():
     text = ("usage: x [--a A]\n\noptions:\n  -h, --help  show\n  --max_lr MAX_LR, --lr MAX_LR\n"
             "                        peak lr (see --warmup_steps)\n  --fp8_format {hybrid,e4m3}\n")

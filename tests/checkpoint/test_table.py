@@ -16,3 +16,16 @@ def test_checkpoints_cli(tmp_path, acc_model):
     r = subprocess.run([sys.executable, "-m", "yxanul", "checkpoints", str(tmp_path / "x")], capture_output=True,
                        text=True)
     assert r.returncode == 2 and r.stderr.startswith("error: run directory")
+
+
+def test_a_checkpoint_or_the_checkpoints_folder_lists_its_run(tmp_path, acc_model, capsys):
+    """Given the folder a user is looking at (`RUN/checkpoints` or one checkpoint), not the run directory: the
+    run's table, said so, instead of "no checkpoints under RUN/checkpoints/checkpoints"."""
+    from yxanul.checkpoint.table import main
+
+    acc, _, _ = acc_model
+    save_checkpoint(acc, tmp_path, _state(7, 2.0), keep_last=2)
+    for given in (tmp_path / "checkpoints", tmp_path / "checkpoints" / "step_7"):
+        assert main([str(given)]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"'{given}' is inside the run directory {tmp_path.resolve()}") and "step_7" in out, out

@@ -51,7 +51,11 @@ class CheckpointsCommand:
 def main(argv: list[str] | None = None) -> int:
     """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
     args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
-    if not Path(args.run_dir).is_dir():
+    run = Path(args.run_dir)
+    if not run.is_dir():
         raise UserError(f"run directory '{args.run_dir}': no such directory")
-    print(format_table(args.run_dir, verify=not args.quick))
+    if run.resolve().name == "checkpoints" or run.resolve().parent.name == "checkpoints":  # the run's own folders
+        run = run.resolve().parent if run.resolve().name == "checkpoints" else run.resolve().parent.parent
+        print(f"'{args.run_dir}' is inside the run directory {run}: its checkpoints")
+    print(format_table(run, verify=not args.quick))
     return 0

@@ -1,6 +1,6 @@
 """`yxanul plan`: memory per GPU of a preset under DDP, ZeRO-1/2/3, FSDP2 and HSDP, which strategies
 fit, which to run, and the `accelerate launch` line. No GPU and no weights: the parameter shapes come
-from the real model on the meta device, the activations from the formula of ``activations.py``
+from the real model on the meta device, the activations from the formula of activations.py
 (checked against what autograd saves, and against measured peaks: docs/distributed.md).
 
 The choice: the first strategy that fits in ``STRATEGIES`` order (least communication first: DDP

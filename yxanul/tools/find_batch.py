@@ -47,7 +47,7 @@ def _parse(argv: list[str] | None):
 
 
 def _print_help() -> None:
-    print(main.__doc__ + "\n")
+    print(main.__doc__.splitlines()[0] + "\n")  # the usage line; the rest of the docstring is for callers
     build_parser(FindBatchCommand, "yxanul find-batch").print_help()
     print("\nEvery `yxanul train` flag is accepted as well (`yxanul train --help`).")
 
