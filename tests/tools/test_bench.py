@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from yxanul.errors import ConfigError
 from yxanul.tools.bench import BenchCommand, cases, main, run
@@ -179,3 +180,15 @@ def test_each_case_gets_the_speed_defaults_a_run_would_get():
     own = run(BenchCommand(precisions="fp8-delayed", fp8_min_gemm_dim=64, **SMALL), given={"fp8_min_gemm_dim"},
               **quiet)
     assert own[0][0]["speed_defaults"] == "--loss_impl chunked --master_weights fp32"  # the command line wins
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_backend_te_where_it_cannot_run_is_one_line_not_every_case_skipped(tmp_path, capsys):
+    from yxanul.cli import main as cli
+
+    assert cli(["bench", "--backend", "te", "--presets", "nano", "--seq_lengths", "32", "--precisions", "fp32",
+                "--steps", "1", "--warmup", "0", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("error: config key 'backend': expected 'auto' or 'torch' here (--backend te needs Transformer "
+                       "Engine and a CUDA device), got 'te'"), err
+    assert not (tmp_path / "b").exists()

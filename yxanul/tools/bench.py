@@ -337,6 +337,9 @@ def run(a: BenchCommand, say=print, on_row=None, given: set[str] = frozenset(),
     speed_table = speed_defaults.load_table() if speed_table is None else speed_table
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
+    if a.backend == "te" and (env["transformer_engine"] is None or device.type != "cuda"):  # every case would skip
+        raise ConfigError("backend", "'auto' or 'torch' here (--backend te needs Transformer Engine and a CUDA device)",
+                          "te")
     say(f"bench on {env['device_name']} ({device}); torch {env['torch']}, TE {env['transformer_engine']}")
     rows, t0 = [], time.time()
     profile_dir = Path(a.out) if (a.profile and a.out) else None
