@@ -49,8 +49,18 @@ def test_resumed_rows_last_wins_and_relative_difference(tmp_path):
     assert a.train[2] == 3.0 and a.val == {3: 2.5}
     res = compare(a, b, window=1.0)
     assert res["train_rel_diff"] == pytest.approx((9.7 / 3 - 3.0) / 3.0)
-    assert res["val_rel_diff"] == 0.0
+    assert res["val_rel_diff"] == 0.0 and res["notes"] == []  # same ends, 3 steps in the mean
     assert smooth([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    longer = tmp_path / "c"  # 8 steps logged at 1 and 8: shares only step 1 with a 4-step run logged at 1 and 4
+    longer.mkdir()
+    longer.joinpath("metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 5.0 - s / 4}) for s in (1, 8)))
+    short = tmp_path / "d"
+    short.mkdir()
+    short.joinpath("metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 5.0 - s / 4}) for s in (1, 4)))
+    notes = compare(read_run(short), read_run(longer))["notes"]
+    assert notes == ["the runs end at different steps (4 and 8): compared on the 1 logged step(s) they share, up to "
+                     "step 1", "the training-loss mean covers 1 logged step(s): a weak comparison (log more often, "
+                     "--log_freq, or widen --window)"]
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -80,7 +80,14 @@ def compare(base: Curves, other: Curves, window: float = 0.2) -> dict:
     b = sum(other.train[s] for s in tail) / len(tail)
     out = {"run": other.label, "baseline": base.label, "common_steps": len(common),
            "window_steps": [tail[0], tail[-1]], "train_loss_baseline": a, "train_loss": b,
-           "train_rel_diff": (b - a) / a}
+           "train_rel_diff": (b - a) / a, "notes": []}
+    ends = (max(base.train), max(other.train))
+    if ends[0] != ends[1]:  # the common steps are then the shorter run's: say so, the reader may expect the ends
+        out["notes"].append(f"the runs end at different steps ({ends[0]} and {ends[1]}): compared on the "
+                            f"{len(common)} logged step(s) they share, up to step {common[-1]}")
+    if len(tail) < 3:
+        out["notes"].append(f"the training-loss mean covers {len(tail)} logged step(s): a weak comparison (log "
+                            "more often, --log_freq, or widen --window)")
     vcommon = sorted(set(base.val) & set(other.val))
     if vcommon:
         s = vcommon[-1]
@@ -198,5 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             failed |= not ok
             line += f"  [{'within' if ok else 'OUTSIDE'} {100 * a.tolerance:g}%]"
         print(line)
+        for note in res["notes"]:
+            print(f"  note: {note}")
     print(f"wrote {a.out}")
     return 1 if failed else 0
