@@ -58,3 +58,25 @@ def test_a_resume_from_another_run_into_one_with_checkpoints_is_one_line(tmp_pat
     assert prepare_run_dir(parse_args(["--resume", str(other / "checkpoints" / "step_3"),
                                        "--output_dir", str(fresh)]))[0] == fresh
     assert prepare_run_dir(parse_args(["--resume", str(mine), "--output_dir", str(mine)]))[0] == mine
+
+
+def test_a_run_directory_inside_a_checkpoints_folder_or_a_checkpoint_is_one_line(tmp_path, acc_model):
+    """A new run there would overwrite the checkpoint's config.yaml (it then fails verification) or be pruned with
+    it: refused before anything is written, the checkpoint still verifying."""
+    from yxanul.checkpoint import verify_checkpoint
+
+    acc, _, _ = acc_model
+    run = tmp_path / "run"
+    save_checkpoint(acc, run, _state(2), keep_last=3)
+    ckpt = run / "checkpoints" / "step_2"
+    moved = tmp_path / "loose_step"  # a checkpoint folder copied out of its run
+    moved.mkdir()
+    (moved / "trainer_state.json").write_text((ckpt / "trainer_state.json").read_text())
+    for out, needle in [(ckpt, f"inside the checkpoints folder of the run '{run.resolve()}'"),
+                        (run / "checkpoints" / "new", "inside the checkpoints folder"),
+                        (moved, "a checkpoint folder, not a run directory")]:
+        before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+        with pytest.raises(UserError, match=re.escape(f"output_dir '{out}': {needle}")):
+            prepare_run_dir(parse_args(["--output_dir", str(out), "--resume", "auto"]))
+        assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before
+    assert verify_checkpoint(ckpt) == []

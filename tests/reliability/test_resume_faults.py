@@ -44,6 +44,18 @@ def test_explicitly_named_or_all_damaged_is_one_line_exit_2(run_copy):
     assert listing.count("DAMAGED") == 4 and "warning: 'latest' pointer is not text" in listing, listing
 
 
+def test_a_refused_resume_leaves_the_runs_config_and_files_as_they_were(run_copy):
+    """A resume refused after setup (another preset: the weights do not fit; other data settings) wrote its own
+    config.yaml over the run's before: the run directory then described a model its checkpoints are not."""
+    before = {f: f.read_bytes() for f in run_copy.rglob("*") if f.is_file() and f.name != ".yxanul.lock"}
+    for flags, needle in ((["--model", "tiny"], "its weights do not fit this model"),
+                          (["--seq_length", "16"], "trained on other data settings")):
+        r = yx_here("train", *FAST, "--max_steps", "10", "--output_dir", run_copy, "--resume", "latest", *flags)
+        one_line(r, 2, needle)
+    after = {f: f.read_bytes() for f in run_copy.rglob("*") if f.is_file() and f.name != ".yxanul.lock"}
+    assert after == before
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker

@@ -63,6 +63,7 @@ def prepare_run_dir(cfg, dist=None):
     run_dir = Path(settled.output_dir)
     if existing := file_in_the_way(run_dir):
         raise EveryRankError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory")
+    _check_not_in_checkpoints(run_dir)
     _check_resume_target(ck.resume, run_dir)
     ckpts = [] if ck.resume and not _resumes_another_run(ck.resume, run_dir) else list_checkpoints(run_dir)
     if ckpts:
@@ -82,6 +83,19 @@ def _resumes_another_run(resume: str, run_dir: Path) -> bool:
     home = p.parent.parent if p.parent.name == checkpoints_dir(".").name else p
     return home != run_dir.resolve()
 
+
+
+def _check_not_in_checkpoints(run_dir: Path) -> None:
+    """A run directory is never a checkpoint folder nor inside a run's checkpoints folder: its config.yaml,
+    metrics and new checkpoints would change a checkpoint (which then fails verification) or be pruned."""
+    here = run_dir.resolve()
+    for p in (here, *here.parents):
+        if p.name == checkpoints_dir(".").name and ((p / "latest").is_file() or list_checkpoints(p.parent)):
+            raise EveryRankError(f"output_dir '{run_dir}': inside the checkpoints folder of the run '{p.parent}' "
+                                 "(a run there would change its checkpoints): choose a run directory outside it")
+    if (here / "trainer_state.json").is_file():
+        raise EveryRankError(f"output_dir '{run_dir}': a checkpoint folder, not a run directory: choose another "
+                             "--output_dir (to continue from it: --resume with this path)")
 
 
 def _check_resume_target(resume: str | None, run_dir: Path) -> None:

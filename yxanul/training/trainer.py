@@ -115,7 +115,6 @@ class Trainer:
                                                   model=model)
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            cfg.save(self.run_dir / "config.yaml")
         model.to(acc.device)  # before the optimizer: AdamW takes its fused CUDA kernel only for CUDA params
         self.sharded = weights_sharded(acc) and acc.num_processes > 1
         self.plan.cache_fp8_weights = not weights_sharded(acc)
@@ -342,6 +341,8 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from ``state.step`` to ``max_steps`` (call `setup()` and `resume()` first)."""
         cfg, st = self.cfg, self.state
+        if self.accelerator.is_main_process:  # after the resume's checks: a refused resume leaves the run's config
+            cfg.save(self.run_dir / "config.yaml")
         self.report.write()
         todo, past = cfg.train.max_steps - st.step, f" (the checkpoint is past max_steps {cfg.train.max_steps})"
         self.say(f"training {max(0, todo)} steps from step {st.step} into {self.run_dir}{past if todo < 0 else ''}")
