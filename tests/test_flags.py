@@ -19,7 +19,7 @@ import pytest
 
 from yxanul.cli import COMMANDS, main
 from yxanul.config import load_yaml, resolve
-from yxanul.errors import ConfigError
+from yxanul.errors import ConfigError, UserError
 from yxanul.flags import merge
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cli_flags.json"
@@ -91,6 +91,11 @@ def test_no_help_shows_a_docstring_written_for_callers():
     "``speed_table``: the speed defaults (None: the shipped table)")."""
     leaks = {cmd: line for cmd, text in help_texts().items() for line in text.splitlines() if "``" in line}
     assert not leaks, leaks
+
+
+def test_a_config_that_is_a_folder_says_so(tmp_path):
+    with pytest.raises(UserError, match=f"config file '{tmp_path}': a folder, not a YAML file"):
+        load_yaml(str(tmp_path))
 
 
 def test_flags_in_reads_options_and_aliases_only():

@@ -9,7 +9,7 @@ import sys
 import time
 
 from . import __version__
-from .checkpoint import format_table, run_dir_of
+from .checkpoint import listing, run_dir_of
 from .config import parse_args
 from .errors import ConfigError, EveryRankError, UserError
 from .flags import with_default_config
@@ -51,7 +51,7 @@ def train_main(argv: list[str] | None = None) -> int:
             if cfg.checkpoint.output_dir is None and cfg.checkpoint.run_name is None:  # the default is new each time
                 raise ConfigError("list_checkpoints", "--output_dir RUN_DIR or --run_name NAME with it (or `yxanul "
                                   "checkpoints RUN_DIR`): the default run directory is new at every launch", True)
-            print(format_table(run_dir_of(cfg)))
+            print(listing(run_dir_of(cfg)))
             return 0
         from .training import train  # torch: --help and config errors stay light
 

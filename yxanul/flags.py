@@ -412,7 +412,7 @@ def load_yaml(path: str) -> dict[str, Any]:
     """A flat ``key: value`` YAML file; an empty file, a key given twice or a non-mapping is one line."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"config file '{path}': no such file")
+        raise UserError(f"config file '{path}': " + ("a folder, not a YAML file" if p.is_dir() else "no such file"))
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
     except yaml.constructor.ConstructorError as e:

@@ -2,6 +2,8 @@
 falling back to the newest good one with one line, a checkpoint named explicitly never swapped, the
 pointers kept inside the run."""
 
+import json
+
 import pytest
 from _checkpoint import _three
 
@@ -82,3 +84,7 @@ def test_checkpoint_without_manifest_loads_with_a_note(tmp_path, acc_model):
     assert len(said) == 1 and said[0].startswith("note: ") and "no manifest.json" in said[0]
     (root / "step_3" / "model.safetensors").write_bytes((root / "step_3" / "model.safetensors").read_bytes()[:-4])
     assert "model.safetensors is truncated" in "; ".join(verify_checkpoint(root / "step_3"))  # basic checks
+    state = json.loads((root / "step_2" / "trainer_state.json").read_text())
+    (root / "step_2" / "manifest.json").unlink()  # no hashes: the state's own structure is all that is checked
+    (root / "step_2" / "trainer_state.json").write_text(json.dumps(dict(state, step=-7)))
+    assert "trainer_state.json has a negative 'step' (-7)" in "; ".join(verify_checkpoint(root / "step_2"))

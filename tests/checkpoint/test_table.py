@@ -3,9 +3,11 @@
 import subprocess
 import sys
 
+import pytest
 from _checkpoint import _state
 
 from yxanul.checkpoint import save_checkpoint
+from yxanul.errors import UserError
 
 
 def test_checkpoints_cli(tmp_path, acc_model):
@@ -29,3 +31,7 @@ def test_a_checkpoint_or_the_checkpoints_folder_lists_its_run(tmp_path, acc_mode
         assert main([str(given)]) == 0
         out = capsys.readouterr().out
         assert out.startswith(f"'{given}' is inside the run directory {tmp_path.resolve()}") and "step_7" in out, out
+    latest = tmp_path / "checkpoints" / "latest"
+    for bad, why in ((tmp_path / "nope", "no such directory"), (latest, "not a directory")):
+        with pytest.raises(UserError, match=f"run directory '{bad}': {why}"):  # train --list_checkpoints too
+            main([str(bad)])

@@ -18,7 +18,7 @@ _WHERE = {
     "MANIFEST": "manifest", "STATE_FILE": "manifest", "checkpoint_bytes": "manifest", "has_manifest": "manifest",
     "read_manifest": "manifest", "verify_checkpoint": "manifest", "write_manifest": "manifest",
     "checkpoints_dir": "pointers", "read_pointer": "pointers", "recompute_best": "pointers",
-    "format_table": "table",
+    "format_table": "table", "listing": "table",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -121,6 +121,8 @@ def read_state_checked(ckpt: str | os.PathLike) -> tuple[dict | None, str | None
         return None, f"{STATE_FILE} is not JSON"
     if not isinstance(state, dict) or isinstance(state.get("step"), bool) or not isinstance(state.get("step"), int):
         return None, f"{STATE_FILE} has no integer 'step'"
+    if state["step"] < 0:
+        return None, f"{STATE_FILE} has a negative 'step' ({state['step']})"
     if not isinstance(state.get("data"), dict):
         return None, f"{STATE_FILE} has no 'data' position"
     return state, None

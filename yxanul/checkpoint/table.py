@@ -48,14 +48,21 @@ class CheckpointsCommand:
     quick: bool = field(default=False, metadata={"help": "check sizes against the manifest, not the sha256"})
 
 
+def listing(run_dir: str | os.PathLike, verify: bool = True) -> str:
+    """`yxanul checkpoints` and `yxanul train --list_checkpoints`: the table of the run at ``run_dir``; a path that
+    is no folder is one line, and the run's checkpoints folder or one checkpoint lists its run (said so)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise UserError(f"run directory '{run_dir}': " + ("not a directory" if run.exists() else "no such directory"))
+    said = ""
+    if run.resolve().name == "checkpoints" or run.resolve().parent.name == "checkpoints":  # the run's own folders
+        run = run.resolve().parent if run.resolve().name == "checkpoints" else run.resolve().parent.parent
+        said = f"'{run_dir}' is inside the run directory {run}: its checkpoints\n"
+    return said + format_table(run, verify=verify)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`yxanul checkpoints RUN_DIR [--quick]`: print the checkpoint table of a run."""
     args = parse_command(CheckpointsCommand, argv, prog="yxanul checkpoints", description=main.__doc__)
-    run = Path(args.run_dir)
-    if not run.is_dir():
-        raise UserError(f"run directory '{args.run_dir}': no such directory")
-    if run.resolve().name == "checkpoints" or run.resolve().parent.name == "checkpoints":  # the run's own folders
-        run = run.resolve().parent if run.resolve().name == "checkpoints" else run.resolve().parent.parent
-        print(f"'{args.run_dir}' is inside the run directory {run}: its checkpoints")
-    print(format_table(run, verify=not args.quick))
+    print(listing(args.run_dir, verify=not args.quick))
     return 0
