@@ -93,6 +93,16 @@ def test_no_help_shows_a_docstring_written_for_callers():
     assert not leaks, leaks
 
 
+def test_a_whole_number_is_read_exactly_or_refused():
+    """Digits are read exactly however long (a float made 10**23 - 1 into 99999999999999991611392); a float
+    spelling is taken only where a float holds the number exactly."""
+    from yxanul.flags import whole_number
+
+    assert whole_number("99999999999999999999999") == 10**23 - 1 and whole_number("-12") == -12
+    assert whole_number("2e8") == 200_000_000 and whole_number("1_000") == 1000 and whole_number("3.0") == 3
+    assert whole_number("1e30") is None and whole_number("3.5") is None
+
+
 def test_a_config_that_is_a_folder_says_so(tmp_path):
     with pytest.raises(UserError, match=f"config file '{tmp_path}': a folder, not a YAML file"):
         load_yaml(str(tmp_path))

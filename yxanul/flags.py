@@ -117,8 +117,11 @@ def _scalar(base, value, from_cli: bool):
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
-            f = float(value.replace("_", ""))
-            if f.is_integer():
+            text = value.replace("_", "").strip()
+            if text.lstrip("+-").isdigit():  # exact, however long (a float would round 10**23)
+                return int(text)
+            f = float(text)
+            if f.is_integer() and abs(f) < 2**53:  # 2e8: exact; past 2**53 a float is not the number typed
                 return int(f)
         raise ValueError
     if base is float:

@@ -40,7 +40,16 @@ def warn_lost_tokens(loader, say) -> None:
             "than a window (windows never cross shards): prepare with a larger shard_size_tokens")
 
 
-def val_batches(data_dir, cfg, micro: int, accelerator) -> list:
-    """The share for this rank of the ``eval_steps`` fixed validation batches at the base ``seq_length``."""
-    return list(eval_batches(data_dir, cfg.model.seq_length, micro, cfg.tracking.eval_steps,
-                             rank=accelerator.process_index, world_size=accelerator.num_processes))
+def val_batches(data_dir, cfg, micro: int, accelerator, say=print) -> list:
+    """The share for this rank of the ``eval_steps`` fixed validation batches at the base ``seq_length``; fewer
+    than asked (a small split, or eval_steps rounded down to a multiple of the processes) is said once."""
+    batches = list(eval_batches(data_dir, cfg.model.seq_length, micro, cfg.tracking.eval_steps,
+                                rank=accelerator.process_index, world_size=accelerator.num_processes))
+    asked, n = cfg.tracking.eval_steps, accelerator.num_processes
+    total = len(batches) * n
+    if total < asked:
+        why = (f"a multiple of the {n} processes" if total == asked // n * n else
+               "the split holds no more (more: a larger val_fraction)")
+        say(f"eval: {total} validation batches of {micro} x {cfg.model.seq_length} tokens, not eval_steps {asked}: "
+            f"{why}")
+    return batches

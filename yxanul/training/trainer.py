@@ -144,7 +144,7 @@ class Trainer:
         warn_lost_tokens(self.loader, self.say)
         if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.batch.tokens_per_step):
             self.say(msg)  # e.g. a mixture that ended early: the loader would loop over it
-        self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator)
+        self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator, self.say)
         self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
 
