@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = launch_command_parser()
     parser.prog, parser.usage = "yxanul launch", USAGE
+    parser.error = _one_line  # accelerate's argparse prints its usage, then the error: one line instead
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     cpu_processes_through_torchrun(args)
     held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
@@ -75,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         held.close(emit=True)  # a no-op once launch() decided
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _one_line(message: str):
+    raise UserError(f"yxanul launch: {message} (`yxanul launch --help`)")
 
 
 def cpu_processes_through_torchrun(args) -> None:

@@ -172,6 +172,16 @@ def test_accelerates_own_refusals_before_any_worker_are_one_line(tmp_path):
         assert needle in out[0].lower()
 
 
+def test_a_launch_flag_mistake_is_one_line_not_accelerates_usage_and_error(capsys):
+    from yxanul.cli import main as cli
+
+    for argv, needle in ((["--num_processes", "abc", "-m", "yxanul", "train"], "invalid int value: 'abc'"),
+                         ([], "the following arguments are required")):
+        assert cli(["launch", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: yxanul launch: ") and needle in err[0], err
+
+
 def test_a_run_directory_mistake_after_the_process_group_exists_is_still_one_line(tmp_path):
     """The run directory is checked after the process group exists (the default name is rank 0's), and every rank
     finds the same mistake: rank 0 prints it, the other exits quietly (it printed it too, once per rank)."""
