@@ -229,7 +229,8 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
         cols = list(_first(ds, src))
     if cols and src.text_column not in cols:
         names = ", ".join(" ".join(str(c).split())[:40] for c in cols[:20]) + (", ..." if len(cols) > 20 else "")
-        header = " (is its first row a header?)" if src.builder == "csv" else ""
+        looks_like_text = any(" " in str(c).strip() or len(str(c)) > 40 for c in cols)  # a document, not a name
+        header = " (is its first row a header?)" if src.builder == "csv" and looks_like_text else ""
         raise DataError(f"dataset '{src.path}': no column '{src.text_column}' (columns: {names}){header}; "
                         "set text_column")
     ds = ds.select_columns([src.text_column])
