@@ -106,6 +106,36 @@ def test_sigterm_before_the_training_loop_exits_cleanly(base_run, tmp_path):
     assert "received SIGTERM before training started: nothing to save; exiting" in stdout
 
 
+def test_sigterm_ends_a_rank_waiting_at_the_rendezvous_for_a_rank_that_never_comes(tmp_path):
+    """Rank 0 of 2 (its launcher's variables set, the other rank never started) waits in the process group's
+    rendezvous, in C++, where a Python handler never runs: SIGTERM (a scheduler's cancel) and Ctrl-C were
+    ignored until SIGKILL. Its default action ends it at once now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    p = subprocess.Popen([sys.executable, "-m", "yxanul", "train", *FAST, "--max_steps", "2", "--output_dir",
+                          str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**env(), **ranks})
+    try:
+        deadline = time.time() + 120
+        while True:  # rank 0 listens on MASTER_PORT once it is in the rendezvous
+            assert p.poll() is None and time.time() < deadline, p.communicate()[1][-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        t0 = time.time()
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=EXIT_BOUND_S)
+        assert p.returncode == -signal.SIGTERM and time.time() - t0 < 10
+    finally:
+        kill_group(p) if p.poll() is None else None
+
+
 MISTAKES = {  # config file text (None: the default config), flags, the one line's needle
     "duplicate key": ("max_steps: 10\nmax_lr: 1e-3\nmax_steps: 20\n", [],
                       "line 3: key 'max_steps' given twice (lines 1 and 3"),

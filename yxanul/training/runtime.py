@@ -3,7 +3,9 @@ trainer fills in), ``--torch_compile``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -129,8 +131,27 @@ def process_state():
 
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     cpu = not torch.cuda.is_available() and not deepspeed
-    if deepspeed and not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # accelerate finds no backend without CUDA and counts 1 process while DeepSpeed's own
-        # init_distributed (gloo on its CPU accelerator) joins all of them: name gloo so both agree
-        return cpu, PartialState(cpu=False, backend="gloo")
-    return cpu, PartialState(cpu=cpu)
+    with stop_signals_end_the_process():  # the process group's rendezvous waits in C++ for every rank
+        if deepspeed and not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # accelerate finds no backend without CUDA and counts 1 process while DeepSpeed's own
+            # init_distributed (gloo on its CPU accelerator) joins all of them: name gloo so both agree
+            return cpu, PartialState(cpu=False, backend="gloo")
+        return cpu, PartialState(cpu=cpu)
+
+
+@contextlib.contextmanager
+def stop_signals_end_the_process():
+    """Inside, SIGTERM/SIGHUP/SIGUSR1 have their default action: the process ends at once. A Python handler (the
+    CLI's "nothing to save" before training) runs only between bytecodes, never while the main thread waits in
+    C++ (a rendezvous for a rank that never comes: the process ignored SIGTERM and Ctrl-C until SIGKILL)."""
+    sigs = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), getattr(signal, "SIGUSR1", None)) if s]
+    try:
+        before = {s: signal.signal(s, signal.SIG_DFL) for s in sigs}
+    except ValueError:  # not the main thread: signals are not ours to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
