@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -26,6 +27,7 @@ from yxanul.cli import run
 from yxanul.data.args import DataArgs
 from yxanul.data.hf_dataset import ShardWindowDataset
 from yxanul.data.prepare import ensure_prepared
+from yxanul.errors import UserError
 from yxanul.flags import parse_command
 from yxanul.models import ModelArgs, build_model
 from yxanul.precision.args import DEFAULT_MIN_GEMM_DIM
@@ -61,6 +63,8 @@ class ExampleCommand:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_command(ExampleCommand, argv, prog="examples/trainer_fp8.py")
+    if a.deepspeed is not None and not Path(a.deepspeed).is_file():  # TrainingArguments: a traceback, after the data
+        raise UserError(f"deepspeed '{a.deepspeed}': no such file (a DeepSpeed JSON, e.g. ds_configs/zero1.json)")
     # New: yxanul's data: prepared once, then fixed-length windows in `yxanul train`'s order
     data_dir = ensure_prepared(DataArgs(data_dir=a.data_dir))
     vocab_size = json.loads((data_dir / "meta.json").read_text())["vocab_size"]

@@ -51,7 +51,9 @@ def test_unknown_yaml_key_suggests():
 
 @pytest.mark.parametrize("key,value", [("max_steps", "ten"), ("max_lr", [1]), ("fp8_format", "e3m4"),
                                        ("max_steps", 2.5), ("use_fp8", "maybe"), ("max_lr", -1.0),
-                                       ("keep_last", 0), ("eval_tasks_limit", 0)])
+                                       ("keep_last", 0), ("eval_tasks_limit", 0),
+                                       # run_name names folders in the run (tensorboard/<run_name>): never outside
+                                       ("run_name", "../../elsewhere"), ("run_name", "/abs"), ("run_name", " ")])
 def test_bad_values_name_the_key(key, value):
     with pytest.raises(ConfigError) as e:
         resolve({key: value})

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from yxanul.cli import main as cli
+from yxanul.errors import DataError
 from yxanul.evaluation.run import val_loss
 from yxanul.evaluation.tasks import BUNDLED, EvalTasksCallback, ending_logprobs, load_task, score_task
 from yxanul.hub.export import export
@@ -214,6 +215,21 @@ def test_eval_of_a_missing_model_is_one_line_naming_it(tmp_path, capsys):
     missing = tmp_path / "nonexist"
     assert cli(["eval", str(missing)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: MODEL '{missing}': no such file or directory"]
+
+
+def test_a_task_file_label_that_is_no_index_and_a_missing_file_are_one_line(tmp_path):
+    """A bool or a fraction as label was scored as int(label) (true: ending 1, 1.7: ending 1); the string of an
+    int is HF hellaswag's own form and is read."""
+    row = {"ctx": "a", "endings": ["b", "c", "d"]}
+    for label in (True, 1.7):
+        p = tmp_path / f"t_{label}.jsonl"
+        p.write_text(json.dumps(dict(row, label=0)) + "\n" + json.dumps(dict(row, label=label)) + "\n")
+        with pytest.raises(DataError, match=f"{p}:2: expected a JSON object with ctx"):
+            load_task(str(p))
+    p.write_text(json.dumps(dict(row, label="2")) + "\n")
+    assert load_task(str(p))[0]["label"] == 2
+    with pytest.raises(DataError, match=f"task '{tmp_path / 'none.jsonl'}': no such file$"):
+        load_task(str(tmp_path / "none.jsonl"))
 
 
 def test_bundled_cloze_task_is_the_builders_output():

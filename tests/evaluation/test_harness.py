@@ -62,6 +62,14 @@ def test_eval_hub_task_offline_is_one_line(tok_run, task_dir, capsys):
     assert "dataset 'allenai/ai2_arc'" in err[0] and "--repo-type dataset allenai/ai2_arc " in err[0], err[0]
 
 
+def test_a_misspelt_bundled_task_suggests_it_first(tok_run, capsys):
+    from yxanul.cli import main as cli
+
+    assert cli(["eval", str(tok_run[0]), "--tasks", "clozee"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "task 'clozee'" in err[0] and "did you mean 'cloze'?" in err[0], err
+
+
 def test_eval_task_dir_must_exist(tok_run, tmp_path, capsys):
     from yxanul.cli import main as cli
 

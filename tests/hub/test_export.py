@@ -170,6 +170,14 @@ def test_export_never_overwrites_the_run_it_exports(tmp_path, capsys):
     save_run(random_model(2, True, 1024), other, te_views=False, step=2)
     assert cli(["export", str(run), str(other), "--overwrite"]) == 2
     assert "a run directory" in capsys.readouterr().err and verify_checkpoint(other / "checkpoints" / "step_2") == []
+    hf = tmp_path / "hf_trainer_out"  # a transformers.Trainer output_dir: config.json on top, checkpoint-N below
+    (hf / "checkpoint-4").mkdir(parents=True)
+    (hf / "config.json").write_text("{}")
+    (hf / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    (hf / "checkpoint-4" / "optimizer.pt").write_bytes(b"moments")
+    assert cli(["export", str(run), str(hf), "--overwrite"]) == 2
+    assert "a transformers Trainer output" in capsys.readouterr().err
+    assert (hf / "checkpoint-4" / "optimizer.pt").read_bytes() == b"moments"
 
 
 @pytest.mark.slow

@@ -25,9 +25,12 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(), timeout=900, **kw)
 
 
-def test_example_bad_flag_is_one_line():
+def test_example_bad_flag_is_one_line(tmp_path):
     r = run([sys.executable, EXAMPLE, "--max_steps", "many"])
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "max_steps" in r.stderr, r.stderr
+    r = run([sys.executable, EXAMPLE, "--deepspeed", str(tmp_path / "none.json")])  # was TrainingArguments' traceback
+    assert r.returncode == 2 and r.stderr.strip() == f"error: deepspeed '{tmp_path / 'none.json'}': no such file (a " \
+        "DeepSpeed JSON, e.g. ds_configs/zero1.json)", r.stderr
 
 
 @pytest.mark.slow

@@ -89,6 +89,18 @@ def test_plain_trainer_trains_saves_reloads_and_resumes_exactly_with_te_qkv_view
     with torch.no_grad():
         assert torch.equal(model(x).logits, reloaded(x).logits)
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()  # tied
+    # `yxanul train --init_from` takes a Trainer checkpoint (its trainer_state.json is the Trainer's, not damage)
+    # and `yxanul export --overwrite` never replaces the Trainer's output folder (its checkpoints and logs)
+    from yxanul.errors import UserError
+    from yxanul.hub.export import export
+
+    init = build_model(ModelArgs(model=PRESET, backend="torch", seq_length=T,
+                                 init_from=str(tmp_path / "a" / "checkpoint-4")), vocab)
+    for k, v in load_file(str(tmp_path / "a" / "checkpoint-4" / "model.safetensors")).items():
+        assert torch.equal(v, init.state_dict()[k]), k
+    with pytest.raises(UserError, match="a transformers Trainer output"):
+        export(str(tmp_path / "final"), tmp_path / "a", overwrite=True)
+    assert (tmp_path / "a" / "checkpoint-4" / "optimizer.pt").is_file()
 
 
 class MaskSomeLabels:

@@ -248,8 +248,17 @@ def test_model_args_build_describe_and_init_from(tmp_path):
     again = ModelArgs(backend="torch", seq_length=32, tie_word_embeddings=False, init_from=str(tmp_path))
     m2 = build_model(again, 1000)
     assert torch.equal(m2.lm_head.weight, m.lm_head.weight)
-    with pytest.raises(UserError, match="no model"):
+    with pytest.raises(UserError, match=f"init_from '{tmp_path / 'nope'}': no such file or directory"):
         build_model(ModelArgs(backend="torch", init_from=str(tmp_path / "nope")), 1000)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no model"):
+        build_model(ModelArgs(backend="torch", init_from=str(tmp_path / "empty")), 1000)
+    # a transformers.Trainer checkpoint-N: a save_pretrained folder with the Trainer's own trainer_state.json
+    hf = tmp_path / "out" / "checkpoint-4"
+    m.save_pretrained(hf)
+    (hf / "trainer_state.json").write_text('{"global_step": 4, "log_history": []}')
+    assert torch.equal(build_model(ModelArgs(backend="torch", seq_length=32, tie_word_embeddings=False,
+                                             init_from=str(hf)), 1000).lm_head.weight, m.lm_head.weight)
     with pytest.raises(UserError, match="shapes"):
         build_model(ModelArgs(backend="torch", tie_word_embeddings=False, init_from=str(tmp_path)), 50000)
     ckpt = build_model(ModelArgs(backend="torch", gradient_checkpointing=True), 1000)

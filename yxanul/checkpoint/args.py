@@ -4,6 +4,7 @@ and how many checkpoints it keeps. Torch-free: ``yxanul.config`` reads it to par
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConfigError
 
@@ -41,6 +42,10 @@ class CheckpointArgs:
         bad = [n for n in self.resume_allow_changes or () if n not in allowed]
         if bad:
             raise ConfigError("resume_allow_changes", f"names out of {', '.join(allowed)}", bad[0])
+        if self.run_name is not None and (not self.run_name.strip() or Path(self.run_name).is_absolute()
+                                          or ".." in Path(self.run_name).parts):
+            # it names folders inside the run (tensorboard/<run_name>) and runs/<run_name>: never one outside
+            raise ConfigError("run_name", "a name, not an absolute path nor one with '..'", self.run_name)
         if self.checkpoint_freq < 0:
             raise ConfigError("checkpoint_freq", "an integer >= 0", self.checkpoint_freq)
         if self.keep_last < 1:

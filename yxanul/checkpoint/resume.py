@@ -6,6 +6,7 @@ never swapped for another."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,15 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 def is_checkpoint_dir(p: Path) -> bool:
     """A checkpoint folder (named ``step_N``, or holding a trainer state or a manifest), not a run."""
     return p.is_dir() and (_step_of(p.name) is not None or (p / STATE_FILE).exists() or (p / MANIFEST).exists())
+
+
+def is_hf_trainer_checkpoint(p: Path) -> bool:
+    """transformers.Trainer's ``checkpoint-N`` (config.json, and a trainer_state.json of its own: ``global_step``),
+    which yxanul's Trainer callback gives a manifest too (integrations/hf_trainer.py)."""
+    try:
+        return (p / "config.json").is_file() and "global_step" in json.loads((p / STATE_FILE).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
@@ -136,8 +146,8 @@ def verified_weights_dir(path: str | os.PathLike, what: str = "init_from") -> Pa
     """For ``init_from``: a checkpoint folder must verify (`verified_checkpoint`), else a one-line
     UserError naming ``what``; other folders (save_pretrained, exports) pass as they are."""
     p = Path(path)
-    if is_checkpoint_dir(p):
-        with verified_checkpoint(p, what, say=None):
+    if is_checkpoint_dir(p):  # a transformers.Trainer checkpoint: its manifest, not yxanul's trainer state
+        with verified_checkpoint(p, what, say=None, yxanul_state=not is_hf_trainer_checkpoint(p)):
             pass
     return p
 

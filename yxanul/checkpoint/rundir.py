@@ -13,7 +13,7 @@ from ..errors import EveryRankError, UserError
 from .args import RUN_DIR_RESUMES
 from .io import file_in_the_way, saved_config
 from .pointers import checkpoints_dir
-from .resume import list_checkpoints
+from .resume import is_hf_trainer_checkpoint, list_checkpoints
 
 
 def _names(cfg) -> tuple[str, str]:
@@ -137,3 +137,6 @@ def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overw
     if (o / "checkpoints").is_dir() or ((o / "config.yaml").is_file() and not (o / "config.json").is_file()):
         raise UserError(f"{label} '{out}': a run directory, whose checkpoints and logs --overwrite would replace "
                         "(choose a new folder)")
+    if filled and (any(o.glob("checkpoint-*/trainer_state.json")) or is_hf_trainer_checkpoint(o)):
+        raise UserError(f"{label} '{out}': a transformers Trainer output (its checkpoints, optimizer and logs), "
+                        "which --overwrite would replace (choose a new folder)")

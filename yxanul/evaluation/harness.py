@@ -36,7 +36,7 @@ def task_manager(names: list[str], task_dir: str | None = None):
     tm = TaskManager(include_path=str(task_dir) if task_dir else None)
     for n in names:
         if n not in tm.all_tasks:
-            close = difflib.get_close_matches(n, tm.all_tasks, n=1)
+            close = difflib.get_close_matches(n, list(BUNDLED), n=1) or difflib.get_close_matches(n, tm.all_tasks, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"e.g. {', '.join(SUGGESTED)}"
             raise DataError(f"task '{n}': not 'cloze', a .jsonl file, nor an lm-eval task ({hint})")
     return tm

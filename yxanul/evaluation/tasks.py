@@ -37,7 +37,9 @@ def load_task(task: str, limit: int | None = None) -> list[dict]:
     """Items of a bundled task or a HellaSwag-format .jsonl file (the first ``limit`` of them)."""
     path = BUNDLED.get(task, Path(task))
     if not path.is_file():
-        raise DataError(f"task '{task}': not a bundled task ({', '.join(BUNDLED)}) nor a .jsonl file")
+        what = ("no such file" if task.endswith(".jsonl") else
+                f"not a bundled task ({', '.join(BUNDLED)}) nor a .jsonl file")
+        raise DataError(f"task '{task}': {what}")
     items = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
@@ -51,10 +53,17 @@ def load_task(task: str, limit: int | None = None) -> list[dict]:
     return items
 
 
+def _index(label) -> int:
+    """HellaSwag's label: an int, or the string of one (HF's Rowan/hellaswag); a bool, a fraction: ValueError."""
+    if isinstance(label, bool) or not isinstance(label, (int, str)):
+        raise ValueError(label)
+    return int(label)
+
+
 def _item(path: Path, i: int, line: str) -> dict:
     try:
         row = json.loads(line)
-        ctx, endings, label = row["ctx"], row["endings"], int(row["label"])
+        ctx, endings, label = row["ctx"], row["endings"], _index(row["label"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         raise DataError(f"{path}:{i}: expected a JSON object with ctx (text), endings (list of text) and "
                         "label (index of the true ending)") from None

@@ -45,6 +45,8 @@ def build_model(args: ModelArgs, vocab_size: int, config: YxanulConfig | None = 
 def read_weights(path: str, model) -> dict:
     """The weights of ``path`` under ``model``'s names: ``model*.safetensors`` (or an FSDP2 checkpoint's
     shards), a Llama export's names mapped back, a tied head under the embedding's name."""
+    if not Path(path).exists():
+        raise UserError(f"init_from '{path}': no such file or directory")
     verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
     if not files and not is_sharded_checkpoint(path):
