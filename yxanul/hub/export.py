@@ -103,7 +103,8 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     if is_export(source):
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":
-            raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model")
+            raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model (export "
+                            "the run or checkpoint it came from; or use it as it is: transformers loads it)")
         return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
     with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
         check_out_spares_runs(out, ckpt, "export OUT", overwrite)  # the checkpoint a run directory resolved to
