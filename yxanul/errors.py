@@ -6,6 +6,8 @@ Anything a user can cause by a bad flag, file or config value raises a subclass 
 
 from __future__ import annotations
 
+import contextlib
+
 
 class UserError(Exception):
     """A mistake in the user's input (flag, config key, file). Printed as one line, exit code 2."""
@@ -16,6 +18,18 @@ class UserError(Exception):
 class EveryRankError(UserError):
     """A user error every rank of a job finds alike, also after the process group exists (the run directory, the
     resume target: the same shared files): rank 0 prints it, the others exit quietly."""
+
+
+@contextlib.contextmanager
+def alike_on_every_rank():
+    """Inside, a UserError is an `EveryRankError`: for checks that read only the config, the world size and shared
+    files (the batch plan, the curriculum, what a resume was trained on), so that one line is printed per job."""
+    try:
+        yield
+    except EveryRankError:
+        raise
+    except UserError as e:
+        raise EveryRankError(str(e)) from None
 
 
 class ConfigError(UserError):

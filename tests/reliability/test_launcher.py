@@ -192,3 +192,8 @@ def test_a_run_directory_mistake_after_the_process_group_exists_is_still_one_lin
     assert r.returncode == 2 and _error_lines(r) == [f"error: output_dir '{out}' already holds checkpoints (newest: "
                                                      "step 2): add --resume latest to continue that run, or choose "
                                                      "another --output_dir/--run_name"], (r.stdout + r.stderr)[-3000:]
+    # the batch plan (and the curriculum, a resume's data settings) also read only what every rank shares
+    r = _launch(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--micro_batch_multiple", "3",
+                "--output_dir", str(tmp_path / "r2"), cwd=tmp_path)
+    assert r.returncode == 2 and len(_error_lines(r)) == 1, (r.stdout + r.stderr)[-3000:]
+    assert "config key 'micro_batch_size': expected a multiple of 3" in _error_lines(r)[0]

@@ -22,7 +22,7 @@ import yaml
 
 from ..checkpoint import load_for_resume, prepare_run_dir, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
-from ..errors import TrainingDiverged
+from ..errors import TrainingDiverged, alike_on_every_rank
 from ..models.build import build_model, describe, model_config
 from ..models.modeling_yxanul import resolve_backend
 from ..precision import probe_facts, resolve_precision
@@ -104,9 +104,11 @@ class Trainer:
         finder = dict(model=model, plan=self.plan, run_dir=self.run_dir,
                       write_cache=(self.dist.is_main_process, self.dist.is_local_main_process),
                       reduce_min=torch_reduce_min() if world > 1 else None)
-        self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say, **finder)
-        self.curriculum, self.stage_plans = plan_curriculum(cfg, self.batch, self.batch.tokens_per_step, world,
-                                                            self.say, **finder)
+        with alike_on_every_rank():  # the config and the world size: every rank finds the same mistake
+            self.batch = resolve_batch(cfg.batch, seq_length=cfg.model.seq_length, world_size=world, say=self.say,
+                                       **finder)
+            self.curriculum, self.stage_plans = plan_curriculum(cfg, self.batch, self.batch.tokens_per_step, world,
+                                                                self.say, **finder)
         return model
 
     def _setup_accelerator(self, model) -> None:
@@ -163,7 +165,8 @@ class Trainer:
         if ckpt is None:
             return None
         saved, wrote = read_state_file(ckpt, type(self.state))
-        changed = provenance.check(ckpt, self.trained_on, cfg.checkpoint.resume_allow_changes, saved.data, self.say)
+        with alike_on_every_rank():  # one checkpoint, one config: the same answer on every rank
+            changed = provenance.check(ckpt, self.trained_on, cfg.checkpoint.resume_allow_changes, saved.data, self.say)
         load_for_resume(self.accelerator, ckpt, cfg)
         if "dataset" in changed:  # a position in other data means nothing: read the new data from its start
             saved.data = None
