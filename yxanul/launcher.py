@@ -29,6 +29,9 @@ import signal
 import subprocess
 import sys
 import traceback
+from pathlib import Path
+
+import yaml
 
 from .errors import UserError
 
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.prog, parser.usage = "yxanul launch", USAGE
     parser.error = _one_line  # accelerate's argparse prints its usage, then the error: one line instead
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    check_the_head_node(args)
     cpu_processes_through_torchrun(args)
     held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
     previous = {sig: signal.signal(sig, forward_to_children) for sig in STOP_SIGNALS}  # torchrun replaces them
@@ -76,6 +80,21 @@ def main(argv: list[str] | None = None) -> int:
         held.close(emit=True)  # a no-op once launch() decided
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def check_the_head_node(args) -> None:
+    """Several machines meet at ``main_process_ip``: without one (multi_node_fp8.yaml leaves it to the job script)
+    torchrun tried to reach 'None:29500' for 15 minutes, printing only C++ socket warnings."""
+    config = {}
+    if args.config_file and Path(args.config_file).is_file():
+        try:
+            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        except yaml.YAMLError:  # accelerate reports its own file in one line
+            return
+    machines = args.num_machines or (config.get("num_machines") if isinstance(config, dict) else None) or 1
+    if int(machines) > 1 and not (args.main_process_ip or (isinstance(config, dict) and config.get("main_process_ip"))):
+        raise UserError(f"yxanul launch: {machines} machines meet at the head node: pass --main_process_ip (its "
+                        "address, the same on every node) and --machine_rank, or --num_machines 1")
 
 
 def _one_line(message: str):

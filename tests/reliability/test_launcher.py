@@ -173,10 +173,15 @@ def test_accelerates_own_refusals_before_any_worker_are_one_line(tmp_path):
 
 
 def test_a_launch_flag_mistake_is_one_line_not_accelerates_usage_and_error(capsys):
+    """Also several machines without the head node's address (multi_node_fp8.yaml leaves it to the job script):
+    torchrun tried 'None:29500' for 15 minutes, ignoring SIGTERM."""
     from yxanul.cli import main as cli
 
+    multi = ["--config_file", str(ROOT / "accelerate_configs" / "multi_node_fp8.yaml"), "--mixed_precision", "no"]
     for argv, needle in ((["--num_processes", "abc", "-m", "yxanul", "train"], "invalid int value: 'abc'"),
-                         ([], "the following arguments are required")):
+                         ([], "the following arguments are required"),
+                         ([*multi, "-m", "yxanul", "train"], "2 machines meet at the head node: pass --main_process"),
+                         (["--num_machines", "3", "--cpu", "-m", "yxanul", "train"], "3 machines meet")):
         assert cli(["launch", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: yxanul launch: ") and needle in err[0], err
