@@ -457,3 +457,10 @@ def test_fsdp_launch_environment_and_hsdp_sizes(tmp_path):
     hsdp = yaml.safe_load(open(os.path.join(ROOT, "accelerate_configs", "fsdp2_hsdp.yaml")))
     hsdp["parallelism_config"]["parallelism_config_dp_shard_size"] = 4  # 2 x 4 != 16 processes
     assert "parallelism_config" in _keys(lint_file(_write(tmp_path, "h.yaml", hsdp)), "error")
+    # what the launch exported: fsdp2_hsdp.yaml's 2 x 8 mesh launched as 2 processes (accelerate raised per rank)
+    mesh = {**good, "WORLD_SIZE": "2", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
+            "PARALLELISM_CONFIG_DP_SHARD_SIZE": "8"}
+    assert _keys(check_launch_environment(mesh, use_fp8=False, cuda_available=False), "error") == {
+        "PARALLELISM_CONFIG_DP_*_SIZE"}
+    fitting = {**mesh, "PARALLELISM_CONFIG_DP_SHARD_SIZE": "1"}
+    assert check_launch_environment(fitting, use_fp8=False, cuda_available=False) == []

@@ -60,20 +60,35 @@ def lint_fsdp_yaml(cfg: dict, dt: str, use_fp8: bool | None, add) -> None:
         return
     _rules(fsdp.get, use_fp8, lambda key, *rest: add(f"fsdp_config.{key}", *rest))
     par = cfg.get("parallelism_config") or {}
-    sizes = [par.get(f"parallelism_config_{k}_size", 1) for k in ("dp_replicate", "dp_shard", "tp", "cp")]
-    nproc = cfg.get("num_processes")
-    if par and all(isinstance(s, int) for s in sizes) and isinstance(nproc, int) and nproc > 0:
-        total = sizes[0] * sizes[1] * sizes[2] * sizes[3]
-        if total != nproc:
-            add("parallelism_config", ERROR, f"dp_replicate x dp_shard x tp x cp = {total}, not num_processes "
-                f"{nproc}: accelerate's ParallelismConfig raises", "dp_replicate_size = nodes, dp_shard_size = "
-                "GPUs per node")
+    if par:
+        _mesh_rule([par.get(f"parallelism_config_{k}_size", 1) for k in MESH], cfg.get("num_processes"),
+                   "parallelism_config", add)
+
+
+MESH = ("dp_replicate", "dp_shard", "tp", "cp")  # accelerate's ParallelismConfig sizes
+
+
+def _mesh_rule(sizes: list, nproc, key: str, add) -> None:
+    """The HSDP/FSDP2 mesh (dp_replicate x dp_shard x tp x cp) must hold exactly the job's processes: accelerate
+    raises otherwise (on CPU: "Mesh should not be bigger than default world size", a traceback per rank)."""
+    try:
+        sizes, nproc = [int(s) for s in sizes], int(nproc)
+    except (TypeError, ValueError):
+        return
+    total = sizes[0] * sizes[1] * sizes[2] * sizes[3]
+    if nproc > 0 and total != nproc:
+        add(key, ERROR, f"dp_replicate x dp_shard x tp x cp = {total}, not num_processes {nproc}: accelerate's "
+            "ParallelismConfig raises", "dp_replicate_size = nodes, dp_shard_size = GPUs per node "
+            "(--parallelism_config_dp_replicate_size / --parallelism_config_dp_shard_size)")
 
 
 def lint_fsdp_env(env, use_fp8: bool | None, add) -> None:
-    """The same rules on what `accelerate launch` exported (``FSDP_*``)."""
+    """The same rules on what `accelerate launch` exported (``FSDP_*``, ``PARALLELISM_CONFIG_*``)."""
     names = {v: k for k, v in ENV.items()}
     _rules(lambda key: env.get(ENV[key]), use_fp8, lambda key, *rest: add(ENV.get(key, names.get(key, key)), *rest))
+    if any(f"PARALLELISM_CONFIG_{k.upper()}_SIZE" in env for k in MESH):
+        _mesh_rule([env.get(f"PARALLELISM_CONFIG_{k.upper()}_SIZE", 1) for k in MESH], env.get("WORLD_SIZE"),
+                   "PARALLELISM_CONFIG_DP_*_SIZE", add)
 
 
 def fix_fsdp(cfg: dict) -> None:
