@@ -56,6 +56,22 @@ def test_a_refused_resume_leaves_the_runs_config_and_files_as_they_were(run_copy
     assert after == before
 
 
+def test_a_resume_that_changes_the_batch_warns_with_the_flag_that_keeps_it(run_copy, tmp_path):
+    """Another world size or micro-batch without a batch target changes the tokens of an optimizer step (the LR
+    schedule was tuned for the run's): one warning naming the flag; with that flag the accumulation adapts."""
+    import shutil
+
+    keep = tmp_path / "keep"
+    shutil.copytree(run_copy, keep)
+    r = ok(yx_here("train", *FAST, "--max_steps", "9", "--micro_batch_size", "2", "--output_dir", run_copy,
+                   "--resume", "latest"))
+    assert ("warning: this resume changes the batch: 128 -> 64 tokens per optimizer step (no batch target keeps "
+            "it); to train on with the run's batch, resume with --target_tokens_per_step 128") in r.stdout, r.stdout
+    r = ok(yx_here("train", *FAST, "--max_steps", "9", "--micro_batch_size", "2", "--target_tokens_per_step", "128",
+                   "--output_dir", keep, "--resume", "latest"))
+    assert "changes the batch" not in r.stdout and "tokens_per_step" not in r.stdout.split("resumed from")[1][:200]
+
+
 class _Payload:
     def __init__(self, marker):
         self.marker = marker

@@ -128,6 +128,18 @@ def resumed_line(ckpt, step: int, wrote, **now) -> str:
     return f"resumed from {ckpt} at step {step}" + (f" ({'; '.join(changes)})" if changes else "")
 
 
+def batch_change_warning(wrote, tokens_per_step: int, batch) -> str | None:
+    """A resume whose optimizer step holds another number of tokens than the checkpoint's (another world size,
+    micro-batch or accumulation) with no batch target that would have kept it (the LR schedule was tuned for the
+    run's batch): one warning with the flag that keeps it. ``batch``: the config's BatchArgs."""
+    before = getattr(wrote, "tokens_per_step", 0)
+    if not before or before == tokens_per_step or batch.target_tokens_per_step or batch.target_effective_batch_size:
+        return None
+    return (f"warning: this resume changes the batch: {before:,} -> {tokens_per_step:,} tokens per optimizer step "
+            f"(no batch target keeps it); to train on with the run's batch, resume with --target_tokens_per_step "
+            f"{before}")
+
+
 def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float, run_dir) -> dict[str, Any]:
     """What `train()` returns and ``summary.json`` holds."""
     return {"steps": state.step, "tokens_seen": state.tokens_seen, "first_loss": first_loss, "last_loss": last_loss,

@@ -38,7 +38,7 @@ from .launch import check_process_env, preflight
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .optim import build_optimizer
 from .preemption import StopRequest
-from .reporting import PrecisionReport, resumed_line, run_summary, start_trackers, write_summary
+from .reporting import PrecisionReport, batch_change_warning, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, UnwrapCache, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
 from .state import RunInfo, TrainState, read_state_file, state_file_dict
@@ -177,6 +177,8 @@ class Trainer:
         self.say(resumed_line(ckpt, saved.step, wrote, world_size=self.accelerator.num_processes,
                               tokens_per_step=self.batch.tokens_per_step,
                               precision="FP8" if self.plan.fp8_enabled else self.plan.label))
+        if warning := batch_change_warning(wrote, self.batch.tokens_per_step, cfg.batch):
+            self.say(warning)
         return Path(ckpt)
 
     # -- one step ------------------------------------------------------------------------------
