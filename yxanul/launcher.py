@@ -40,6 +40,13 @@ ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # torchrun's p
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def _not_accelerates_defaults_notice(record: logging.LogRecord) -> bool:
+    """accelerate's "The following values were not passed ... had defaults used instead" (5 lines on stderr at every
+    launch without a config file: num_machines 1, mixed_precision no, dynamo_backend no): the defaults yxanul
+    documents, not something to act on; the line of a real mistake stays the only one."""
+    return "had defaults used instead" not in record.getMessage()
+
+
 class HeldRecords(logging.Filter):
     """Holds a logger's WARNING+ records (torchrun's "failed (exitcode: N)", "Sending process N closing
     signal": the end of a job) until the outcome is known: dropped after a user error, emitted otherwise."""
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = launch_command_parser()
     parser.prog, parser.usage = "yxanul launch", USAGE
     parser.error = _one_line  # accelerate's argparse prints its usage, then the error: one line instead
+    logging.getLogger("accelerate.commands.launch").addFilter(_not_accelerates_defaults_notice)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     check_the_head_node(args)
     cpu_processes_through_torchrun(args)
@@ -112,7 +120,7 @@ def cpu_processes_through_torchrun(args) -> None:
     args.cpu, args.multi_gpu = False, True
     os.environ["ACCELERATE_USE_CPU"] = "1"  # torchrun's workers inherit it; their Accelerator then runs on gloo
     print(f"yxanul launch: --cpu --num_processes {n}: {n} gloo processes through torchrun (accelerate's --cpu "
-          "launcher alone would start one)", file=sys.stderr, flush=True)
+          "launcher alone would start one)", flush=True)  # a note, on stdout: stderr is for what went wrong
 
 
 def launch(launch_command, args, held: HeldRecords) -> int:

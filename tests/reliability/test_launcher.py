@@ -38,12 +38,14 @@ def _error_lines(r):
 def test_a_user_error_is_one_line_and_exit_2_for_the_whole_job(tmp_path):
     """Both ranks refuse --warmup_steps 50 > --max_steps 20 before training; rank 0 prints the line. Under
     `accelerate launch` the same job ends with torchrun's ChildFailedError traceback and exit 1."""
-    for launcher in (TWO, ONE):
+    for launcher in (TWO, ONE, ["--cpu", "--num_processes", "2"]):
         r = _launch(*launcher, "-m", "yxanul", "train", "--max_steps", "20", "--warmup_steps", "50",
                     "--output_dir", str(tmp_path / "r"), cwd=tmp_path)
         out = r.stdout + r.stderr
         assert r.returncode == 2, out[-3000:]
         assert len(_error_lines(r)) == 1 and "config key 'warmup_steps': expected less than max_steps (20)" in out
+        # stderr is the line alone: no accelerate "defaults used instead" notice, yxanul's own note on stdout
+        assert r.stderr.strip().splitlines() == _error_lines(r), r.stderr[-3000:]
         assert not [s for s in LAUNCHER_RECORDS if s in out], out[-3000:]
         assert not (tmp_path / "r").exists()
 
