@@ -95,12 +95,13 @@ def check_the_head_node(args) -> None:
     torchrun tried to reach 'None:29500' for 15 minutes, printing only C++ socket warnings."""
     config = {}
     if args.config_file and Path(args.config_file).is_file():
-        try:
-            config = yaml.safe_load(Path(args.config_file).read_text()) or {}
+        try:  # two keys of the file: read here, before accelerate's launch command acts on it
+            config = yaml.safe_load(Path(args.config_file).read_text())
         except yaml.YAMLError:  # accelerate reports its own file in one line
             return
-    machines = args.num_machines or (config.get("num_machines") if isinstance(config, dict) else None) or 1
-    if int(machines) > 1 and not (args.main_process_ip or (isinstance(config, dict) and config.get("main_process_ip"))):
+    config = config if isinstance(config, dict) else {}
+    machines = args.num_machines or config.get("num_machines") or 1
+    if isinstance(machines, int) and machines > 1 and not (args.main_process_ip or config.get("main_process_ip")):
         raise UserError(f"yxanul launch: {machines} machines meet at the head node: pass --main_process_ip (its "
                         "address, the same on every node) and --machine_rank, or --num_machines 1")
 

@@ -84,7 +84,6 @@ def _resumes_another_run(resume: str, run_dir: Path) -> bool:
     return home != run_dir.resolve()
 
 
-
 def _check_not_in_checkpoints(run_dir: Path) -> None:
     """A run directory is never a checkpoint folder nor inside a run's checkpoints folder: its config.yaml,
     metrics and new checkpoints would change a checkpoint (which then fails verification) or be pruned."""
@@ -110,7 +109,6 @@ def _check_resume_target(resume: str | None, run_dir: Path) -> None:
 
 def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
     return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
-
 
 
 def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overwrite: bool) -> None:
