@@ -102,13 +102,26 @@ def real_signature_accepts(method: str, **kwargs) -> None:
     inspect.signature(getattr(HfApi, method)).bind(None, **kwargs)
 
 
+def no_token(mp: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No Hugging Face token anywhere huggingface_hub looks (the environment, the login file, OIDC), and the Hub
+    not switched off (the suite runs with HF_HUB_OFFLINE=1, which is refused first)."""
+    mp.setenv("HF_HUB_OFFLINE", "0")
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        mp.delenv(name, raising=False)
+    mp.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no-login" / "token"))
+
+
 class RecordingHfApi:
     """Stand-in for huggingface_hub.HfApi: same method names and keywords (checked against the real
     signatures); records calls and the folder's files at upload time. ``fail`` uploads raise first (a flaky
-    network); ``delay`` makes uploads slow."""
+    network); ``delay`` makes uploads slow. ``refuse``: create_repo answers with that HTTP status, as the Hub
+    does for a token that may not write there (the real client's error type); ``create_gate``: create_repo
+    waits for it (a Hub that does not answer); ``create_fail``: create_repo raises ConnectionError."""
 
-    def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None):
+    def __init__(self, fail: int = 0, delay: float = 0.0, gate: threading.Event | None = None,
+                 refuse: int | None = None, create_gate: threading.Event | None = None, create_fail: bool = False):
         self.calls, self.fail, self.delay, self.gate = [], fail, delay, gate
+        self.refuse, self.create_gate, self.create_fail = refuse, create_gate, create_fail
         self.active, self.max_active = 0, 0
         self.repos = {}  # (repo_id, revision) -> {path: bytes}: what the Hub holds after each commit
         self.lock = threading.Lock()
@@ -117,6 +130,18 @@ class RecordingHfApi:
         assert "token" not in kw
         real_signature_accepts("create_repo", repo_id=repo_id, repo_type=repo_type, private=private,
                                exist_ok=exist_ok, **kw)
+        if self.create_gate is not None:
+            assert self.create_gate.wait(timeout=120)
+        if self.create_fail:
+            raise ConnectionError("Hub unreachable")
+        if self.refuse:
+            import httpx2  # huggingface_hub's own HTTP client, for its real error type
+            from huggingface_hub.errors import HfHubHTTPError
+
+            request = httpx2.Request("POST", "https://huggingface.co/api/repos/create")
+            raise HfHubHTTPError(f"{self.refuse} Client Error: You don't have the rights to create a model under "
+                                 f"the namespace \"{repo_id.split('/')[0]}\"",
+                                 response=httpx2.Response(self.refuse, request=request))
         self.calls.append(("create_repo", dict(repo_id=repo_id, private=private, exist_ok=exist_ok)))
         return f"https://huggingface.co/{repo_id}"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.helpers import SECRET, RecordingHfApi, random_model, save_run
+from hub.helpers import SECRET, RecordingHfApi, no_token, random_model, save_run
 from yxanul.cli import main as cli
 from yxanul.hub.args import HubArgs
 from yxanul.hub.background import HubPushCallback
@@ -94,6 +94,12 @@ def test_push_errors_are_one_line(run, capsys, tmp_path):
         assert cli(["push", str(run), "--hub_model_id", "me/x"]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "HF_HUB_OFFLINE is set" in line and "--push_to_hub" not in line, line
+    with pytest.MonkeyPatch.context() as mp:  # no token at all: one line before the export, the command's advice
+        no_token(mp, tmp_path)
+        assert cli(["push", str(run), "--hub_model_id", "me/x"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "no Hugging Face token found; set HF_TOKEN or run `hf auth login` first" in line, line
+    assert "--push_to_hub" not in line and not (run / "hub").exists()
 
 
 def test_callback_pushes_in_background_never_waits_and_the_newest_export_wins(run, capsys):
@@ -172,6 +178,36 @@ def test_callback_strategies_and_a_push_that_never_succeeds(run, capsys):
     flaky.on_save(None, ckpt)
     flaky.on_train_end()
     assert flaky.failed == [] and len(flaky.api.uploads()) == 1  # the third attempt goes through
+
+
+def test_the_repository_is_opened_before_step_1_and_a_hub_that_fails_or_hangs_is_one_warning(run, capsys):
+    """on_train_begin creates the repository as transformers' Trainer does (a token that may not write there
+    is refused by the Hub now, not after the first checkpoint); an unreachable or silent Hub costs training at
+    most ``open_s`` and one warning, and the first push that goes through says so."""
+    from yxanul.errors import UserError
+
+    hub = HubArgs(push_to_hub=True, hub_model_id="me/run", hub_revision="exp1", hub_private=True)
+    opened = HubPushCallback(hub, run, api=RecordingHfApi())
+    opened.on_train_begin(None)
+    assert opened.api.calls == [("create_repo", dict(repo_id="me/run", private=True, exist_ok=True)),
+                                ("create_branch", dict(repo_id="me/run", branch="exp1"))]
+    with pytest.raises(UserError, match=r"me/run cannot be created or written with this token \(HTTP 403: 403 "
+                                        r"Client Error: You don't have the rights .*\); use a token with write"):
+        HubPushCallback(hub, run, api=RecordingHfApi(refuse=403)).on_train_begin(None)
+    down = HubPushCallback(hub, run, api=RecordingHfApi(create_fail=True), say=print)
+    down.on_train_begin(None)  # no exception: training goes on
+    assert capsys.readouterr().out.count("warning: push to me/run: the Hub did not open the repository") == 1
+    gate = threading.Event()
+    silent = HubPushCallback(hub, run, api=RecordingHfApi(create_gate=gate), say=print, open_s=0.5)
+    t0 = time.monotonic()
+    silent.on_train_begin(None)
+    assert time.monotonic() - t0 < 10
+    assert "(TimeoutError: no answer in 0.5 s); training goes on, each save retries" in capsys.readouterr().out
+    gate.set()  # the Hub answers again: the first save's push goes through, and that is said
+    silent.on_save(None, run / "checkpoints" / "step_2", is_best=True)
+    assert silent.wait(timeout=60) and len(silent.api.uploads()) == 1
+    out = capsys.readouterr().out
+    assert "push to me/run works again" in out and "failed" not in out
 
 
 def test_hub_config_keys(tmp_path, monkeypatch):

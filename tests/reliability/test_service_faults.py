@@ -8,7 +8,7 @@ import time
 
 import pytest
 from _reliability import ok, one_line, yx_here
-from hub.helpers import RecordingHfApi
+from hub.helpers import RecordingHfApi, no_token
 from tiny_run import FAST
 
 PUSH = ["--push_to_hub", "--hub_model_id", "me/run", "--hub_wait_s", "1"]
@@ -54,6 +54,21 @@ def test_push_to_hub_with_the_hub_offline_is_refused_before_step_1(tmp_path, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = _train(tmp_path / "r", *PUSH)
     one_line(r, 2, "push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed")
+    assert "step    1" not in r.stdout
+
+
+def test_push_to_hub_without_a_token_or_with_one_the_hub_refuses_stops_before_step_1(tmp_path, monkeypatch):
+    """Neither waits for the first checkpoint's push to find out: no token is one line (huggingface_hub's own
+    lookup), and a repository the token may not create or write is refused by the Hub at train begin."""
+    with pytest.MonkeyPatch.context() as mp:
+        no_token(mp, tmp_path)
+        r = _train(tmp_path / "a", *PUSH)
+    one_line(r, 2, "push to the Hub: no Hugging Face token found; set HF_TOKEN or run `hf auth login` first, or "
+                   "drop --push_to_hub")
+    assert "step    1" not in r.stdout
+    monkeypatch.setattr("yxanul.hub.push.default_api", lambda: RecordingHfApi(refuse=403))
+    r = _train(tmp_path / "b", *PUSH)
+    one_line(r, 2, "push to the Hub: me/run cannot be created or written with this token (HTTP 403")
     assert "step    1" not in r.stdout
 
 

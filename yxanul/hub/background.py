@@ -29,10 +29,11 @@ from .push import _step, upload
 
 class HubPushCallback:
     def __init__(self, hub, run_dir: str | Path | None, api=None, say=print, retries: int = 3,
-                 backoff_s: float = 10.0, keep_last: int = 2):
+                 backoff_s: float = 10.0, keep_last: int = 2, open_s: float = 30.0):
         self.hub = hub
         self.run_dir = Path(run_dir) if run_dir is not None else None  # None: the trainer's, at train begin
         self.api, self.say, self.retries, self.backoff_s, self.keep_last = api, say, retries, backoff_s, keep_last
+        self.open_s = open_s  # how long step 1 may wait for the Hub to answer `open_repo`
         self.pushed: list[str] = []   # commit urls
         self.failed: list[Path] = []  # staged folders whose upload failed, oldest first
         self._cond = threading.Condition()
@@ -43,13 +44,36 @@ class HubPushCallback:
         self._running = False  # a worker is on its way to take what is waiting (set and cleared under _cond)
 
     def on_train_begin(self, trainer) -> None:
-        """The run's directory and keep_last; the Hub client now, so that an offline setup is refused
-        before step 1 (`default_api`)."""
+        """The run's directory and keep_last; the Hub client now, so that an offline setup or a missing token
+        is refused before step 1 (`default_api`); then the repository (`_open`)."""
         if self.run_dir is None:
             self.run_dir = Path(trainer.run_dir)
         if trainer is not None and getattr(trainer, "cfg", None) is not None:
             self.keep_last = trainer.cfg.checkpoint.keep_last
         self.api = self.api or hub_push.default_api()
+        self._open()
+
+    def _open(self) -> None:
+        """Create the repository (and branch) before step 1, as transformers' Trainer does (``init_hf_repo``):
+        a token that may not write there is one line now instead of a warning after the first checkpoint. A
+        Hub that fails otherwise, or does not answer in ``open_s`` seconds, is the outage's one warning: the
+        pushes retry at each save, and training never waits on the Hub longer than that."""
+        hub, outcome = self.hub, []
+        worker = threading.Thread(target=lambda: outcome.append(_attempt(lambda: hub_push.open_repo(
+            self.api, hub.hub_model_id, private=hub.hub_private, revision=hub.hub_revision))),
+            name="yxanul-hub-open", daemon=True)  # a daemon: a Hub that never answers cannot keep the process
+        worker.start()
+        worker.join(self.open_s)
+        error = outcome[0] if outcome else TimeoutError(f"no answer in {self.open_s:g} s")
+        if error is None:
+            return
+        if status := hub_push.refused_by_hub(error):
+            raise UserError(f"push to the Hub: {hub.hub_model_id} cannot be created or written with this token "
+                            f"(HTTP {status}: {hub_push.first_line(error)}); use a token with write access "
+                            f"(HF_TOKEN or `hf auth login`), or {hub_push.LATER}")
+        self._outage = True  # the first push that succeeds says so
+        self.say(f"warning: push to {hub.hub_model_id}: the Hub did not open the repository before step 1 "
+                 f"({type(error).__name__}: {hub_push.first_line(error)}); training goes on, each save retries")
 
     @property
     def staging(self) -> Path:
@@ -184,3 +208,11 @@ class HubPushCallback:
         for old in self.failed[:-self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         self.failed = self.failed[-self.keep_last:]
+
+
+def _attempt(call) -> BaseException | None:
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - handed to the caller, which decides: refused, or an outage
+        return e
+    return None

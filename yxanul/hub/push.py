@@ -21,28 +21,54 @@ from .args import HubArgs, check_repo_id
 log = logging.getLogger(__name__)
 
 
-TRAINING_ADVICE = "unset it, or drop --push_to_hub and push later with `yxanul push RUN --hub_model_id ORG/NAME`"
+LATER = "drop --push_to_hub and push later with `yxanul push RUN --hub_model_id ORG/NAME`"
 
 
-def default_api(advice: str = TRAINING_ADVICE):
-    """The real client; refused in one line when the environment says the Hub is off-limits."""
+def default_api(command: bool = False):
+    """The real client, refused in one line when the environment says the Hub is off-limits or no token is
+    found: HfApi would find out at the first upload, which in training comes after the first checkpoint.
+    ``command``: for `yxanul push` (its advice), else for ``--push_to_hub``."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise UserError(f"push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed; {advice}")
-    from huggingface_hub import HfApi
+        then = "unset it (HF_HUB_OFFLINE=0) for this command" if command else f"unset it, or {LATER}"
+        raise UserError(f"push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed; {then}")
+    from huggingface_hub import HfApi, get_token
 
-    return HfApi()  # token: HF_TOKEN / `hf auth login`, read by huggingface_hub itself
+    try:
+        token = get_token()  # HF_TOKEN, the `hf auth login` file, or an OIDC exchange (which raises when it fails)
+    except Exception as e:  # noqa: BLE001 - one line, whatever the login method
+        raise UserError(f"push to the Hub: no usable token ({type(e).__name__}: {first_line(e)})") from None
+    if token is None:
+        login = "set HF_TOKEN or run `hf auth login` first"
+        raise UserError(f"push to the Hub: no Hugging Face token found; {login}" + ("" if command else f", or {LATER}"))
+    return HfApi()  # it reads the token itself: never an argument here
+
+
+def refused_by_hub(e: BaseException) -> int | None:
+    """The HTTP status of a Hub answer that retrying will not change (401: the token is not valid or may not
+    create repositories; 403: no write access to the namespace), else None."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    return status if status in (401, 403) else None
+
+
+def first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
 
 
 WEIGHT_FILES = ["model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",
                 "pytorch_model.bin.index.json"]
 
 
-def upload(api, folder: Path, repo_id: str, *, private: bool = False, revision: str | None = None,
-           commit_message: str = "Upload model") -> str:
-    """Create the repo (and branch) if needed and upload ``folder`` as one commit; returns the commit URL."""
+def open_repo(api, repo_id: str, *, private: bool = False, revision: str | None = None) -> None:
+    """Create the repository (and branch) if missing; an existing one is left as it is."""
     api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
     if revision:
         api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
+
+
+def upload(api, folder: Path, repo_id: str, *, private: bool = False, revision: str | None = None,
+           commit_message: str = "Upload model") -> str:
+    """Create the repo (and branch) if needed and upload ``folder`` as one commit; returns the commit URL."""
+    open_repo(api, repo_id, private=private, revision=revision)
     # an earlier push's weights that this folder does not have (one file then, shards now, or the reverse) would
     # stay beside the new ones, and transformers loads the single file first: the same commit deletes them
     info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", revision=revision,
@@ -58,7 +84,7 @@ def push(model: str | Path, repo_id: str, *, private: bool = False, revision: st
     from .loading import is_export  # torch: --help stays light
 
     check_repo_id("hub_model_id", repo_id)
-    api = api or default_api("unset it (HF_HUB_OFFLINE=0) for this command")
+    api = api or default_api(command=True)
     if is_export(model):
         return upload(api, Path(model), repo_id, private=private, revision=revision,
                       commit_message=commit_message or "Upload model")
@@ -102,8 +128,7 @@ def main(argv: list[str] | None = None, api=None) -> int:
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - Hub/network/auth errors: one line, exit code 2, no traceback
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UserError(f"push to '{a.hub_model_id}' failed: {type(e).__name__}: {first} (logged in? "
+        raise UserError(f"push to '{a.hub_model_id}' failed: {type(e).__name__}: {first_line(e)} (logged in? "
                         "HF_TOKEN or `hf auth login`; network reachable?)") from None
     print(f"pushed {a.model} to {a.hub_model_id}: {url}")
     return 0
