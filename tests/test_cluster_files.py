@@ -166,6 +166,22 @@ def test_slurm_preemption_forwards_signal_and_requeues(tmp_path):
         assert part in launch, launch
 
 
+def test_slurm_script_takes_the_config_from_sbatch_export_too(tmp_path):
+    """`sbatch --export=ALL,CONFIG=... submit_fp8.sh` (how seed 002 submits) runs that config, not the default;
+    the argument wins over the variable."""
+    bindir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bindir.mkdir()
+    _shim(bindir, "scontrol", 'echo node1\n')
+    _shim(bindir, "srun", 'if [[ " $* " == *" hostname "* ]]; then echo 127.0.0.1; exit 0; fi\n'
+          'while [ "$1" != bash ]; do shift; done\nexec "$@"\n')
+    _shim(bindir, "accelerate", f'echo "accelerate $*" >> {log}\n')
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_NNODES="1",
+               SLURM_JOB_NODELIST="node1", SLURM_JOB_NAME="t", CONFIG="examples/configs/fineweb_edu_fp8.yaml")
+    for args, config in (([], "fineweb_edu_fp8.yaml"), (["examples/configs/test_fp8.yaml"], "test_fp8.yaml")):
+        subprocess.run(["bash", SLURM, *args], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
+        assert f"--config examples/configs/{config}" in log.read_text().splitlines()[-1], log.read_text()
+
+
 def _launch(script, args, tmp_path, extra_env):
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", **extra_env)
     return subprocess.Popen([sys.executable, "-m", "accelerate.commands.launch", "--config_file",

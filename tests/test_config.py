@@ -222,8 +222,26 @@ def test_every_foreign_spelling_points_at_a_real_key_with_its_meaning():
                "grad_clip": "max_grad_norm", "gradient_clipping": "max_grad_norm", "warmup_iters": "warmup_steps",
                "save_steps": "checkpoint_freq", "eval_interval": "eval_freq", "log_interval": "log_freq",
                "batch_size": "micro_batch_size", "global_batch_size": "target_tokens_per_step",
-               "resume_from_checkpoint": "resume", "out_dir": "output_dir", "adam_beta2": "beta2"}
+               "resume_from_checkpoint": "resume", "out_dir": "output_dir", "adam_beta2": "beta2",
+               "num_epochs": "max_steps", "prefetch_factor": "num_workers"}
     assert {k: FOREIGN_KEYS[k][0] for k in meaning} == meaning
+
+
+def test_another_trainers_value_for_a_key_names_what_to_set_instead():
+    """`--mixed_precision fp8` (accelerate's spelling) points at use_fp8, fp16 says why there is none; every such
+    value is one the key refuses."""
+    from yxanul.config import _fields
+    from yxanul.foreign_keys import FOREIGN_VALUES
+
+    with pytest.raises(ConfigError, match=r"'mixed_precision': expected one of 'auto', 'fp32', 'bf16' \(FP8 is its "
+                                          r"own key, use_fp8 true; .*\), got 'fp8'"):
+        parse_args(["--mixed_precision", "fp8"])
+    with pytest.raises(ConfigError, match=r"\(no fp16: .*\), got 'FP16'"):
+        resolve({"mixed_precision": "FP16"})
+    for (key, value) in FOREIGN_VALUES:
+        with pytest.raises(ConfigError, match=key):
+            resolve({key: value})
+        assert key in _fields()
 
 
 def test_warmup_as_long_as_the_run_is_refused():
@@ -356,3 +374,11 @@ def test_dashes_spell_the_same_flag_and_other_trainers_names_point_to_yxanuls(tm
         parse_command(PlanCommand, ["--num-machines", "2"], "yxanul plan")
     with pytest.raises(UserError, match=r"unknown flag '--strategy' \(see `yxanul plan --help`\)"):
         parse_command(PlanCommand, ["--strategy", "ddp"], "yxanul plan")  # the launcher advice is train's only
+
+
+def test_a_penalty_weight_without_a_penalty_type_is_refused():
+    """Seed 002 sweeps penalty_weight alone: with penalty_type 'none' every trial would train the same model."""
+    with pytest.raises(ConfigError, match=r"'penalty_type': expected z_loss or max_z_loss when penalty_weight is set"):
+        parse_args(["--penalty_weight", "0.05"])
+    assert resolve({"penalty_weight": 0.05, "penalty_type": "z_loss"}).model.penalty_weight == 0.05
+    assert resolve({"penalty_weight": 0, "penalty_type": "none"}).model.penalty_type == "none"

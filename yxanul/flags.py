@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import yaml
 
 from .errors import ConfigError, UserError
-from .foreign_keys import yxanul_key_for
+from .foreign_keys import FOREIGN_VALUES, yxanul_key_for
 
 T = TypeVar("T")
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
@@ -170,7 +170,8 @@ def coerce(key: str, tp, value, from_cli: bool):
             return value
         return _scalar(base, value, from_cli)
     except (ValueError, TypeError):
-        raise ConfigError(key, describe(tp), value) from None
+        instead = FOREIGN_VALUES.get((key, str(value).lower()))
+        raise ConfigError(key, describe(tp) + (f" ({instead})" if instead else ""), value) from None
 
 
 def did_you_mean(value, choices) -> str:

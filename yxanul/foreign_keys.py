@@ -15,6 +15,8 @@ _ACCUM = ("gradient_accumulation_steps", "micro-batches per optimizer step")
 _LOG = ("log_freq", "optimizer steps between log lines")
 _WARMUP = ("warmup_steps", "optimizer steps of linear warm-up (or warmup_tokens)")
 _PRECISION = ("mixed_precision", "auto, fp32 or bf16 (BF16 needs no loss scaling: no fp16); use_fp8 for FP8")
+_EPOCHS = ("max_steps", "optimizer steps, not epochs: tokens = max_steps x target_tokens_per_step, and the loader "
+                        "starts a new shuffled epoch when the data runs out")
 _PRESET = ("model", "a preset: the shapes come from it (docs/models.md)")
 _PROCESSES = ("processes and nodes are the launcher's: accelerate launch --num_processes N [--num_machines M] "
               "train.py ... (or yxanul launch; docs/distributed.md)")
@@ -63,6 +65,15 @@ FOREIGN_KEYS: dict[str, tuple[str | None, str]] = {
     "strategy": (None, "the accelerate profile picks DDP, DeepSpeed ZeRO or FSDP2: accelerate launch --config_file "
                        "accelerate_configs/<profile>.yaml train.py ... (docs/distributed.md)"),
     "use_flash_attention": (None, "nothing to set: attention runs fused flash kernels by itself (SDPA, TE)"),
+    "num_epochs": _EPOCHS, "num_train_epochs": _EPOCHS, "epochs": _EPOCHS, "max_epochs": _EPOCHS,
+    "prefetch_factor": ("num_workers", "DataLoader worker processes; each prefetches 2 batches, DataLoader's "
+                                       "default"),
+}
+
+# Other trainers' VALUES for one of yxanul's keys: (key, value) -> what to set instead.
+FOREIGN_VALUES: dict[tuple[str, str], str] = {
+    ("mixed_precision", "fp8"): "FP8 is its own key, use_fp8 true; the layers it does not cover keep mixed_precision",
+    ("mixed_precision", "fp16"): "no fp16: bf16 has fp32's range and needs no loss scaling",
 }
 
 

@@ -3,6 +3,7 @@
 #
 #   sbatch examples/slurm/submit_fp8.sh examples/configs/xlarge_8gpu_fp8.yaml            # 1 node x 8 GPUs
 #   sbatch --nodes=4 examples/slurm/submit_fp8.sh examples/configs/xlarge_8gpu_fp8.yaml  # 4 nodes
+#   sbatch --export=ALL,CONFIG=examples/configs/fineweb_edu_fp8.yaml examples/slurm/submit_fp8.sh  # the same
 #   ACCEL_CONFIG=accelerate_configs/deepspeed_zero1_fp8.yaml sbatch examples/slurm/submit_fp8.sh CONFIG
 #   ACCEL_CONFIG=accelerate_configs/fsdp2.yaml sbatch --nodes=2 examples/slurm/submit_fp8.sh CONFIG       # FSDP2
 #   ACCEL_CONFIG=accelerate_configs/fsdp2_hsdp.yaml sbatch --nodes=2 examples/slurm/submit_fp8.sh CONFIG  # HSDP
@@ -26,7 +27,7 @@
 
 set -euo pipefail
 
-CONFIG=${1:-examples/configs/xlarge_8gpu_fp8.yaml}
+CONFIG=${1:-${CONFIG:-examples/configs/xlarge_8gpu_fp8.yaml}}  # the argument, else sbatch --export=ALL,CONFIG=...
 shift || true
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 NNODES=${SLURM_NNODES:-1}

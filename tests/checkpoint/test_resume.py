@@ -18,6 +18,20 @@ def test_resume_errors(tmp_path):
         resolve_resume(str(tmp_path / "nothing"), tmp_path)
 
 
+def test_a_runs_pointer_file_or_checkpoints_folder_means_what_it_points_at(tmp_path, acc_model):
+    """`--resume RUN/checkpoints/latest` (the pointer file, as a user tab-completes it) is the checkpoint it
+    names, `RUN/checkpoints` is the run, for every reader (export, eval, generate: verified_weights_dir too)."""
+    root = _three(tmp_path, acc_model)
+    (root / "best").write_text("step_2\n")
+    assert resolve_resume(str(root / "latest"), tmp_path / "new") == root / "step_3"
+    assert resolve_resume(str(root / "best"), tmp_path / "new") == root / "step_2"
+    assert resolve_resume(str(root), tmp_path / "new") == root / "step_3"
+    assert verified_weights_dir(root / "best") == root / "step_2"
+    _flip_bit(root / "step_2" / "model.safetensors")  # the pointer names one checkpoint: never swapped
+    with pytest.raises(UserError, match=r"damaged checkpoint"):
+        resolve_resume(str(root / "best"), tmp_path / "new")
+
+
 def _flip_bit(p):
     b = bytearray(p.read_bytes())
     b[-3] ^= 0x10

@@ -70,6 +70,16 @@ def test_a_misspelt_bundled_task_suggests_it_first(tok_run, capsys):
     assert len(err) == 1 and "task 'clozee'" in err[0] and "did you mean 'cloze'?" in err[0], err
 
 
+def test_a_benchmark_named_by_its_family_suggests_the_task_not_a_nearer_spelling():
+    """The seeds' `--tasks medqa,arc`: the nearest of lm-eval's names would be other benchmarks (medmcqa, arc_zh)."""
+    from yxanul.evaluation.harness import _hint
+
+    tasks = ["medmcqa", "arc_zh", "arc_easy", "arc_challenge", "medqa_4options", "hellaswag"]
+    assert _hint("medqa", tasks) == "did you mean 'medqa_4options'?"
+    assert _hint("arc", tasks) == "did you mean 'arc_easy' or 'arc_challenge'?"
+    assert _hint("hellaswg", tasks) == "did you mean 'hellaswag'?"
+
+
 def test_eval_task_dir_must_exist(tok_run, tmp_path, capsys):
     from yxanul.cli import main as cli
 

@@ -305,7 +305,9 @@ def _launch_env(config_file):
     extra = ["--main_process_ip", "10.0.0.1"] if "hsdp" in config_file else []  # the launchers pass it
     args = launch_command_parser().parse_args(["--config_file", config_file, *extra, "train.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
-    with mock.patch.object(L, "is_fp8_available", return_value=True):
+    # a port another process holds (a test run beside this one) would make a 2-machine profile raise here
+    with mock.patch.object(L, "is_fp8_available", return_value=True), mock.patch.object(L, "is_port_in_use",
+                                                                                        return_value=False):
         if args.use_deepspeed:
             fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
             args.deepspeed_fields_from_accelerate_config = ",".join(fields)

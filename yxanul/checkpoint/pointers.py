@@ -42,6 +42,17 @@ def read_pointer(run_dir, name: str) -> Path | None:
     return None
 
 
+def followed(path: Path) -> Path:
+    """What a user pointing at a run's own files means: its ``checkpoints/latest`` or ``checkpoints/best`` pointer
+    file -> the checkpoint it names, its ``checkpoints`` folder -> the run. Anything else as it is."""
+    if path.name in ("latest", "best") and path.parent.name == "checkpoints" and path.is_file():
+        return read_pointer(path.parent.parent, path.name) or path
+    if path.name == "checkpoints" and path.is_dir() and not (path / STATE_FILE).is_file() \
+            and not (path / "checkpoints").is_dir():  # not a run that happens to be called checkpoints
+        return path.parent
+    return path
+
+
 def recompute_best(run_dir) -> Path | None:
     """Point ``best`` at the checkpoint with the lowest validation loss among those that exist now,
     read from their own trainer states (the older one on a tie); remove the pointer when none has a

@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..run_lock import pinned
 from .args import RUN_DIR_RESUMES
 from .manifest import MANIFEST, STATE_FILE, STEP_NAME, has_manifest, read_state_checked, verify_checkpoint
-from .pointers import checkpoints_dir, pointer_name, read_pointer
+from .pointers import checkpoints_dir, followed, pointer_name, read_pointer
 
 
 def _step_of(name: str) -> int | None:
@@ -84,7 +84,7 @@ def verified_checkpoint(arg: str | os.PathLike, what: str = "MODEL", say: Callab
     each one skipped and why; None when the run has no checkpoint; a UserError when none verifies.
     ``candidates``/``yxanul_state`` False: another layout's checkpoints, newest first (transformers.Trainer's)."""
     say = say or (lambda *_: None)
-    p = Path(arg)
+    p = Path(arg) if candidates is not None else followed(Path(arg))
     if candidates is None and is_checkpoint_dir(p):
         with pinned(p) as here:
             problems = (verify_checkpoint(p, yxanul_state=yxanul_state) if here
@@ -128,7 +128,7 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str],
     `prepare_run_dir` has refused that already); a run directory -> the same for it; a checkpoint folder
     -> itself if it verifies (`verified_checkpoint`; a checkpoint named explicitly is never swapped for
     another). The writer lock of the run is held: nothing prunes it while it loads."""
-    p = Path(run_dir if resume in RUN_DIR_RESUMES else resume)
+    p = Path(run_dir) if resume in RUN_DIR_RESUMES else followed(Path(resume))
     if resume not in RUN_DIR_RESUMES and not is_checkpoint_dir(p) and not (
             (checkpoints_dir(p) / "latest").is_file() or list_checkpoints(p)):
         raise UserError(f"resume '{resume}': not a checkpoint (no {STATE_FILE}) nor a run directory with checkpoints")
@@ -145,7 +145,7 @@ def _noted(ckpt: Path, say) -> Path:
 def verified_weights_dir(path: str | os.PathLike, what: str = "init_from") -> Path:
     """For ``init_from``: a checkpoint folder must verify (`verified_checkpoint`), else a one-line
     UserError naming ``what``; other folders (save_pretrained, exports) pass as they are."""
-    p = Path(path)
+    p = followed(Path(path))
     if is_checkpoint_dir(p):  # a transformers.Trainer checkpoint: its manifest, not yxanul's trainer state
         with verified_checkpoint(p, what, say=None, yxanul_state=not is_hf_trainer_checkpoint(p)):
             pass

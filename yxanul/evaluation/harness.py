@@ -36,10 +36,17 @@ def task_manager(names: list[str], task_dir: str | None = None):
     tm = TaskManager(include_path=str(task_dir) if task_dir else None)
     for n in names:
         if n not in tm.all_tasks:
-            close = difflib.get_close_matches(n, list(BUNDLED), n=1) or difflib.get_close_matches(n, tm.all_tasks, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"e.g. {', '.join(SUGGESTED)}"
-            raise DataError(f"task '{n}': not 'cloze', a .jsonl file, nor an lm-eval task ({hint})")
+            raise DataError(f"task '{n}': not 'cloze', a .jsonl file, nor an lm-eval task ({_hint(n, tm.all_tasks)})")
     return tm
+
+
+def _hint(name: str, tasks) -> str:
+    """'did you mean ...?': a suggested task the name begins (medqa -> medqa_4options, arc -> arc_easy or
+    arc_challenge; the nearest spelling among lm-eval's ~10k names is another benchmark there: medmcqa, arc_zh),
+    else the nearest bundled task or lm-eval task, else the suggested list."""
+    starts = [t for t in SUGGESTED if t.startswith(name.lower())]
+    close = starts or difflib.get_close_matches(name, list(BUNDLED), n=1) or difflib.get_close_matches(name, tasks, n=1)
+    return "did you mean " + " or ".join(f"'{c}'" for c in close) + "?" if close else f"e.g. {', '.join(SUGGESTED)}"
 
 
 def evaluate_harness(model, tokenizer, names: list[str], tm, limit: int | None = None, batch_size: int = 8,

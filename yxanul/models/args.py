@@ -86,6 +86,9 @@ class ModelArgs:
         if isinstance(self.penalty_weight, int) and not isinstance(self.penalty_weight, bool):
             self.penalty_weight = float(self.penalty_weight)
         validate_loss(self.penalty_type, self.penalty_weight, self.loss_impl)
+        if self.penalty_weight > 0 and self.penalty_type == "none":  # a sweep over the weight alone: identical runs
+            raise ConfigError("penalty_type", "z_loss or max_z_loss when penalty_weight is set (with 'none' the "
+                              "weight has no effect)", self.penalty_type)
         if self.rope_kernel != "te" and not self.fuse_qkv_rope:
             raise ConfigError("rope_kernel", "te without fuse_qkv_rope (the kernel is fuse_qkv_rope's)",
                               self.rope_kernel)
