@@ -13,7 +13,9 @@ quotes `default_run`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import io
 import json
 import math
 import os
@@ -33,6 +35,13 @@ def dependency_set() -> dict[str, str]:
     return {"python": platform.python_version(), **{p: importlib.metadata.version(p) for p in PACKAGES}}
 
 
+def machine() -> dict[str, object]:
+    """The CPU the numbers came from: beyond the first steps, its kernels' rounding moves the later digits."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else ""
+    return {"cpu": model or platform.machine(), "cores": os.cpu_count()}
+
+
 def first_steps(n: int, output_dir: str) -> dict:
     """Losses of the default run's first ``n`` optimizer steps and the validation loss after them."""
     from yxanul.config import DEFAULT_CONFIG, parse_args
@@ -44,7 +53,8 @@ def first_steps(n: int, output_dir: str) -> dict:
     t.model.train()
     losses = [t._mean(t.advance(t.next_batches()).loss) for _ in range(n)]  # the logged loss of each step
     val_loss = evaluate_loss(t.model, t.val, t.plan, t.accelerator)
-    t.finish()
+    with contextlib.redirect_stdout(io.StringIO()):  # its summary speaks of a `fit` (checkpoints, resume): none ran
+        t.finish()
     return {"steps": n, "losses": losses, "val_loss": val_loss}
 
 
@@ -68,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             base = json.loads(BASELINE.read_text())["first_steps"]
             worst = max(abs(a - b) / abs(b) for a, b in zip(now["losses"] + [now["val_loss"]],
                                                           base["losses"] + [base["val_loss"]]))
-            print(json.dumps({"dependency_set": dependency_set(), "max_rel_diff": worst, **now}, indent=1))
+            print(json.dumps({"dependency_set": dependency_set(), "machine": machine(), "max_rel_diff": worst, **now},
+                             indent=1))
             return 0
         old = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
-        record = {"dependency_set": dependency_set(), "first_steps": now, "default_run": default_run(tmp + "/run"),
-                  "tolerance": old.get("tolerance")}
+        record = {"dependency_set": dependency_set(), "machine": machine(), "first_steps": now,
+                  "default_run": default_run(tmp + "/run"), "tolerance": old.get("tolerance")}
     BASELINE.parent.mkdir(parents=True, exist_ok=True)
     BASELINE.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {BASELINE}")

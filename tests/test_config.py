@@ -382,3 +382,20 @@ def test_a_penalty_weight_without_a_penalty_type_is_refused():
         parse_args(["--penalty_weight", "0.05"])
     assert resolve({"penalty_weight": 0.05, "penalty_type": "z_loss"}).model.penalty_weight == 0.05
     assert resolve({"penalty_weight": 0, "penalty_type": "none"}).model.penalty_type == "none"
+
+
+def test_help_shows_the_embedded_default_runs_values_where_it_sets_them():
+    """`yxanul train` without --config runs yxanul/assets/default.yaml: its --help says 300 steps, not the 1000
+    a --config FILE starts from; `yxanul prepare` likewise (val_fraction)."""
+    from yxanul.config import build_parser
+    from yxanul.flags import build_parser as command_parser
+    from yxanul.flags import embedded_defaults
+    from yxanul.tools.prepare import PrepareCommand
+
+    text = " ".join(build_parser().format_help().split())
+    embedded = embedded_defaults()
+    assert embedded["max_steps"] == 300
+    assert "default: 300 without --config (the embedded default run), 1000 with one" in text
+    assert "default: 128 without --config" in text and "default: 'nano')" in text  # same in both: said once
+    prepare = " ".join(command_parser(PrepareCommand, "yxanul prepare").format_help().split())
+    assert f"default: {embedded['val_fraction']} without --config" in prepare

@@ -27,6 +27,7 @@ from .flags import (
     OneLineParser,
     add_field,
     bare_booleans,
+    embedded_defaults,
     load_yaml,
     merge,
     parse_known,
@@ -103,17 +104,19 @@ def config_keys() -> frozenset[str]:
 def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=prog,
-        description="Pretrain a decoder-only LM. Values come from dataclass defaults, then "
-        "--config FILE (flat YAML), then these flags.",
+        description="Pretrain a decoder-only LM. Values come from the embedded default run (yxanul/assets/"
+        "default.yaml) without --config, else from the defaults below and --config FILE (flat YAML); then these "
+        "flags.",
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )
     parser.add_argument("--config", help="YAML file with flat `key: value` pairs (any key below).")
     groups: dict[str, argparse._ArgumentGroup] = {}
+    embedded = embedded_defaults()
     for key, (section, f, tp) in _fields().items():
         if section not in groups:
             groups[section] = parser.add_argument_group(section)
-        add_field(groups[section], key, f, tp)
+        add_field(groups[section], key, f, tp, embedded)
     return parser
 
 

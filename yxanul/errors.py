@@ -20,6 +20,16 @@ class EveryRankError(UserError):
     resume target: the same shared files): rank 0 prints it, the others exit quietly."""
 
 
+def require(module: str, extra: str, what: str) -> None:
+    """A command's optional dependency, checked before any work (``find_spec``: nothing is imported): one line
+    naming the extra that installs it, instead of an ImportError from deep inside the command."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UserError(f"{what} needs {module.replace('_', '-')}, which is not installed: pip install "
+                        f"\"yxanul[{extra}]\" (in a clone: pip install -c constraints.txt -e \".[{extra}]\")")
+
+
 @contextlib.contextmanager
 def alike_on_every_rank():
     """Inside, a UserError is an `EveryRankError`: for checks that read only the config, the world size and shared

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import types
 import typing
 from collections.abc import Collection
@@ -39,6 +40,13 @@ _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False,
 
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "assets" / "default.yaml")  # the embedded default run
+
+
+@functools.cache
+def embedded_defaults() -> dict[str, Any]:
+    """The embedded default run's values: what a command that reads it without --config (`with_default_config`)
+    starts from, so its --help says them instead of the dataclass defaults a --config FILE starts from."""
+    return load_yaml(DEFAULT_CONFIG)
 
 
 def with_default_config(argv: list[str]) -> list[str]:
@@ -276,8 +284,9 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
-def add_field(parser_or_group, name: str, f: dataclasses.Field, tp) -> None:
-    """One dataclass field as one argparse argument (values stay strings; :func:`coerce` types them)."""
+def add_field(parser_or_group, name: str, f: dataclasses.Field, tp, embedded: dict | None = None) -> None:
+    """One dataclass field as one argparse argument (values stay strings; :func:`coerce` types them). ``embedded``:
+    the command reads the embedded default without --config; its value of this key, if any, is the default shown."""
     base, _ = strip_optional(tp)
     help_ = f.metadata.get("help", "")
     if f.default is not dataclasses.MISSING:
@@ -295,7 +304,10 @@ def add_field(parser_or_group, name: str, f: dataclasses.Field, tp) -> None:
             kw["nargs"] = "?"
         parser_or_group.add_argument(name, **kw)
         return
-    kw = {"help": f"{help_} ({describe(tp)}; default: {default!r})", "dest": name}
+    shown = f"default: {default!r}"
+    if embedded and name in embedded and embedded[name] != default:
+        shown = f"default: {embedded[name]!r} without --config (the embedded default run), {default!r} with one"
+    kw = {"help": f"{help_} ({describe(tp)}; {shown})", "dest": name}
     if base is bool:
         kw.update(nargs="?", const="true", metavar="BOOL")
     elif get_origin(base) is Literal:
@@ -335,8 +347,9 @@ def build_parser(cls, prog: str, description: str | None = None) -> OneLineParse
     parser = OneLineParser(prog=prog, description=description or (cls.__doc__ or "").strip().split("\n\n")[0],
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    embedded = embedded_defaults() if getattr(cls, "reads_embedded_default", False) else None
     for name, (f, tp) in fields_of(cls).items():
-        add_field(parser, name, f, tp)
+        add_field(parser, name, f, tp, embedded)
     return parser
 
 

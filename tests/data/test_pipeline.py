@@ -148,7 +148,7 @@ def test_per_source_max_tokens_ends_the_mixture(tmp_path):
 
 
 def _fake_hub_repo(root: Path, name: str, n: int) -> Path:
-    """A dataset repository laid out like the Hub's (README configs + parquet), as `huggingface-cli
+    """A dataset repository laid out like the Hub's (README configs + parquet), as `hf
     download --repo-type dataset NAME --local-dir MIRROR/NAME` leaves it."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -59,7 +59,25 @@ def test_eval_hub_task_offline_is_one_line(tok_run, task_dir, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and "Hub" in err[0] and "--task_dir" in err[0], err
-    assert "dataset 'allenai/ai2_arc'" in err[0] and "--repo-type dataset allenai/ai2_arc " in err[0], err[0]
+    assert "dataset 'allenai/ai2_arc' is not in the HF cache and the Hub cannot be asked" in err[0], err[0]
+
+
+def test_an_unreachable_hub_means_the_hf_cache_at_once_not_retries(tok_run, task_dir, tmp_path):
+    """Not offline mode, but no route to the Hub (an air-gapped node): one TCP probe, HF_DATASETS_OFFLINE for
+    the run (said in one line), then the task's dataset from the cache or one error line; no retry loop."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # discard port: refused at once
+    r = subprocess.run([sys.executable, "-m", "yxanul", "eval", str(tok_run[0]), "--tasks", "hub_only", "--task_dir",
+                        str(task_dir), "--limit", "2"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "the Hugging Face Hub is unreachable (127.0.0.1: " in r.stdout, r.stdout
+    assert "lm-eval's datasets come from the HF cache only (HF_DATASETS_OFFLINE=1 for this run)" in r.stdout
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("error: ")]
+    assert "dataset 'allenai/ai2_arc' is not in the HF cache" in line and "Retrying" not in r.stderr + r.stdout
 
 
 def test_a_misspelt_bundled_task_suggests_it_first(tok_run, capsys):
@@ -68,6 +86,17 @@ def test_a_misspelt_bundled_task_suggests_it_first(tok_run, capsys):
     assert cli(["eval", str(tok_run[0]), "--tasks", "clozee"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "task 'clozee'" in err[0] and "did you mean 'cloze'?" in err[0], err
+
+
+def test_without_lm_eval_its_tasks_are_one_line_naming_the_extra(tok_run, capsys, monkeypatch):
+    import sys
+
+    from yxanul.cli import main as cli
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # what find_spec and import see when it is not installed
+    assert cli(["eval", str(tok_run[0]), "--tasks", "arc_easy", "cloze"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "--tasks arc_easy (lm-eval's) needs lm-eval, which is not installed: pip install \"yxanul[eval]\"" in line
 
 
 def test_a_benchmark_named_by_its_family_suggests_the_task_not_a_nearer_spelling():

@@ -2,6 +2,7 @@
 and SFT then GRPO raising the reward on a fixed seed (slow)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,14 @@ def test_bad_dataset_and_flags_are_one_line(tmp_path, capsys):
         assert cli(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and word in err[0], (argv, err)
+
+
+def test_without_trl_grpo_is_one_line_naming_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)  # what find_spec and import see when it is not installed
+    assert cli(["grpo", str(tmp_path)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert 'yxanul grpo needs trl, which is not installed: pip install "yxanul[grpo]"' in line, line
+    assert not (tmp_path / "grpo").exists()
 
 
 @pytest.fixture(scope="module")

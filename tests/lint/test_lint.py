@@ -355,6 +355,9 @@ def test_check_launch_environment_rules(tmp_path):
             "ACCELERATE_MIXED_PRECISION"} <= _keys(problems, "warning")
     # no 'rank 0 of 1' warning under DeepSpeed: the trainer names gloo and DeepSpeed joins the ranks
     assert "ACCELERATE_USE_CPU" not in _keys(problems)
+    # but the variable itself (left exported for cpu.yaml) leaves accelerate with no DeepSpeed plugin: refused
+    cpu_too = check_launch_environment({**env, "ACCELERATE_USE_CPU": "1"}, use_fp8=False, cuda_available=False)
+    assert "ACCELERATE_USE_CPU" in _keys(cpu_too, "error")
     missing = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": "/nope.json"}
     assert "ACCELERATE_DEEPSPEED_CONFIG_FILE" in _keys(check_launch_environment(missing), "error")
     assert check_launch_environment({}) == []
@@ -464,5 +467,8 @@ def test_fsdp_launch_environment_and_hsdp_sizes(tmp_path):
             "PARALLELISM_CONFIG_DP_SHARD_SIZE": "8"}
     assert _keys(check_launch_environment(mesh, use_fp8=False, cuda_available=False), "error") == {
         "PARALLELISM_CONFIG_DP_*_SIZE"}
-    fitting = {**mesh, "PARALLELISM_CONFIG_DP_SHARD_SIZE": "1"}
+    nothing_to_shard = {**mesh, "PARALLELISM_CONFIG_DP_SHARD_SIZE": "1"}  # 2 x 1: accelerate raises on every rank
+    [p] = check_launch_environment(nothing_to_shard, use_fp8=False, cuda_available=False)
+    assert p.severity == "error" and "FSDP has nothing to shard across" in p.message
+    fitting = {**mesh, "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "1", "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
     assert check_launch_environment(fitting, use_fp8=False, cuda_available=False) == []

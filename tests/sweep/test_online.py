@@ -63,6 +63,34 @@ class RecordingWandb:
             done.set()
 
 
+class UnreachableWandb(RecordingWandb):
+    """W&B's own errors for a key the server refuses and a server that does not answer."""
+
+    def sweep(self, sweep, project=None, entity=None):
+        from wandb.errors import AuthenticationError
+
+        raise AuthenticationError("API key verification failed\nstatus 401")
+
+    def agent(self, sweep_id, function=None, count=None, project=None, entity=None):
+        from wandb.errors import CommError
+
+        raise CommError("Network error (ConnectTimeout), entering retry loop")
+
+
+def test_a_wandb_that_refuses_or_cannot_be_reached_is_one_line_naming_offline(tmp_path):
+    """Creating the sweep (wandb.sweep) or joining it (wandb.agent) when W&B says no: one line, exit 2, not a
+    traceback called a bug; `yxanul train` in the same place logs offline, so the line says --offline."""
+    pytest.importorskip("wandb")
+    from yxanul.errors import UserError
+
+    spec, client = load_spec(str(SWEEP)), UnreachableWandb(tmp_path, [])
+    with pytest.raises(UserError, match=r"^the W&B sweep could not be created \(AuthenticationError: API key "
+                                        r"verification failed\); check WANDB_API_KEY .* --offline$"):
+        run_online(client, spec, None, 1, str(tmp_path), [], say=lambda *a, **k: None)
+    with pytest.raises(UserError, match=r"^the W&B agent of sweep me/p/abc stopped \(CommError: Network error"):
+        run_online(client, spec, "me/p/abc", 1, str(tmp_path), [], say=lambda *a, **k: None)
+
+
 def _signal_when(path: Path, sig=signal.SIGUSR1):
     def watch():
         while not path.is_dir():

@@ -70,7 +70,7 @@ def test_bad_input_is_one_line(tmp_path):
         main([str(tmp_path)])
 
 
-def test_few_points_are_drawn_raw_and_the_sweep_plots_the_lm_loss(tmp_path):
+def test_few_points_are_drawn_raw_and_the_sweep_plots_the_lm_loss(tmp_path, capsys):
     """5 logged points: no 10-point mean dragging the start forward (the train line sat above val), the raw
     values are drawn; `lm_loss` rows (a penalty run) give the LM loss, so equal LM losses are 0 % apart."""
     from yxanul.tools.compare import plot, smoothing_window
@@ -88,5 +88,8 @@ def test_few_points_are_drawn_raw_and_the_sweep_plots_the_lm_loss(tmp_path):
     assert [r for _, _, r in drawn[runs[1].label]] == [0.0] * 5
     totals = [read_run(tmp_path / n) for n in "ab"]  # the total loss (with the penalty) differs
     assert plot(totals, tmp_path / "t.png")[totals[1].label][0][2] == pytest.approx(100 * 0.05 / 9.0)
+    assert main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m.png")]) == 0
+    line = capsys.readouterr().out.splitlines()[0]  # `yxanul compare` of a sweep's trials: the LM losses, 0 % apart
+    assert "train LM loss (without the penalty term) 5.2000 vs 5.2000 (+0.00%" in line, line
     long = Curves("l", "l", {s: 1.0 for s in range(1, 201)}, {})
     assert smoothing_window([long], 10) == 10

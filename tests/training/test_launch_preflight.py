@@ -16,6 +16,11 @@ FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
     (["--fuse_qkv_rope"], FSDP2, "config key 'fuse_qkv_rope': expected false under FSDP2 .*grouped rows"),
     (["--fuse_qkv_rope"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "config key 'fuse_qkv_rope': expected false under "
                                                                 "DeepSpeed"),
+    # before the process group: rank 0 prints it once per job (after it, every rank would)
+    (["--master_weights", "fp32", "--mixed_precision", "bf16"], {"WORLD_SIZE": "2"},
+     "config key 'master_weights': expected none with 2 processes \\(DDP\\)"),
+    (["--master_weights", "fp32", "--mixed_precision", "bf16"], {"ACCELERATE_USE_DEEPSPEED": "true"},
+     "config key 'master_weights': expected none under DeepSpeed"),
 ])
 def test_a_launch_that_cannot_run_the_config_is_one_line(flags, env, expected):
     with pytest.raises(ConfigError, match=f"^{expected}"):
@@ -36,7 +41,7 @@ def test_an_error_in_the_launch_environment_stops_before_anything_is_built(tmp_p
     from yxanul.errors import UserError
 
     env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": str(tmp_path / "none.json")}
-    with pytest.raises(UserError, match=r"^environment: error: ACCELERATE_DEEPSPEED_CONFIG_FILE: .*none\.json not"):
+    with pytest.raises(UserError, match=r"^environment: ACCELERATE_DEEPSPEED_CONFIG_FILE: .*none\.json not"):
         preflight(parse_args([]), say=lambda *a: None, env=env, cuda_available=False)
 
 
@@ -63,3 +68,11 @@ def test_launcher_variables_left_in_a_shell_are_one_line_before_anything_reads_t
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: {needle}"), (env, err)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_launch_warning_names_its_severity_once():
+    """`warning: environment: KEY: ...`, not `warning: environment: warning: KEY` (the lint line carries it too)."""
+    said = []
+    preflight(parse_args(["--use_fp8"]), say=said.append, env={"ACCELERATE_MIXED_PRECISION": "bf16"},
+              cuda_available=False)
+    assert said and said[0].startswith("warning: environment: ACCELERATE_MIXED_PRECISION: accelerate launch says"), said

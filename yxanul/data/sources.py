@@ -322,7 +322,7 @@ HUB_MIRROR = "YXANUL_HUB_MIRROR"
 
 def hub_path(name: str) -> str:
     """What `load_dataset` gets for a Hub name: the name itself, or ``$YXANUL_HUB_MIRROR/<name>`` when that
-    folder exists (a local copy of the dataset repository, e.g. from ``huggingface-cli download
+    folder exists (a local copy of the dataset repository, e.g. from ``hf download
     --repo-type dataset NAME --local-dir MIRROR/NAME``): the same `load_dataset(path, name, split,
     streaming)` call reads it, configs (README ``configs:``) included."""
     mirror = os.environ.get(HUB_MIRROR)
@@ -333,7 +333,7 @@ def hub_path(name: str) -> str:
 
 def hub_unreachable(name: str, why: str = "") -> str:
     return (f"dataset '{name}': the Hugging Face Hub is unreachable from here{f' ({why})' if why else ''}; to prepare "
-            f"offline, download it where the Hub is reachable (huggingface-cli download --repo-type dataset {name} "
+            f"offline, download it where the Hub is reachable (hf download --repo-type dataset {name} "
             f"--local-dir MIRROR/{name}) and set {HUB_MIRROR}=MIRROR, or point dataset/datasets at its local "
             "parquet/jsonl files")
 

@@ -81,7 +81,10 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
                             f"here ({why}) to fetch it as a Hub id: give a tokenizer folder or '{GPT2_OFFLINE}', or "
                             "download it where the Hub is reachable") from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]})") from None
+        offline = hub_id and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = (f"; HF_HUB_OFFLINE is set and it is not in the HF cache: '{GPT2_OFFLINE}' needs no Hub"
+                if offline else "")
+        raise DataError(f"tokenizer '{name}': could not be loaded ({first[:200]}){hint}") from None
     if tok.eos_token_id is None:
         raise DataError(f"tokenizer '{name}': has no EOS token (needed to separate packed documents)")
     return name, tok

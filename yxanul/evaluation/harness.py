@@ -12,10 +12,12 @@ the Hub (cached by ``datasets`` after the first run); ``--task_dir`` adds local 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import sys
 from pathlib import Path
 
-from ..data.sources import hub_unreachable
+from ..data.sources import hub_unreachable_why
 from ..errors import DataError
 from .args import BUNDLED
 
@@ -65,11 +67,27 @@ def evaluate_harness(model, tokenizer, names: list[str], tm, limit: int | None =
                                     num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters, log_samples=False)
     except ConnectionError as e:  # datasets: "Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)"
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"tasks {','.join(names)}: {hub_unreachable(_dataset_named(line), line[:160])}; or give "
-                        "local task YAMLs with --task_dir") from None
+        raise DataError(f"tasks {','.join(names)}: dataset '{_dataset_named(line)}' is not in the HF cache and the "
+                        f"Hub cannot be asked ({line[:160]}); run the task once where the Hub is reachable (datasets "
+                        "keeps it under HF_HOME, which offline runs then read), or give local task YAMLs with "
+                        "--task_dir") from None
     finally:
         model.train(was_training)
     return {task: _metrics(values, r.get("n-samples", {}).get(task)) for task, values in r["results"].items()}
+
+
+def datasets_from_the_cache_if_the_hub_is_unreachable(say=print) -> None:
+    """lm-eval's tasks load their datasets by name: with the Hub unreachable (one TCP probe) and offline mode unset,
+    datasets would retry for ~40 s per dataset before failing, even for a cached copy. Set HF_DATASETS_OFFLINE
+    before datasets is imported (it reads the variable once, at import): cached datasets load at once, others
+    fail fast in one line (`evaluate_harness`). Nothing changes once datasets is imported or offline mode is set."""
+    if "datasets" in sys.modules or os.environ.get("HF_DATASETS_OFFLINE"):
+        return
+    why = hub_unreachable_why()
+    if why:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        say(f"the Hugging Face Hub is unreachable ({why}): lm-eval's datasets come from the HF cache only "
+            "(HF_DATASETS_OFFLINE=1 for this run)")
 
 
 def _dataset_named(line: str) -> str:

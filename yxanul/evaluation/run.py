@@ -19,12 +19,18 @@ from ..checkpoint import list_checkpoints, saved_config
 from ..data.args import DataArgs
 from ..data.loader import eval_batches
 from ..data.prepare import target_dir
-from ..errors import ConfigError, DataError, UserError
+from ..errors import ConfigError, DataError, UserError, require
 from ..flags import check_same_as, parse_command, same_as
 from ..hub.loading import device_of, is_export, load_model
 from ..integrations.causal_lm import as_llama, with_pad_token
 from ..tracking import TrackingArgs
-from .harness import evaluate_harness, headline, split_tasks, task_manager
+from .harness import (
+    datasets_from_the_cache_if_the_hub_is_unreachable,
+    evaluate_harness,
+    headline,
+    split_tasks,
+    task_manager,
+)
 from .tasks import load_task, score_task, task_name
 
 DEFAULT_BATCH_SIZE = 8  # --batch_size of an export, which has no run config
@@ -146,6 +152,9 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     if not Path(a.model).exists():  # before "nothing to evaluate", which would blame a missing data folder
         raise UserError(f"MODEL '{a.model}': no such file or directory")
     local, harness = split_tasks(a.tasks)
+    if harness:
+        require("lm_eval", "eval", f"--tasks {','.join(harness)} (lm-eval's)")
+        datasets_from_the_cache_if_the_hub_is_unreachable(say)
     a = with_run_defaults(a)
     tasks = {task_name(t): load_task(t, a.limit) for t in local}  # bad task files and names fail before loading
     tm = task_manager(harness, a.task_dir) if harness else None

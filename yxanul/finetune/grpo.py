@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..checkpoint import check_out_spares_runs
 from ..data.args import DataArgs
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, require
 from ..flags import parse_command, same_as
 from .qa import answer_reward, format_reward, grpo_dataset, load_qa, prompt_of, sft_dataset
 
@@ -164,6 +164,7 @@ def grpo(a: GrpoCommand, say=print) -> dict:
 
     from ..integrations.causal_lm import load_causal_lm  # torch: --help stays light
 
+    require("trl", "grpo", "yxanul grpo")
     cpu = a.device == "cpu" or not torch.cuda.is_available()
     if a.device == "cuda" and cpu:
         raise UserError("device 'cuda': no CUDA GPU here (use --device cpu)")

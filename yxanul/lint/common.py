@@ -20,6 +20,10 @@ class Problem:
 
     __str__ = line
 
+    def said(self) -> str:
+        """The line for a caller that prefixes the severity itself (``error: `` / ``warning: ``)."""
+        return f"{self.file}: {self.key}: {self.message} -> fix: {self.fix}"
+
 
 def collector(file: str):
     """(problems, add): `add(key, severity, message, fix)` appends a `Problem` of `file`."""

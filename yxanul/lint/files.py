@@ -138,9 +138,11 @@ def train_problems(path: str, train_path: str, train: dict) -> list[Problem]:
     if detect_kind(path, data) != "accelerate":
         return []
     kind = str(data.get("distributed_type", ""))
+    processes = data.get("num_processes") if isinstance(data.get("num_processes"), int) else 1
     return [Problem(train_path, key, ERROR, f"expected {expected} (with {os.path.basename(path)}), got "
                     f"{train[key]!r}", f"change {key} or the accelerate config")
-            for key, expected in train_conflicts(kind == "FSDP", train, deepspeed=kind == "DEEPSPEED")]
+            for key, expected in train_conflicts(kind == "FSDP", train, deepspeed=kind == "DEEPSPEED",
+                                                 processes=processes)]
 
 
 @dataclass

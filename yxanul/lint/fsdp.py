@@ -80,6 +80,10 @@ def _mesh_rule(sizes: list, nproc, key: str, add) -> None:
         add(key, ERROR, f"dp_replicate x dp_shard x tp x cp = {total}, not num_processes {nproc}: accelerate's "
             "ParallelismConfig raises", "dp_replicate_size = nodes, dp_shard_size = GPUs per node "
             "(--parallelism_config_dp_replicate_size / --parallelism_config_dp_shard_size)")
+    elif sizes[1] == 1 and sizes[3] == 1:  # e.g. HSDP with one GPU per node: accelerate raises on every rank
+        add(key, ERROR, "dp_shard_size 1 (and cp_size 1): FSDP has nothing to shard across, accelerate raises",
+            "dp_shard_size = GPUs per node (> 1); with one GPU per node, DDP (multi_node_fp8.yaml) or fsdp2.yaml "
+            "over all the processes")
 
 
 def lint_fsdp_env(env, use_fp8: bool | None, add) -> None:
@@ -111,10 +115,11 @@ def launch_engine(env) -> str:
     return "deepspeed" if truthy(env.get("ACCELERATE_USE_DEEPSPEED")) else "none"
 
 
-def train_conflicts(fsdp: bool, train: dict, deepspeed: bool = False) -> list[tuple[str, str]]:
+def train_conflicts(fsdp: bool, train: dict, deepspeed: bool = False, processes: int = 1) -> list[tuple[str, str]]:
     """(key, what it must be) for each yxanul train setting that this launch cannot run: under FSDP2, CUDA
     graphs and fp32 master weights; outside it, the FP8 weight all-gather; under FSDP2 or DeepSpeed, the grouped
-    QKV weight of fuse_qkv_rope. ``train``: the config's values (missing keys: their defaults). One rule for the
+    QKV weight of fuse_qkv_rope; fp32 master weights under DeepSpeed or with ``processes`` > 1 (DDP). ``train``: the
+    config's values (missing keys: their defaults). One rule for the
     start-up check (training/launch.py, a ConfigError) and `yxanul lint-config --train_config` (an error line)."""
     out = []
     if (fsdp or deepspeed) and truthy(train.get("fuse_qkv_rope")):
@@ -127,6 +132,11 @@ def train_conflicts(fsdp: bool, train: dict, deepspeed: bool = False) -> list[tu
     if fsdp and train.get("master_weights") == "fp32":
         out.append(("master_weights", "none under FSDP2 (its mixed precision is this scheme, sharded: fp32 "
                                       "parameters, BF16 all-gather and compute)"))
+    if deepspeed and train.get("master_weights") == "fp32":
+        out.append(("master_weights", "none under DeepSpeed (its bf16 mode keeps fp32 masters itself)"))
+    if not (fsdp or deepspeed) and processes > 1 and train.get("master_weights") == "fp32":
+        out.append(("master_weights", f"none with {processes} processes (DDP): master weights run in one process "
+                                      "only (FSDP2 and DeepSpeed keep fp32 masters themselves)"))
     if not fsdp and truthy(train.get("fp8_weight_all_gather")):
         out.append(("fp8_weight_all_gather", "false outside an FSDP2 launch (the FP8 weights are what FSDP2 "
                     "all-gathers: accelerate launch --config_file accelerate_configs/fsdp2.yaml ...)"))

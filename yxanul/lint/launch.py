@@ -84,6 +84,10 @@ def check_launch_environment(env=None, *, use_fp8: bool | None = None, cuda_avai
             add("ACCELERATE_MIXED_PRECISION", WARNING, *found)
     if deepspeed:
         P.extend(_deepspeed_problems(env, add, use_fp8))
+        if truthy(env.get("ACCELERATE_USE_CPU")):  # e.g. left exported for cpu.yaml, as docs/distributed.md shows
+            add("ACCELERATE_USE_CPU", ERROR, "set under DeepSpeed: accelerate then makes no DeepSpeed plugin and "
+                "Accelerator() fails on every rank (AttributeError: no attribute 'mixed_precision'); DeepSpeed finds "
+                "the CPU by itself", "unset ACCELERATE_USE_CPU for a DeepSpeed launch")
     if truthy(env.get("ACCELERATE_USE_FSDP")):  # on CPU too: the trainer shards over gloo (training/fsdp.py)
         lint_fsdp_env(env, use_fp8, add)
     world = _int(env.get("WORLD_SIZE", "1"), 1)

@@ -56,7 +56,8 @@ class PrecisionArgs:
                           "(FP8 casts cost more than they save on small GEMMs). 0 = every eligible layer."})
     fp8_keep_bf16: list[str] | None = field(
         default=None, metadata={"help": "fnmatch patterns of TE module names kept in BF16 whatever their size, e.g. "
-                                        "['model.layers.0.*', '*.layers.23.layernorm_mlp'] (YAML only)."})
+                                        "['model.layers.0.*', '*.layers.23.layernorm_mlp'] (a YAML list, or several "
+                                        "values after the flag)."})
     master_weights: Literal["none", "fp32"] = field(
         default="none", metadata={"help": "fp32 = the model's weights are BF16 (no per-step autocast weight casts) and "
                                           "the optimizer steps fp32 master copies, gradients accumulated in fp32; "

@@ -35,10 +35,10 @@ def plan(spec: SweepSpec, output_root: str, overrides: list[str], count: int | N
          say=print) -> tuple[Path, list[Trial]]:
     """The trials of this sweep, checked against what an earlier start of it planned."""
     root = sweep_dir(spec, output_root)
+    params = plan_trials(spec, count, seed)  # a random or bayes sweep without --count: one line first
     if spec.method == "bayes":
         say(f"sweep {spec.name}: method bayes needs W&B's server to propose trials from the results; "
             f"offline it runs as random search over the same parameters (--count {count} trials)")
-    params = plan_trials(spec, count, seed)
     state_path = root / STATE
     if state_path.is_file():
         old = json.loads(state_path.read_text())

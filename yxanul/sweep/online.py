@@ -73,7 +73,10 @@ class OnlineSweep:
         if sweep_id:
             self.say(f"sweep: joining W&B sweep {sweep_id} (project {self.project})")
         else:
-            sweep_id = self.client.sweep(sweep=self.spec.raw, project=self.project, entity=self.entity)
+            try:
+                sweep_id = self.client.sweep(sweep=self.spec.raw, project=self.project, entity=self.entity)
+            except Exception as e:  # noqa: BLE001 - W&B's auth/network errors: one line (`yxanul train` goes offline)
+                raise UserError(unreachable("the W&B sweep could not be created", e, self.spec.path)) from None
             self.say(f"sweep: created W&B sweep {sweep_id} (project {self.project}); more agents: "
                      f"yxanul sweep {self.spec.path} --sweep_id {sweep_id}")
         self.sweep_id = sweep_id
@@ -135,6 +138,12 @@ class OnlineSweep:
             raise KeyboardInterrupt  # how wandb.agent is told to take no further trial
 
 
+def unreachable(what: str, e: Exception, path: str) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return (f"{what} ({type(e).__name__}: {first[:200]}); check WANDB_API_KEY and that W&B can be reached, or run the "
+            f"trials here without W&B: yxanul sweep {path} --offline")
+
+
 def run_online(client, spec: SweepSpec, sweep_id: str | None, count: int | None, output_root: str,
                overrides: list[str], say=print) -> int:
     """Create/join the sweep, resume this agent's interrupted trials, then run ``wandb.agent`` for the
@@ -159,6 +168,10 @@ def run_online(client, spec: SweepSpec, sweep_id: str | None, count: int | None,
     except KeyboardInterrupt:
         if not sweep.stopped:
             raise
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the agent's W&B errors (joining, asking for a trial): one line
+        raise UserError(unreachable(f"the W&B agent of sweep {sweep.sweep_id} stopped", e, spec.path)) from None
     finally:
         for s, h in old.items():
             signal.signal(s, h)

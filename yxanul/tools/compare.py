@@ -28,6 +28,7 @@ class Curves:
     label: str
     train: dict[int, float]
     val: dict[int, float]
+    lm_only: bool = False  # ``train`` is the LM loss of rows that also logged a penalty term
 
 
 def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss") -> Curves:
@@ -37,7 +38,7 @@ def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss")
     f = d / "metrics.jsonl" if d.is_dir() else d
     if not f.is_file():
         raise UserError(f"compare: '{path}': no metrics.jsonl (expected a run directory of `yxanul train`)")
-    train, val, precisions = {}, {}, Counter()
+    train, val, precisions, lm_only = {}, {}, Counter(), False
     for i, line in enumerate(f.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -47,6 +48,7 @@ def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss")
             raise UserError(f"compare: {f}:{i}: not a JSON line") from None
         if "loss" in row and "step" in row:
             train[int(row["step"])] = float(row.get(loss_key, row["loss"]))
+            lm_only |= loss_key != "loss" and loss_key in row
             precisions[row.get("precision", "?")] += 1
         if "val_loss" in row and "step" in row:
             val[int(row["step"])] = float(row["val_loss"])
@@ -54,7 +56,7 @@ def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss")
         raise UserError(f"compare: {f}: no training rows (step, loss)")
     name = d.name if d.is_dir() else d.parent.name
     prec = precisions.most_common(1)[0][0]
-    return Curves(name, label or f"{name} ({prec})", train, val)
+    return Curves(name, label or f"{name} ({prec})", train, val, lm_only)
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -185,14 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     """`yxanul compare RUN_A RUN_B [...] [--out compare.png] [--tolerance 0.02]`."""
     a = parse_command(CompareCommand, argv, prog="yxanul compare", description=__doc__.split("\n\n")[0])
     labels = a.labels.split(",") if a.labels else [None] * len(a.runs)
-    runs = [read_run(r, lab) for r, lab in zip(a.runs, labels)]
+    # a penalty run's `loss` holds its penalty term: the LM loss is what compares with a run without one
+    runs = [read_run(r, lab, loss_key="lm_loss") for r, lab in zip(a.runs, labels)]
     results = [compare(runs[0], r, a.window) for r in runs[1:]]
-    plot(runs, Path(a.out), a.smooth)
+    what = "train LM loss (without the penalty term)" if any(r.lm_only for r in runs) else "train loss"
+    plot(runs, Path(a.out), a.smooth, ylabel="LM loss" if what != "train loss" else "loss")
     if a.json:
         print(json.dumps(results, indent=2))
     failed = False
     for res in results:
-        line = (f"{res['run']} vs {res['baseline']}: train loss {res['train_loss']:.4f} vs "
+        line = (f"{res['run']} vs {res['baseline']}: {what} {res['train_loss']:.4f} vs "
                 f"{res['train_loss_baseline']:.4f} ({100 * res['train_rel_diff']:+.2f}%, mean of steps "
                 f"{res['window_steps'][0]}-{res['window_steps'][1]})")
         diffs = [res["train_rel_diff"]]

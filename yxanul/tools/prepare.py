@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..config import config_keys
 from ..data.args import DataArgs
@@ -18,6 +19,8 @@ from ..flags import fields_of, load_yaml, merge, parse_command, with_default_con
 @dataclass
 class PrepareCommand(DataArgs):
     """Tokenize and pack a dataset into token shards (docs/data.md)."""
+
+    reads_embedded_default: ClassVar[bool] = True  # without --config: `yxanul train`'s data keys (its --help says)
 
     config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
                                                                 "'datasets' mixture); flags override it."})

@@ -52,10 +52,12 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
         raise UserError(problem)
     train = {"cuda_graphs": cfg.model.cuda_graphs, "master_weights": cfg.precision.master_weights,
              "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather, "fuse_qkv_rope": cfg.model.fuse_qkv_rope}
-    engine = launch_engine(os.environ if env is None else env)
-    for key, expected in train_conflicts(engine == "fsdp2", train, deepspeed=engine == "deepspeed"):
+    env = os.environ if env is None else env
+    engine, processes = launch_engine(env), int(env.get("WORLD_SIZE") or 1)  # a number: check_process_env ran
+    for key, expected in train_conflicts(engine == "fsdp2", train, deepspeed=engine == "deepspeed",
+                                         processes=processes):
         raise ConfigError(key, expected, train[key])
     for p in check_launch_environment(env, use_fp8=cfg.precision.use_fp8, cuda_available=cuda_available):
         if p.severity == ERROR:
-            raise UserError(p.line())
-        say(f"warning: {p.line()}")
+            raise UserError(p.said())
+        say(f"warning: {p.said()}")
