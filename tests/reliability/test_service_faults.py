@@ -54,7 +54,7 @@ def test_push_to_hub_with_the_hub_offline_is_refused_before_step_1(tmp_path, mon
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     r = _train(tmp_path / "r", *PUSH)
     one_line(r, 2, "push to the Hub: HF_HUB_OFFLINE is set, so nothing can be pushed")
-    assert "step    1" not in r.stdout
+    assert "step    1" not in r.stdout and not (tmp_path / "r").exists()
 
 
 def test_push_to_hub_without_a_token_or_with_one_the_hub_refuses_stops_before_step_1(tmp_path, monkeypatch):
@@ -65,11 +65,11 @@ def test_push_to_hub_without_a_token_or_with_one_the_hub_refuses_stops_before_st
         r = _train(tmp_path / "a", *PUSH)
     one_line(r, 2, "push to the Hub: no Hugging Face token found; set HF_TOKEN or run `hf auth login` first, or "
                    "drop --push_to_hub")
-    assert "step    1" not in r.stdout
+    assert "step    1" not in r.stdout and not (tmp_path / "a").exists()  # refused before the run directory
     monkeypatch.setattr("yxanul.hub.push.default_api", lambda: RecordingHfApi(refuse=403))
     r = _train(tmp_path / "b", *PUSH)
     one_line(r, 2, "push to the Hub: me/run cannot be created or written with this token (HTTP 403")
-    assert "step    1" not in r.stdout
+    assert "step    1" not in r.stdout and not (tmp_path / "b").exists()
 
 
 def test_an_unreachable_wandb_server_means_offline_logging_and_one_warning(tmp_path, monkeypatch):

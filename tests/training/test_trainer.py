@@ -441,6 +441,27 @@ def test_a_resumed_run_keeps_one_tensorboard_run_whose_steps_are_logged_once(tmp
     assert train_losses(run)[5] == pytest.approx(acc.Scalars("train/loss")[-1].value, rel=1e-6)
 
 
+def test_tensorboard_gets_the_training_perplexity_and_each_evaluations_sample(tmp_path):
+    """train/ppl (exp of the LM loss) beside train/loss, and the generated sample of each evaluation as
+    TensorBoard text (W&B gets the same string), the one samples.txt also keeps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from yxanul.config import parse_args
+    from yxanul.training import train
+
+    run = tmp_path / "run"
+    train(parse_args([*RUN, "--use_tensorboard", "true", "--max_steps", "2", "--eval_freq",
+                      "2", "--sample_tokens", "6", "--output_dir", str(run)]))
+    [tb] = [d for d in (run / "tensorboard").iterdir() if d.is_dir()]
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0, "tensors": 0}).Reload()
+    losses = {e.step: e.value for e in acc.Scalars("train/loss")}
+    assert {e.step: e.value for e in acc.Scalars("train/ppl")} == pytest.approx(
+        {s: math.exp(v) for s, v in losses.items()}, rel=1e-5)
+    [text] = acc.Tensors("eval/sample/text_summary")
+    sample = text.tensor_proto.string_val[0].decode()
+    assert text.step == 2 and sample and sample in (run / "samples.txt").read_text()
+
+
 @pytest.mark.skipif(__import__("importlib").util.find_spec("wandb") is None, reason="wandb not installed")
 def test_turning_wandb_on_at_a_resume_keeps_the_tensorboard_run(tmp_path, monkeypatch):
     """accelerate names its trackers from one project name, W&B's project when W&B is on: TensorBoard keeps

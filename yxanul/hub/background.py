@@ -34,6 +34,7 @@ class HubPushCallback:
         self.run_dir = Path(run_dir) if run_dir is not None else None  # None: the trainer's, at train begin
         self.api, self.say, self.retries, self.backoff_s, self.keep_last = api, say, retries, backoff_s, keep_last
         self.open_s = open_s  # how long step 1 may wait for the Hub to answer `open_repo`
+        self._opened = False
         self.pushed: list[str] = []   # commit urls
         self.failed: list[Path] = []  # staged folders whose upload failed, oldest first
         self._cond = threading.Condition()
@@ -43,15 +44,21 @@ class HubPushCallback:
         self._thread: threading.Thread | None = None
         self._running = False  # a worker is on its way to take what is waiting (set and cleared under _cond)
 
+    def on_setup(self, trainer=None) -> None:
+        """Before the run directory exists: the Hub client, so that an offline setup or a missing token is refused
+        with nothing written (`default_api`); then the repository (`_open`)."""
+        self.api = self.api or hub_push.default_api()
+        if not self._opened:
+            self._opened = True
+            self._open()
+
     def on_train_begin(self, trainer) -> None:
-        """The run's directory and keep_last; the Hub client now, so that an offline setup or a missing token
-        is refused before step 1 (`default_api`); then the repository (`_open`)."""
+        """The run's directory and keep_last (and `on_setup` for a caller that skipped it)."""
         if self.run_dir is None:
             self.run_dir = Path(trainer.run_dir)
         if trainer is not None and getattr(trainer, "cfg", None) is not None:
             self.keep_last = trainer.cfg.checkpoint.keep_last
-        self.api = self.api or hub_push.default_api()
-        self._open()
+        self.on_setup(trainer)
 
     def _open(self) -> None:
         """Create the repository (and branch) before step 1, as transformers' Trainer does (``init_hf_repo``):

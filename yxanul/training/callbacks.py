@@ -4,6 +4,8 @@ tasks, sweeps) plug in here instead of editing the loop.
 A callback is any object with some of these methods (all optional; every process calls them, so
 guard main-process-only work with ``trainer.accelerator.is_main_process``)::
 
+    on_setup(trainer) -> None                       # first in setup(), after the launch checks, before the run
+                                                    # directory exists: refuse what cannot work (only ``cfg``)
     on_train_begin(trainer) -> None                 # after setup() and resume(), before step 1
     on_evaluate(trainer) -> dict[str, float] | None # after the validation loss; extra metrics, logged
                                                     # as eval/<name> in metrics.jsonl and the trackers
@@ -19,6 +21,7 @@ Pass callbacks as ``Trainer(cfg, callbacks=[...])`` or ``train(cfg, callbacks=[.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -29,6 +32,8 @@ from ..hub.background import HubPushCallback
 @runtime_checkable
 class Callback(Protocol):
     """Documentation of the protocol; subclassing it is optional (only the methods used must exist)."""
+
+    def on_setup(self, trainer) -> None: ...
 
     def on_train_begin(self, trainer) -> None: ...
 
@@ -47,6 +52,9 @@ class CallbackList:
 
     def _call(self, name: str, *args) -> list[Any]:
         return [getattr(cb, name)(*args) for cb in self.callbacks if hasattr(cb, name)]
+
+    def on_setup(self, trainer) -> None:
+        self._call("on_setup", trainer)
 
     def on_train_begin(self, trainer) -> None:
         self._call("on_train_begin", trainer)
@@ -73,6 +81,10 @@ class MainProcessOnly:
 
     def _main(self, trainer) -> bool:
         return trainer.accelerator.is_main_process
+
+    def on_setup(self, trainer) -> None:
+        if os.environ.get("RANK", "0") == "0" and hasattr(self.callback, "on_setup"):  # no accelerator yet
+            self.callback.on_setup(trainer)
 
     def on_train_begin(self, trainer) -> None:
         if self._main(trainer) and hasattr(self.callback, "on_train_begin"):

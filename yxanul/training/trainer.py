@@ -79,6 +79,7 @@ class Trainer:
             say0(line)
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
         preflight(cfg, say=say0)
+        self.callbacks.on_setup(self)  # e.g. a Hub push with no token: refused before the run directory exists
         self.cpu, self.dist = process_state()
         self.say = print if self.dist.is_main_process else quiet
         self.run_dir, cfg.checkpoint = prepare_run_dir(cfg, self.dist)  # refuses to train over other runs' work
@@ -245,7 +246,9 @@ class Trainer:
                                   max_steps=self.cfg.train.max_steps), flush=True)
         self.said_at = time.perf_counter()
         self.metrics.write(row)
-        acc.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))}, step=st.step)
+        ppl = math.exp(min(loss if lm_loss is None else lm_loss, 50))  # the LM's: a penalty term is no perplexity
+        acc.log({f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float))} | {"train/ppl": ppl},
+                step=st.step)
         if not (math.isfinite(loss) and (out.grad_norm is None or math.isfinite(norm))):
             raise TrainingDiverged(f"step {st.step}: loss {loss}, gradient norm {norm}: stopping "
                                    "(lower max_lr, or check the data)")
@@ -283,9 +286,8 @@ class Trainer:
             msg += f"\nsample: {row['sample']!r}"
         self.say(msg, flush=True)
         self.metrics.write(row)
-        acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"],
-                 **{f"eval/{k}": v for k, v in extra.items()}},
-                step=st.step)
+        shown = {f"eval/{k}": v for k, v in extra.items()} | ({"eval/sample": row["sample"]} if "sample" in row else {})
+        acc.log({"eval/val_loss": val_loss, "eval/val_ppl": row["val_ppl"], **shown}, step=st.step)  # str: as text
         self.timer.exclude(time.perf_counter() - t0)  # eval time is not step time
         return row
 
