@@ -7,6 +7,7 @@ Anything a user can cause by a bad flag, file or config value raises a subclass 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 
 
 class UserError(Exception):
@@ -23,8 +24,6 @@ class EveryRankError(UserError):
 def require(module: str, extra: str, what: str) -> None:
     """A command's optional dependency, checked before any work (``find_spec``: nothing is imported): one line
     naming the extra that installs it, instead of an ImportError from deep inside the command."""
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         raise UserError(f"{what} needs {module.replace('_', '-')}, which is not installed: pip install "
                         f"\"yxanul[{extra}]\" (in a clone: pip install -c constraints.txt -e \".[{extra}]\")")

@@ -66,9 +66,16 @@ class HubPushCallback:
         Hub that fails otherwise, or does not answer in ``open_s`` seconds, is the outage's one warning: the
         pushes retry at each save, and training never waits on the Hub longer than that."""
         hub, outcome = self.hub, []
-        worker = threading.Thread(target=lambda: outcome.append(_attempt(lambda: hub_push.open_repo(
-            self.api, hub.hub_model_id, private=hub.hub_private, revision=hub.hub_revision))),
-            name="yxanul-hub-open", daemon=True)  # a daemon: a Hub that never answers cannot keep the process
+
+        def call() -> None:
+            try:
+                hub_push.open_repo(self.api, hub.hub_model_id, private=hub.hub_private, revision=hub.hub_revision)
+            except Exception as e:  # noqa: BLE001 - decided below: refused, or an outage
+                outcome.append(e)
+            else:
+                outcome.append(None)
+
+        worker = threading.Thread(target=call, name="yxanul-hub-open", daemon=True)  # daemon: never holds the exit
         worker.start()
         worker.join(self.open_s)
         error = outcome[0] if outcome else TimeoutError(f"no answer in {self.open_s:g} s")
@@ -79,7 +86,7 @@ class HubPushCallback:
                             f"(HTTP {status}: {hub_push.first_line(error)}); use a token with write access "
                             f"(HF_TOKEN or `hf auth login`), or {hub_push.LATER}")
         self._outage = True  # the first push that succeeds says so
-        self.say(f"warning: push to {hub.hub_model_id}: the Hub did not open the repository before step 1 "
+        self.say(f"warning: push to {hub.hub_model_id}: the Hub did not open the repository before training "
                  f"({type(error).__name__}: {hub_push.first_line(error)}); training goes on, each save retries")
 
     @property
@@ -216,10 +223,3 @@ class HubPushCallback:
             shutil.rmtree(old, ignore_errors=True)
         self.failed = self.failed[-self.keep_last:]
 
-
-def _attempt(call) -> BaseException | None:
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - handed to the caller, which decides: refused, or an outage
-        return e
-    return None
