@@ -19,8 +19,8 @@ doc_to_target: "{{{{label}}}}"
 doc_to_choice: "{{{{endings}}}}"
 target_delimiter: ""
 metric_list:
-  - metric: acc
-  - metric: acc_norm
+  - {{metric: acc, aggregation: mean, higher_is_better: true}}
+  - {{metric: acc_norm, aggregation: mean, higher_is_better: true}}
 """
 
 

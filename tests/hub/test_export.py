@@ -197,6 +197,16 @@ def test_export_from_deepspeed_zero1_checkpoint(tmp_path):
     assert sd["model.embed_tokens.weight"].std() > 0
 
 
+def test_the_exported_tokenizer_truncates_where_the_models_positions_end(tmp_path, tok_run):
+    """Not tokenizers' 1e30 placeholder: `truncation=True` gives at most max_position_embeddings tokens."""
+    from transformers import AutoTokenizer
+
+    out = export(tok_run[0], tmp_path / "llama")
+    tok, positions = AutoTokenizer.from_pretrained(str(out)), json.loads((out / "config.json").read_text())
+    assert tok.model_max_length == positions["max_position_embeddings"]
+    assert len(tok("ROMEO: " * 500, truncation=True).input_ids) == positions["max_position_embeddings"]
+
+
 @pytest.mark.slow
 def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     """`yxanul train` (a few steps, bundled data) -> `yxanul export` finds the run's tokenizer through its
@@ -220,6 +230,8 @@ def test_real_run_exports_with_tokenizer_and_card(tmp_path, monkeypatch):
     assert m.config.vocab_size == 8192 and m.dtype == torch.bfloat16
     ids = tok("ROMEO:", return_tensors="pt").input_ids
     assert m.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+    assert tok.model_max_length == m.config.max_position_embeddings  # truncation=True stops where positions end
+    assert len(tok("x " * 500, truncation=True).input_ids) == m.config.max_position_embeddings
     card = (out / "README.md").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert f"validation loss of this checkpoint: {summary['val_loss']:.4f}" in card

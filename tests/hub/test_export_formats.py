@@ -67,3 +67,4 @@ def test_each_format_has_its_own_card_whose_snippet_runs(tmp_path, tok_run):
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             assert cfg.get(key) == gen.get(key) == getattr(tok, key), (fmt, key)
         assert tok.pad_token_id is None and cfg["eos_token_id"] == tok.convert_tokens_to_ids("<|endoftext|>")
+        assert tok.model_max_length == cfg["max_position_embeddings"], fmt  # truncation=True: the model's length

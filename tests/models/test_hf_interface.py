@@ -136,6 +136,42 @@ def test_explicit_position_ids_drive_rope(tiny_config):
     assert not torch.equal(shifted, plain)                          # ... but the positions were used
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_documents_packed_into_one_row_do_not_see_each_other_as_in_the_llama_export(tiny_config, attn):
+    """TRL's packing / padding_free: one row, position ids restarting at each document, no mask. Each document's
+    logits are those it has alone, and the loss is the Llama export's on the same row (same weights)."""
+    from yxanul.integrations.causal_lm import as_llama
+
+    model = model_of(tiny_config, attn=attn)
+    a, b = PROMPTS[0], PROMPTS[1]
+    ids, pos = torch.tensor([a + b]), torch.tensor([list(range(len(a))) + list(range(len(b)))])
+    with torch.no_grad():
+        packed = model(ids, position_ids=pos).logits[0]
+        torch.testing.assert_close(packed[:len(a)], model(torch.tensor([a])).logits[0], **CLOSE)
+        torch.testing.assert_close(packed[len(a):], model(torch.tensor([b])).logits[0], **CLOSE)
+        llama = as_llama(model).eval()(ids, position_ids=pos, labels=ids, use_cache=False).loss
+        torch.testing.assert_close(model(ids, position_ids=pos, labels=ids).loss, llama, **CLOSE)
+        # packed AND right-padded (a collator padding packed rows to one length): both masks hold
+        ids2, mask2 = torch.tensor([a + b + [PAD, PAD]]), torch.tensor([[1] * (len(a) + len(b)) + [0, 0]])
+        pos2 = torch.cat([pos, pos[:, -1:] + 1 + torch.arange(2)[None]], 1)
+        both = model(ids2, attention_mask=mask2, position_ids=pos2).logits[0, len(a):len(a) + len(b)]
+        torch.testing.assert_close(both, packed[len(a):], **CLOSE)
+
+
+def test_use_cache_is_a_config_key_as_in_llama(tiny_config, tmp_path):
+    """`from_pretrained(..., use_cache=False)` (TRL's model_init_kwargs) sets the config's key instead of reaching
+    the model's constructor; generate() then runs without a cache, to the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = model_of(tiny_config)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, use_cache=False)
+    assert model.config.use_cache is True and loaded.config.use_cache is False
+    ids = torch.tensor([PROMPTS[0]])
+    assert torch.equal(loaded.generate(ids, max_new_tokens=5, do_sample=False),
+                       model.generate(ids, max_new_tokens=5, do_sample=False))
+
+
 def test_attn_implementations(tiny_config):
     assert YxanulForCausalLM(tiny_config()).config._attn_implementation == "sdpa"
     assert YxanulForCausalLM(tiny_config(attn_implementation="eager")).config._attn_implementation == "eager"

@@ -154,6 +154,8 @@ def _write_files(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, licens
     save_generation_config(model.config, out)
     if tok is not None:
         tok.init_kwargs.pop("local_files_only", None)  # how it was loaded here, not a setting for its users
+        # the model's positions, not the 1e30/1e6 placeholder: truncation=True then cuts where the model ends
+        tok.model_max_length = int(model.config.max_position_embeddings)
         tok.save_pretrained(str(out))
     _same_mode_as_config(out)
     if ckpt is not None:

@@ -68,6 +68,9 @@ class YxanulConfig(PreTrainedConfig):
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
+    # as LlamaConfig's: generate() reads it (a KV cache or none); `from_pretrained(..., use_cache=False)` and
+    # TRL's model_init_kwargs set it. A forward called without use_cache keeps no cache either way (training).
+    use_cache: bool = True
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:

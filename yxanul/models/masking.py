@@ -3,6 +3,9 @@
 transformers' convention: ``attention_mask`` (B, S) is 1 for a real token and 0 for padding, and covers
 the cached tokens plus the new ones (S = past + T). The training path (packed sequences, no mask) never
 comes here: a mask without padding is dropped (``padding_in``), so it runs the causal kernel unchanged.
+Documents packed into one row by another trainer (TRL's ``packing`` / ``padding_free``: ``position_ids`` that
+restart inside a row, no mask) are kept apart by a block-diagonal causal mask (``packed_documents``), as
+transformers' Llama does.
 """
 
 from __future__ import annotations
@@ -33,3 +36,19 @@ def padding_causal_mask(attention_mask: torch.Tensor, T: int) -> torch.Tensor:
     device = attention_mask.device
     causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)    # (T, S)
     return causal[None, None] & attention_mask.bool()[:, None, None, :]       # (B, 1, T, S)
+
+
+def packed_documents(position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) position ids that restart inside a row -> (B, 1, T, T) bool, True = may attend: causal within a
+    document, never across; None when no row restarts (one host sync, paid only when position ids are given).
+    transformers' rule (``find_packed_sequence_indices``): a document starts where a position is not its
+    predecessor + 1."""
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] < 2:
+        return None
+    starts = torch.diff(position_ids, dim=-1) != 1                                     # (B, T-1)
+    if not bool(starts.any()):
+        return None
+    doc = torch.nn.functional.pad(starts.long().cumsum(-1), (1, 0))                    # (B, T) document index
+    T = position_ids.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=position_ids.device).tril()     # (T, T)
+    return causal[None, None] & (doc[:, None, :, None] == doc[:, None, None, :])       # (B, 1, T, T)

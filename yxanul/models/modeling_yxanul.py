@@ -25,7 +25,7 @@ from .._te import parallel_cross_entropy
 from ..errors import ConfigError
 from . import loss as losses
 from .configuration_yxanul import BACKENDS, YxanulConfig
-from .masking import padding_causal_mask, padding_in, position_ids_from_mask
+from .masking import packed_documents, padding_causal_mask, padding_in, position_ids_from_mask
 from .modeling_torch import RMSNorm, YxanulDecoderLayer, apply_rotary  # noqa: F401 (apply_rotary: re-exported)
 from .state_dict import drop_extra_state, forgive_missing_extra_state
 
@@ -197,9 +197,10 @@ class YxanulModel(YxanulPreTrainedModel):
                               "twin with the same weights)", "te")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, C)
         T = x.shape[1]
-        mask = None
+        mask = packed_documents(position_ids) if cache is None else None      # (B, 1, T, T): packed rows
         if padding_in(attention_mask):
-            mask = padding_causal_mask(attention_mask, T)                      # (B, 1, T, S) bool
+            padded = padding_causal_mask(attention_mask, T)                    # (B, 1, T, S) bool
+            mask = padded if mask is None else mask & padded
             if position_ids is None and self.config.backend == "torch":        # TE: see rotary_for
                 position_ids = position_ids_from_mask(attention_mask, T)
         freqs = self.rotary_for(T, cache, position_ids)
