@@ -168,7 +168,7 @@ def test_penalty_and_loss_settings_are_validated():
                     (dict(loss_impl="fused"), "loss_impl")]:
         with pytest.raises(ConfigError, match=key):
             ModelArgs(**kw)
-    assert ModelArgs(penalty_weight=1).penalty_weight == 1.0
+    assert ModelArgs(penalty_weight=1, penalty_type="z_loss").penalty_weight == 1.0  # an int weight is a float
 
 
 def test_bad_values_in_the_hf_config_and_te_loss_without_cuda(tiny_config):
