@@ -52,6 +52,14 @@ DAMAGE = {  # name -> (how, a phrase of the problem)
     "garbage random states": (lambda d: next(d.glob("random_states_*.pkl")).write_bytes(b"garbage"),
                               "random_states_0.pkl"),
     "manifest garbage": (lambda d: (d / "manifest.json").write_text("[1, 2"), "manifest.json is not valid"),
+    "state deleted": (lambda d: (d / "trainer_state.json").unlink(), "trainer_state.json missing"),
+    # a checkpoint saved with a manifest (trained_on.json is only ever written beside one) that lost it
+    "manifest deleted": (lambda d: ((d / "trained_on.json").write_text("{}"), (d / "manifest.json").unlink()),
+                         "manifest.json missing (this checkpoint was saved with one"),
+    "no manifest (an older save), optimizer truncated": (
+        lambda d: ((d / "manifest.json").unlink(), (d / "optimizer.bin").write_bytes((d / "optimizer.bin")
+                                                                                      .read_bytes()[:1000])),
+        "optimizer.bin is not a whole torch file"),
 }
 
 

@@ -40,7 +40,8 @@ def test_every_reader_refuses_a_damaged_checkpoint_in_one_line(run_copy, tmp_pat
     with open(ck / "step_6" / "model.safetensors", "r+b") as f:  # truncated: one line, not a traceback
         f.truncate(1000)
     one_line(yx_here("export", ck / "step_6", tmp_path / "e2"), 2, "model.safetensors has 1,000 bytes")
-    (ck / "step_4" / MANIFEST).unlink()  # an older checkpoint without a manifest, truncated
+    for name in (MANIFEST, "trained_on.json"):  # an older checkpoint (before either file existed), truncated
+        (ck / "step_4" / name).unlink()
     with open(ck / "step_4" / "model.safetensors", "r+b") as f:
         f.truncate(1000)
     one_line(yx_here("export", ck / "step_4", tmp_path / "e3"), 2, "model.safetensors is truncated")

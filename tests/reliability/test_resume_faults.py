@@ -22,7 +22,8 @@ def test_damaged_latest_falls_back_and_resumes_exactly(run_copy, base_run):
     """A flipped bit in the weights resumed silently before. Every other damage case:
     tests/checkpoint/test_resume.py."""
     _flip(run_copy / "checkpoints" / "step_8" / "model.safetensors")
-    (run_copy / "checkpoints" / "step_6" / MANIFEST).unlink()  # and an old checkpoint without a manifest
+    for name in (MANIFEST, "trained_on.json"):  # and an old checkpoint, saved before either file existed
+        (run_copy / "checkpoints" / "step_6" / name).unlink()
     r = ok(yx_here("train", *FAST, "--max_steps", "8", "--checkpoint_freq", "2", "--keep_last", "10",
                    "--output_dir", run_copy, "--resume", "latest"))
     warn = [line for line in r.stdout.splitlines() if "is damaged" in line]
@@ -61,8 +62,9 @@ def test_a_resume_that_changes_the_batch_warns_with_the_flag_that_keeps_it(run_c
     schedule was tuned for the run's): one warning naming the flag; with that flag the accumulation adapts."""
     import shutil
 
-    keep = tmp_path / "keep"
+    keep, same_val = tmp_path / "keep", tmp_path / "same_val"
     shutil.copytree(run_copy, keep)
+    shutil.copytree(run_copy, same_val)
     r = ok(yx_here("train", *FAST, "--max_steps", "9", "--micro_batch_size", "2", "--output_dir", run_copy,
                    "--resume", "latest"))
     assert ("warning: this resume changes the batch: 128 -> 64 tokens per optimizer step (no batch target keeps "
@@ -70,6 +72,13 @@ def test_a_resume_that_changes_the_batch_warns_with_the_flag_that_keeps_it(run_c
     r = ok(yx_here("train", *FAST, "--max_steps", "9", "--micro_batch_size", "2", "--target_tokens_per_step", "128",
                    "--output_dir", keep, "--resume", "latest"))
     assert "changes the batch" not in r.stdout and "tokens_per_step" not in r.stdout.split("resumed from")[1][:200]
+    # the batch is kept, but the validation set (eval_steps micro-batches) shrank with the micro-batch: said
+    assert ("warning: this resume evaluates on 4 validation sequences, the run's earlier evaluations on 8 "
+            "(eval_steps x micro_batch_size): val losses before and after it, and `best`, compare different sets; "
+            "--eval_steps 4 keeps it") in r.stdout, r.stdout
+    r = ok(yx_here("train", *FAST, "--max_steps", "9", "--micro_batch_size", "2", "--target_tokens_per_step", "128",
+                   "--eval_steps", "4", "--output_dir", same_val, "--resume", "latest"))
+    assert "validation sequences" not in r.stdout
 
 
 class _Payload:

@@ -71,8 +71,10 @@ def test_a_checkpoint_in_the_version_2_format_resumes_exactly(tmp_path):
     old = json.loads(FIXTURE.read_text())
     new = json.loads((ckpt / "trainer_state.json").read_text())
     measured = {"val_loss", "best_val_loss", "saved_at"}  # the fixture's run evaluated at step 2; this one did not
-    assert set(new) == set(old) and {k: v for k, v in new.items() if k not in measured} == \
-        {k: v for k, v in old.items() if k not in measured}
+    v3 = {"version", "val_sequences"}  # version 3 added the validation set's size
+    assert set(new) == set(old) | v3 and (old["version"], new["version"]) == (2, 3)
+    assert {k: v for k, v in new.items() if k not in measured | v3} == \
+        {k: v for k, v in old.items() if k not in measured | v3}
     (ckpt / "trainer_state.json").write_text(FIXTURE.read_text())
     write_manifest(ckpt, lambda p, text: p.write_text(text))
 

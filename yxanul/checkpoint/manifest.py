@@ -34,11 +34,13 @@ import os
 import re
 import struct
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.json"
+PROVENANCE = "trained_on.json"  # training/provenance.py's; no yxanul wrote it without a manifest beside it
 FORMAT = 2
 CHUNK_BYTES = 64 << 20
 MAX_HASH_THREADS = 16  # past this the page cache's bandwidth, not the cores, bounds sha256
@@ -154,6 +156,8 @@ def _legacy_problems(ckpt: Path) -> list[str]:
     for opt in ("optimizer.bin",):
         if (ckpt / opt).exists() and (ckpt / opt).stat().st_size == 0:
             problems.append(f"{opt} is empty")
+        elif (ckpt / opt).exists() and not zipfile.is_zipfile(ckpt / opt):  # torch.save's format: a zip archive
+            problems.append(f"{opt} is not a whole torch file (truncated?)")
     return problems
 
 
@@ -168,6 +172,8 @@ def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False, yxan
     _, problem = read_state_checked(ckpt) if yxanul_state else (None, None)
     problems = [problem] if problem else []
     manifest = read_manifest(ckpt)
+    if manifest is None and (ckpt / PROVENANCE).is_file():  # saved with a manifest: it was deleted since
+        return problems + [f"{MANIFEST} missing (this checkpoint was saved with one: {PROVENANCE} is here)"]
     if manifest is None:
         return problems + _legacy_problems(ckpt)
     if manifest.get("broken"):
@@ -185,7 +191,7 @@ def verify_checkpoint(path: str | os.PathLike, *, state_only: bool = False, yxan
                  for f in _hash_mismatches(to_hash, manifest.get("chunk_bytes"))]
     if yxanul_state and not any(n.startswith(("model", "pytorch_model")) for n in manifest["files"]):  # DeepSpeed
         problems.append("the manifest lists no model weights")
-    return problems
+    return list(dict.fromkeys(problems))  # a missing trainer_state.json: said by both checks, once
 
 
 def _hash_mismatches(entries: dict[Path, dict], chunk_bytes) -> list[Path]:

@@ -35,7 +35,10 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         return out
     for d in root.iterdir():
         step = _step_of(d.name)
-        if step is None or not d.is_dir() or not any(d.iterdir()):
+        try:
+            if step is None or not d.is_dir() or not any(d.iterdir()):
+                continue
+        except FileNotFoundError:  # pruned between the listing and the look inside
             continue
         if d.name.startswith(".old-") and (root / d.name[len(".old-"):] / STATE_FILE).is_file():
             continue  # the replacement is whole: the old copy is garbage of a finished swap
@@ -64,10 +67,13 @@ def _candidates(run_dir, prefer: tuple[str, ...]) -> list[Path]:
     """The checkpoints of a run in the order to try them: the ``prefer`` pointers, then the last saved first (by
     ``saved_at``, then step: a run that went back to an older checkpoint saves lower steps after the higher
     ones it left, and its fallback is its own newest, not theirs)."""
-    order = [read_pointer(run_dir, name) for name in prefer]
+    root = checkpoints_dir(run_dir)
+    # a pointer's folder is tried first even without its trainer state: its damage is then said, not skipped
+    order = [read_pointer(run_dir, name) or (root / n if (n := pointer_name(run_dir, name)[0]) else None)
+             for name in prefer]
     saved = sorted(list_checkpoints(run_dir), key=lambda c: (str(c.get("saved_at") or ""), c["step"]))
     order += [Path(c["path"]) for c in reversed(saved)]
-    return list(dict.fromkeys(p for p in order if p is not None))
+    return list(dict.fromkeys(p for p in order if p is not None and p.is_dir()))
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..flags import parse_command
+from ..run_lock import pinned
 from .manifest import has_manifest, read_manifest, verify_checkpoint
 from .pointers import checkpoints_dir, pointer_name, read_pointer
 from .resume import list_checkpoints
@@ -21,16 +22,9 @@ def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
     latest, best = read_pointer(run_dir, "latest"), read_pointer(run_dir, "best")
     rows = [("step", "tokens", "val_loss", "precision", "backend", "saved_at", "", "verified", "path")]
     for c in ckpts:
-        tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
-        val = c.get("val_loss")
-        problems = verify_checkpoint(c["path"], state_only=not verify)
-        m = read_manifest(c["path"])
-        ok = ("ok" + (f" ({m['hash_seconds']:.2f}s sha256)" if m and "hash_seconds" in m else "")
-              if has_manifest(c["path"]) else "ok (no manifest: basic checks)")
-        rows.append((str(c["step"]), f"{c.get('tokens_seen', 0):,}",
-                     f"{val:.4f}" if isinstance(val, (int, float)) else "-",
-                     str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
-                     tags, "DAMAGED: " + "; ".join(problems) if problems else ok, c["path"]))
+        with pinned(c["path"]) as here:  # a running training's keep_last cannot prune it while it is hashed
+            if here:  # else pruned since it was listed: not a row
+                rows.append(_row(c, latest, best, verify))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     for name in ("latest", "best"):
@@ -38,6 +32,18 @@ def format_table(run_dir: str | os.PathLike, verify: bool = True) -> str:
         if problem:
             lines.append(f"warning: {problem}")
     return "\n".join(lines)
+
+
+def _row(c: dict, latest, best, verify: bool) -> tuple[str, ...]:
+    tags = " ".join(t for t, p in (("latest", latest), ("best", best)) if p and str(p) == c["path"])
+    val = c.get("val_loss")
+    problems = verify_checkpoint(c["path"], state_only=not verify)
+    m = read_manifest(c["path"])
+    ok = ("ok" + (f" ({m['hash_seconds']:.2f}s sha256)" if m and "hash_seconds" in m else "")
+          if has_manifest(c["path"]) else "ok (no manifest: basic checks)")
+    return (str(c["step"]), f"{c.get('tokens_seen', 0):,}", f"{val:.4f}" if isinstance(val, (int, float)) else "-",
+            str(c.get("precision", "?")), str(c.get("backend", "?")), str(c.get("saved_at", "")),
+            tags, "DAMAGED: " + "; ".join(problems) if problems else ok, c["path"])
 
 
 @dataclass

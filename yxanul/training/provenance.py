@@ -20,9 +20,9 @@ import json
 from pathlib import Path
 
 from ..checkpoint.io import write_atomic
+from ..checkpoint.manifest import PROVENANCE as FILE
 from ..errors import UserError
 
-FILE = "trained_on.json"
 NAMES = ("tokenizer", "dataset", "val_split", "seq_length", "seed")
 CONSEQUENCE = {
     "tokenizer": "the embeddings were learned for other token ids: the loss starts again from far off",

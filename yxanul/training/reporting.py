@@ -140,6 +140,25 @@ def batch_change_warning(wrote, tokens_per_step: int, batch) -> str | None:
             f"{before}")
 
 
+def val_set_warning(wrote, val_sequences: int, micro: int) -> str | None:
+    """A resume whose validation set holds another number of sequences than the run's earlier evaluations (the
+    eval batches are micro-batches: another micro-batch size or world size changes them): their val losses, and
+    `best`, then compare different sets. One warning, with the --eval_steps that keeps the count where one does."""
+    before = getattr(wrote, "val_sequences", 0)
+    if not before or before == val_sequences:
+        return None
+    keep = f"; --eval_steps {before // micro} keeps it" if before % micro == 0 else ""
+    return (f"warning: this resume evaluates on {val_sequences} validation sequences, the run's earlier evaluations "
+            f"on {before} (eval_steps x micro_batch_size): val losses before and after it, and `best`, compare "
+            f"different sets{keep}")
+
+
+def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micro: int) -> list[str]:
+    """What a resume changes that the run's numbers depend on: its batch, its validation set."""
+    found = (batch_change_warning(wrote, tokens_per_step, batch), val_set_warning(wrote, val_sequences, micro))
+    return [w for w in found if w]
+
+
 def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float, run_dir) -> dict[str, Any]:
     """What `train()` returns and ``summary.json`` holds."""
     return {"steps": state.step, "tokens_seen": state.tokens_seen, "first_loss": first_loss, "last_loss": last_loss,

@@ -19,8 +19,9 @@ from typing import Any
 from ..checkpoint.manifest import STATE_FILE
 from ..errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _ADDED_IN_V2 = {"version": 1, "best_val_loss": None, "wandb_run_id": None}
+_ADDED_IN_V3 = {"val_sequences": 0}  # 0: not recorded (a resume then has nothing to compare)
 _LISTED = {"path"}  # added to the dict by checkpoint listings; not in the file
 _NOT_IN_FILE = {"evaluated_at"}  # TrainState fields the file holds implicitly (see parse_state_file)
 _OPTIONAL = {"saved_at"}
@@ -62,6 +63,7 @@ class RunInfo:
     backend: str = "torch"                 # model backend that wrote the weights
     world_size: int = 1
     tokens_per_step: int = 0
+    val_sequences: int = 0                 # the validation set's size (eval batches x micro-batch), 0: not saved
     fp8: bool = False                      # the precision plan's metadata (plan.metadata())
     mixed_precision: str = "fp32"
     fp8_recipe: str | None = None
@@ -97,7 +99,10 @@ def parse_state_file(d: dict[str, Any], source: str = STATE_FILE,
     if unknown:
         raise UserError(f"{source}: unknown field '{unknown[0]}' (schema version {SCHEMA_VERSION}; "
                         "written by a newer yxanul?)")
-    values = dict(d) if "version" in d else {**_ADDED_IN_V2, **d}  # version 1
+    version = d.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise UserError(f"{source}: field 'version' is not an integer ({version!r})")
+    values = {**(_ADDED_IN_V2 if version < 2 else {}), **(_ADDED_IN_V3 if version < 3 else {}), **d}
     missing = sorted(known - set(values) - _OPTIONAL)
     if missing:
         raise UserError(f"{source}: missing field '{missing[0]}'")

@@ -38,7 +38,7 @@ from .launch import check_process_env, preflight
 from .loaders import prepared_data, train_loader, val_batches, warn_lost_tokens
 from .optim import build_optimizer
 from .preemption import StopRequest
-from .reporting import PrecisionReport, batch_change_warning, resumed_line, run_summary, start_trackers, write_summary
+from .reporting import PrecisionReport, resume_warnings, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, UnwrapCache, build_accelerator, compile_model, process_state, quiet, weights_sharded
 from .schedule import lr_at
 from .state import RunInfo, TrainState, read_state_file, state_file_dict
@@ -148,6 +148,7 @@ class Trainer:
         if msg := repeats_warning(self.data_dir, self.cfg.train.max_steps, self.batch.tokens_per_step):
             self.say(msg)  # e.g. a mixture that ended early: the loader would loop over it
         self.val = val_batches(self.data_dir, self.cfg, self.batch.micro_batch, self.accelerator, self.say)
+        self.val_sequences = len(self.val) * self.accelerator.num_processes * self.batch.micro_batch
         self.peak = peak_flops(torch.cuda.get_device_name() if torch.cuda.is_available() else None)
         self.metrics = MetricsLog(self.run_dir / "metrics.jsonl", enabled=self.accelerator.is_main_process)
 
@@ -178,7 +179,8 @@ class Trainer:
         self.say(resumed_line(ckpt, saved.step, wrote, world_size=self.accelerator.num_processes,
                               tokens_per_step=self.batch.tokens_per_step,
                               precision="FP8" if self.plan.fp8_enabled else self.plan.label))
-        if warning := batch_change_warning(wrote, self.batch.tokens_per_step, cfg.batch):
+        for warning in resume_warnings(wrote, self.batch.tokens_per_step, cfg.batch, self.val_sequences,
+                                       self.batch.micro_batch):
             self.say(warning)
         return Path(ckpt)
 
@@ -305,7 +307,8 @@ class Trainer:
         self.guard.before_save(st.step, out.grad_norm)
         st.epoch, st.data = self.loader.epoch, self.loader.state_dict()
         info = RunInfo(precision=self.plan.label, backend=self.mcfg.backend, world_size=acc.num_processes,
-                       tokens_per_step=self.batch.tokens_per_step, **self.plan.metadata())
+                       tokens_per_step=self.batch.tokens_per_step, val_sequences=self.val_sequences,
+                       **self.plan.metadata())
         state = state_file_dict(st, info)
         ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
                                config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
