@@ -29,6 +29,12 @@ def require(module: str, extra: str, what: str) -> None:
                         f"\"yxanul[{extra}]\" (in a clone: pip install -c constraints.txt -e \".[{extra}]\")")
 
 
+def first_line(e: BaseException, default: str = "") -> str:
+    """An exception's message cut to its first line: what a one-line error quotes of a library's error."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else default
+
+
 @contextlib.contextmanager
 def alike_on_every_rank():
     """Inside, a UserError is an `EveryRankError`: for checks that read only the config, the world size and shared

@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError, is_no_space
+from ..errors import DataError, first_line, is_no_space
 from .template import check_first_example, render_batch
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -219,7 +219,7 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     except Exception as e:  # noqa: BLE001 -- bad parquet, unknown config, ...: any failure becomes one line
         if is_no_space(e):
             raise _cache_full(src, cache_dir) from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e, type(e).__name__)
         raise DataError(f"dataset '{src.path}': could not be loaded ({_bad_json_line(src) or first[:300]})") \
             from None
     if src.text_template is not None:

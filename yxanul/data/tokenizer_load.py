@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ..errors import DataError
+from ..errors import DataError, first_line
 from .remote_code import declares_code, refused
 from .sources import BUNDLED_TOKENIZER, cache_root, hub_unreachable_why
 
@@ -80,7 +80,7 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
             raise DataError(f"tokenizer '{typed}': not a local folder, and the Hugging Face Hub is unreachable from "
                             f"here ({why}) to fetch it as a Hub id: give a tokenizer folder or '{GPT2_OFFLINE}', or "
                             "download it where the Hub is reachable") from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e, type(e).__name__)
         offline = hub_id and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         hint = (f"; HF_HUB_OFFLINE is set and it is not in the HF cache: '{GPT2_OFFLINE}' needs no Hub"
                 if offline else "")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ..data.sources import hub_unreachable_why
-from ..errors import DataError
+from ..errors import DataError, first_line
 from .args import BUNDLED
 
 SUGGESTED = ("hellaswag", "arc_easy", "arc_challenge", "piqa", "lambada_openai", "mmlu", "medqa_4options")
@@ -66,7 +66,7 @@ def evaluate_harness(model, tokenizer, names: list[str], tm, limit: int | None =
         r = lm_eval.simple_evaluate(model=lm, tasks=list(names), task_manager=tm, limit=limit,
                                     num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters, log_samples=False)
     except ConnectionError as e:  # datasets: "Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)"
-        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        line = first_line(e, type(e).__name__)
         raise DataError(f"tasks {','.join(names)}: dataset '{_dataset_named(line)}' is not in the HF cache and the "
                         f"Hub cannot be asked ({line[:160]}); run the task once where the Hub is reachable (datasets "
                         "keeps it under HF_HOME, which offline runs then read), or give local task YAMLs with "

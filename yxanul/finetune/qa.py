@@ -27,7 +27,7 @@ from ..data.sources import (
     resolve_source,
 )
 from ..data.template import render
-from ..errors import DataError
+from ..errors import DataError, first_line
 
 BUNDLED = {"usmle_mini": Path(__file__).resolve().parents[1] / "assets" / "tasks" / "usmle_mini.jsonl"}
 PROMPT = "Question: {question}\nOptions:\n{options}\nAnswer:"
@@ -85,7 +85,7 @@ def load_qa(dataset: str, split: str = "train", name: str | None = None, limit: 
     except ConnectionError as e:  # datasets: "Couldn't reach 'X' on the Hub (OfflineModeIsEnabled)"
         raise DataError(hub_unreachable(dataset, str(e).splitlines()[0][:120] if str(e) else "")) from None
     except Exception as e:  # noqa: BLE001 - unknown split, bad file, ...: one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e, type(e).__name__)
         raise DataError(f"dataset '{dataset}': could not be loaded ({first[:300]})") from None
     finally:
         if bars:

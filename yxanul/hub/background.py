@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from ..checkpoint import read_pointer
-from ..errors import UserError
+from ..errors import UserError, first_line
 from . import push as hub_push  # its module attribute: tests swap default_api
 from .export import export
 from .loading import resolve_checkpoint
@@ -83,11 +83,11 @@ class HubPushCallback:
             return
         if status := hub_push.refused_by_hub(error):
             raise UserError(f"push to the Hub: {hub.hub_model_id} cannot be created or written with this token "
-                            f"(HTTP {status}: {hub_push.first_line(error)}); use a token with write access "
+                            f"(HTTP {status}: {first_line(error)}); use a token with write access "
                             f"(HF_TOKEN or `hf auth login`), or {hub_push.LATER}")
         self._outage = True  # the first push that succeeds says so
         self.say(f"warning: push to {hub.hub_model_id}: the Hub did not open the repository before training "
-                 f"({type(error).__name__}: {hub_push.first_line(error)}); training goes on, each save retries")
+                 f"({type(error).__name__}: {first_line(error)}); training goes on, each save retries")
 
     @property
     def staging(self) -> Path:
@@ -192,7 +192,7 @@ class HubPushCallback:
                 if not self._outage:
                     self._outage = True
                     self.say(f"warning: push to {self.hub.hub_model_id} failed (attempt {attempt}/{self.retries}): "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; training goes on, "
+                             f"{type(e).__name__}: {first_line(e)}; training goes on, "
                              "retrying in the background (one more line when a push succeeds)")
                 with self._cond:
                     if attempt == self.retries or self._cond.wait_for(lambda: self._waiting is not None,

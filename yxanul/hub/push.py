@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, first_line
 from ..flags import check_same_as, parse_command, same_as
 from .args import HubArgs, check_repo_id
 
@@ -48,10 +48,6 @@ def refused_by_hub(e: BaseException) -> int | None:
     create repositories; 403: no write access to the namespace), else None."""
     status = getattr(getattr(e, "response", None), "status_code", None)
     return status if status in (401, 403) else None
-
-
-def first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else ""
 
 
 WEIGHT_FILES = ["model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin",

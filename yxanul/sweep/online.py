@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError
+from ..errors import UserError, first_line
 from .spec import SweepSpec, _flag_value
 from .trial import launch_command, make_trial, run_trial
 
@@ -139,9 +139,8 @@ class OnlineSweep:
 
 
 def unreachable(what: str, e: Exception, path: str) -> str:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return (f"{what} ({type(e).__name__}: {first[:200]}); check WANDB_API_KEY and that W&B can be reached, or run the "
-            f"trials here without W&B: yxanul sweep {path} --offline")
+    return (f"{what} ({type(e).__name__}: {first_line(e)[:200]}); check WANDB_API_KEY and that W&B can be reached, "
+            f"or run the trials here without W&B: yxanul sweep {path} --offline")
 
 
 def run_online(client, spec: SweepSpec, sweep_id: str | None, count: int | None, output_root: str,
