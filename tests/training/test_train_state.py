@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from yxanul.checkpoint.manifest import write_manifest
@@ -86,3 +87,27 @@ def test_a_checkpoint_in_the_version_2_format_resumes_exactly(tmp_path):
     resumed = [r.advance(r.next_batches()).loss for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(reference, resumed)), (reference, resumed)
     r.finish()
+
+
+def test_a_resume_that_moves_the_lr_schedule_warns_with_the_flags_that_keep_it(tmp_path, capsys):
+    """Training a finished run on with a longer --max_steps (no lr_decay_steps) moves the cosine: the LR at the
+    resume step jumps from the run's floor back up, which was silent. One warning names the change, the LR both
+    ways and the flag that keeps the run's schedule; with that flag the resume trains on at the run's floor."""
+    train(_cfg(tmp_path, "--max_steps", "4", "--eval_freq", "0"), callbacks=[])
+    capsys.readouterr()
+    moved = Trainer(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", "latest"), callbacks=[])
+    moved.setup().resume()
+    moved.advance(moved.next_batches())
+    moved.finish()
+    out = capsys.readouterr().out
+    floor = 2e-3 * 0.1  # max_lr x the default min_lr_ratio: where the 4-step run ended
+    assert (f"warning: this resume changes the LR schedule (lr_decay_steps: 4 -> 8): step 4 trains at lr "
+            f"{moved.lr:.3e}, the run's schedule gave {floor:.3e}; --lr_decay_steps 4 keeps the run's schedule") in out
+    assert moved.lr > 5 * floor
+
+    kept = Trainer(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", "latest", "--lr_decay_steps",
+                        "4"), callbacks=[])
+    kept.setup().resume()
+    kept.advance(kept.next_batches())
+    kept.finish()
+    assert "LR schedule" not in capsys.readouterr().out and kept.lr == pytest.approx(floor)

@@ -14,6 +14,7 @@ from accelerate.tracking import TensorBoardTracker
 
 from ..precision import format_report, precision_report
 from ..tracking import RUN_ID_FILE, flat_tracker_config, tracker_init_kwargs, wandb_run_id
+from .schedule import lr_at
 
 
 class PrecisionReport:
@@ -153,9 +154,31 @@ def val_set_warning(wrote, val_sequences: int, micro: int) -> str | None:
             f"different sets{keep}")
 
 
-def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micro: int) -> list[str]:
-    """What a resume changes that the run's numbers depend on: its batch, its validation set."""
-    found = (batch_change_warning(wrote, tokens_per_step, batch), val_set_warning(wrote, val_sequences, micro))
+_SCHEDULE_FLAGS = {"max_lr": "max_lr", "min_lr_ratio": "min_lr_ratio", "warmup_steps": "warmup_steps",
+                   "decay_steps": "lr_decay_steps"}
+
+
+def schedule_change_warning(before: dict | None, now: dict, step: int) -> str | None:
+    """A resume whose LR schedule (`schedule.schedule_of`: ``before`` from the checkpoint's config.yaml, None
+    without one) differs from the run's, e.g. a longer ``--max_steps`` with no ``lr_decay_steps``, which moves the
+    cosine and jumps the LR back up: one warning with the LR at the resume step both ways and the flags that keep
+    the run's schedule."""
+    if not before or before == now:
+        return None
+    changed = [k for k in now if before[k] != now[k]]
+    changes = "; ".join(f"{_SCHEDULE_FLAGS[k]}: {before[k]} -> {now[k]}" for k in changed)
+    keep = " ".join(f"--{_SCHEDULE_FLAGS[k]} {before[k]}" for k in changed)
+    return (f"warning: this resume changes the LR schedule ({changes}): step {step} trains at lr "
+            f"{lr_at(step, **now):.3e}, the run's schedule gave {lr_at(step, **before):.3e}; {keep} keeps the "
+            "run's schedule")
+
+
+def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micro: int,
+                    schedules: tuple[dict | None, dict], step: int) -> list[str]:
+    """What a resume changes that the run's numbers depend on: its batch, its validation set, its LR schedule
+    (``schedules``: the checkpoint's and this run's)."""
+    found = (batch_change_warning(wrote, tokens_per_step, batch), val_set_warning(wrote, val_sequences, micro),
+             schedule_change_warning(*schedules, step))
     return [w for w in found if w]
 
 

@@ -31,6 +31,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import yaml
+
+from ..checkpoint.io import saved_config
 from ..errors import ConfigError
 from ..flags import whole_number
 from .batching import plan_batch
@@ -51,6 +54,21 @@ def lr_at(step: int, *, max_lr: float, min_lr_ratio: float, warmup_steps: int, d
     progress = (step - warmup_steps) / span
     return max_lr - 0.5 * (1.0 - math.cos(math.pi * progress)) * (max_lr - min_lr)
 
+
+
+def schedule_of(flat: dict) -> dict:
+    """:func:`lr_at`'s keyword arguments from a flat config (``Config.to_flat_dict()``, or the ``config.yaml`` a
+    checkpoint was written with): ``decay_steps`` is ``lr_decay_steps``, else ``max_steps``."""
+    return {"max_lr": flat["max_lr"], "min_lr_ratio": flat["min_lr_ratio"], "warmup_steps": flat["warmup_steps"],
+            "decay_steps": flat.get("lr_decay_steps") or flat["max_steps"]}
+
+
+def schedule_in(ckpt) -> dict | None:
+    """The LR schedule a checkpoint was trained with (`schedule_of` its config.yaml), None where it holds none."""
+    try:
+        return schedule_of(saved_config(ckpt))
+    except (KeyError, TypeError, OSError, yaml.YAMLError):
+        return None
 
 def warmup_steps_for_tokens(warmup_tokens: int, tokens_per_step: int) -> int:
     """Optimizer steps of a warmup given in tokens: the first whole step at or past ``warmup_tokens``

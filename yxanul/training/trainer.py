@@ -40,7 +40,7 @@ from .optim import build_optimizer
 from .preemption import StopRequest
 from .reporting import PrecisionReport, resume_warnings, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, UnwrapCache, build_accelerator, compile_model, process_state, quiet, weights_sharded
-from .schedule import lr_at
+from .schedule import lr_at, schedule_in, schedule_of
 from .state import RunInfo, TrainState, read_state_file, state_file_dict
 from .step import StepOutput, train_step
 
@@ -75,6 +75,7 @@ class Trainer:
         cfg, line = speed_defaults.for_run(self.cfg, resolve_backend(self.cfg.model.backend), self.speed_table,
                                            facts=probe_facts())
         self.cfg = cfg
+        self.schedule = schedule_of(cfg.to_flat_dict())  # lr_at's arguments, every step
         if line:
             say0(line)
         # what `accelerate launch` exported and a W&B key W&B would refuse: before any process group exists
@@ -180,7 +181,7 @@ class Trainer:
                               tokens_per_step=self.batch.tokens_per_step,
                               precision="FP8" if self.plan.fp8_enabled else self.plan.label))
         for warning in resume_warnings(wrote, self.batch.tokens_per_step, cfg.batch, self.val_sequences,
-                                       self.batch.micro_batch):
+                                       self.batch.micro_batch, (schedule_in(ckpt), self.schedule), saved.step):
             self.say(warning)
         return Path(ckpt)
 
@@ -193,11 +194,9 @@ class Trainer:
 
     def advance(self, batches) -> StepOutput:
         """One optimizer step at the scheduled LR; advances ``state.step`` and ``state.tokens_seen``."""
-        o = self.cfg.optim
-        self.lr = lr_at(self.state.step, max_lr=o.max_lr, min_lr_ratio=o.min_lr_ratio, warmup_steps=o.warmup_steps,
-                        decay_steps=o.lr_decay_steps or self.cfg.train.max_steps)
+        self.lr = lr_at(self.state.step, **self.schedule)
         out = train_step(self.model, self.optimizer, batches, plan=self.plan, accelerator=self.accelerator,
-                         max_grad_norm=o.max_grad_norm, lr=self.lr)
+                         max_grad_norm=self.cfg.optim.max_grad_norm, lr=self.lr)
         self.state.step += 1
         self.state.tokens_seen += self.batch.tokens_per_step
         self.timer.steps += 1
