@@ -5,13 +5,14 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import sys
 import time
 
 from . import __version__
 from .checkpoint import listing, run_dir_of
 from .config import parse_args
-from .errors import ConfigError, EveryRankError, UserError
+from .errors import ConfigError, EveryRankError, UserError, first_line
 from .flags import with_default_config
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
@@ -126,7 +127,8 @@ def _run(func, argv) -> int:
         line = _path_error_line(e)
         return _fail(line, 2) if line else _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
-        return _bug(e)
+        line = _peer_lost_line(e)
+        return _fail(line, EXIT_BUG) if line else _bug(e)
 
 
 def _reports_for_the_job(e: UserError) -> bool:
@@ -192,6 +194,24 @@ def _disk_full_line(e: OSError) -> str:
                 "--output_dir or --use_tensorboard false, then --resume latest")
     where = f" writing '{e.filename}'" if e.filename else ""
     return f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, then --resume latest"
+
+
+# what gloo and NCCL say when a collective's peer process is gone (killed, e.g. by the out-of-memory killer, or crashed)
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "remote process exited")
+
+
+def _peer_lost_line(e: BaseException) -> str | None:
+    """One line for a collective that failed because another process of the job is gone: this process has no bug
+    to report, and the launcher's output names the process that failed and why. None: not that."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    if not any(marker in str(e) for marker in PEER_LOST):
+        return None
+    said = re.sub(r"^\[[^\]]*\]\s*", "", first_line(e)).split(". ")[0][:160]  # gloo's "[pair.cc:537] Read error..."
+    return (f"error: rank {dist.get_rank()} of {dist.get_world_size()}: another process of the job is gone ({said}); "
+            "the launcher's output says which and why (SIGKILL: often the out-of-memory killer); the same command "
+            "with --resume latest continues from the last checkpoint")
 
 
 def _bug(e: BaseException) -> int:

@@ -7,8 +7,9 @@ lines of traceback after the one line, and exit code 1. `yxanul launch` runs acc
 (``accelerate.commands.launch``, same parser, same config files and defaults) in this process and reads
 the failure it raises: when the first worker to fail exited with the user-error code (2), the job ends
 like `yxanul train`: the worker's one line, exit 2, and torchrun's "failed (exitcode: 2)" / "Sending
-process N closing signal" records are dropped. Any other failure keeps accelerate's full output (those
-records, then the traceback) and its exit code, 1.
+process N closing signal" records are dropped. A rank killed by a signal that torchrun did not send (the
+out-of-memory killer's SIGKILL) printed nothing: one line names it, exit 128 + the signal. Any other failure
+keeps accelerate's full output (those records, then the traceback) and its exit code, 1.
 
 Why in this process and not a child `accelerate launch` whose stderr is filtered: the workers keep the
 terminal (not a pipe) as stdout/stderr, the failure is read from torchrun's exception (the exit code of
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import traceback
@@ -133,6 +135,11 @@ def launch(launch_command, args, held: HeldRecords) -> int:
         launch_command(args)
         return 0
     except ChildFailedError as e:  # torchrun: the exit code (or -signal) of each failed rank
+        killed = _killed_line(e.failures)
+        if killed:
+            held.close(emit=False)  # torchrun's "failed (exitcode: -9)" records: the line below says it
+            print(killed[0], file=sys.stderr, flush=True)
+            return killed[1]
         return _failed(_user_error_or_first(e.failures), held)
     except subprocess.CalledProcessError as e:  # the one-process launcher (and DeepSpeed's multi-node one)
         return _failed(e.returncode, held)
@@ -155,6 +162,26 @@ def _before_any_worker(e: BaseException) -> bool:
     files = [frame.f_code.co_filename for frame, _ in traceback.walk_tb(e.__traceback__)]
     return any("accelerate" in f for f in files) and not any(
         ("torch" in f and "distributed" in f) or f.endswith("subprocess.py") for f in files)
+
+
+CLOSING_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # what torchrun sends the rest of a job after one rank failed
+
+
+def _killed_line(failures) -> tuple[str, int] | None:
+    """(one line, 128 + the signal) when a rank of this node was killed by a signal that torchrun did not send
+    (SIGKILL from the out-of-memory killer or a scheduler, SIGSEGV): it printed nothing, and the others' errors
+    ("another process of the job is gone") and torchrun's traceback would bury it. None: no such rank."""
+    killed = {rank: f for rank, f in failures.items() if f.exitcode < 0 and -f.exitcode not in CLOSING_SIGNALS}
+    if not killed:
+        return None
+    rank = min(killed, key=lambda r: (killed[r].timestamp, r))
+    f = killed[rank]
+    name = f.signal_name()
+    why = " (the kernel's out-of-memory killer sends it: `dmesg` says; or a scheduler's limit)" if name == "SIGKILL" \
+        else ""
+    return (f"error: rank {rank} (local rank {f.local_rank} on {socket.gethostname()}, pid {f.pid}) was killed by "
+            f"{name}{why}; the job's other processes stopped; the same command with --resume latest continues from "
+            "the last checkpoint", 128 - f.exitcode)
 
 
 def _user_error_or_first(failures) -> int:

@@ -127,6 +127,39 @@ def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
     return proc.returncode, stdout, stderr
 
 
+def test_a_rank_killed_by_sigkill_is_named_in_one_line_not_a_bug_report(tmp_path):
+    """The out-of-memory killer's SIGKILL to one rank: rank 0's next collective fails. Before, rank 0 printed gloo's
+    error as "internal error ... a bug in yxanul" with a traceback and the launcher torchrun's 40 lines, exit 1.
+    Now rank 0 says a process of the job is gone, the launcher names which (rank, pid, signal), exit 128 + 9."""
+    import psutil
+
+    out = tmp_path / "r"
+    proc = subprocess.Popen(_cmd(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "100000", "--log_freq", "100000",
+                                 "--checkpoint_freq", "0", "--output_dir", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    tree = []
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (out / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        victim = next(p for p in tree if p.environ().get("RANK") == "1" and p.parent().environ().get("RANK") is None)
+        victim.kill()
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        for p in [*tree, proc]:
+            try:
+                p.kill()
+            except (psutil.Error, OSError):
+                pass
+    assert proc.returncode == 128 + signal.SIGKILL, stdout[-2000:] + stderr[-3000:]
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+    assert any(ln.startswith("error: rank 1 (local rank 1 on ") and f"pid {victim.pid}) was killed by SIGKILL" in ln
+               for ln in lines), stderr[-3000:]
+    assert [ln for ln in lines if "another process of the job is gone" in ln][0].startswith("error: rank 0 of 2: ")
+    assert not [s for s in (*LAUNCHER_RECORDS, "internal error") if s in stderr], stderr[-3000:]
+
+
 def _saved_step(stdout, out, sig=signal.SIGTERM):
     step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
