@@ -45,7 +45,7 @@ COMMANDS = {
 def train_main(argv: list[str] | None = None) -> int:
     """`yxanul train [--config FILE] [--flag value ...]` and `accelerate launch train.py ...`."""
     argv = with_default_config(list(sys.argv[1:] if argv is None else argv))
-    _stop_before_training()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over before its loop
+    stops = OutsideTheLoop().install()  # the trainer's StopRequest takes SIGTERM/SIGUSR1 over during its loop
     try:
         cfg = parse_args(argv)
         if cfg.checkpoint.list_checkpoints:
@@ -55,10 +55,16 @@ def train_main(argv: list[str] | None = None) -> int:
             print(listing(run_dir_of(cfg)))
             return 0
         from .training import train  # torch: --help and config errors stay light
+        from .training.callbacks import from_config
 
-        train(cfg)  # its setup runs the launch checks (yxanul.training.launch.preflight) first
+        train(cfg, [*from_config(cfg), stops])  # its setup runs the launch checks (training.launch.preflight) first
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
+    finally:
+        if not OutsideTheLoop.until_exit:  # an in-process caller (a test, a notebook) gets its handlers back
+            stops.restore()
+        elif stops.ended:  # the interpreter's exit sets Python handlers back to the default (killed, 143): ignored,
+            stops.ignore()  # a late stop signal lets the ended run's process finish its exit, code 0
     return 0
 
 
@@ -66,19 +72,58 @@ class StoppedBeforeTraining(BaseException):
     """SIGTERM/SIGUSR1/SIGHUP before the training loop's own handler exists (data preparation, model
     build, resume load): nothing to save, so the run ends at once with exit code 0 (preemption)."""
 
+    raised = False  # the process then exits within EXIT_GRACE_S whatever the exception interrupted (`run`)
 
-def _stop_before_training() -> None:
-    import signal
 
-    def handler(signum, _frame):
-        raise StoppedBeforeTraining(signal.Signals(signum).name)
+class OutsideTheLoop:
+    """SIGTERM/SIGUSR1/SIGHUP outside the training loop. Before it: nothing to save, the run ends at once
+    (`StoppedBeforeTraining`, raised to interrupt a long data preparation). After the run ended (`on_train_end`,
+    a callback: checkpoint, metrics and summary are written): one line and exit 0 at once; raising there lands in
+    the teardown (a DataLoader worker's queue being closed: its lock stayed taken and the process hung)."""
 
-    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None), getattr(signal, "SIGHUP", None)):
-        if sig is not None:
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP")
+    until_exit = False  # `run(process_exit=True)`: the process ends with the command, so do these handlers
+
+    def __init__(self):
+        self.ended = False
+        self.previous: dict = {}
+
+    def on_train_end(self, trainer) -> None:
+        self.ended = True
+
+    def install(self) -> OutsideTheLoop:
+        import signal
+
+        for sig in (getattr(signal, name) for name in self.SIGNALS if hasattr(signal, name)):
             try:
-                signal.signal(sig, handler)
+                self.previous[sig] = signal.signal(sig, self.handle)
             except ValueError:  # not the main thread
                 pass
+        return self
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def ignore(self) -> None:
+        import signal
+
+        for sig in self.previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def handle(self, signum, _frame) -> None:
+        import signal
+
+        name = signal.Signals(signum).name
+        if not self.ended:
+            StoppedBeforeTraining.raised = True
+            raise StoppedBeforeTraining(name)
+        try:
+            print(f"received {name} after the run ended (its checkpoint and summary are written): exiting", flush=True)
+        finally:
+            os._exit(0)
 
 
 def _usage() -> str:
@@ -103,8 +148,9 @@ def run(func, argv, *, process_exit: bool = False) -> int:
     ``process_exit``: the process exits with the returned code (the `yxanul` entry points, train.py):
     then, on every error, a watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread,
     a child) would keep it alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
+    OutsideTheLoop.until_exit = process_exit
     code = _run(func, argv)
-    if code != 0 and process_exit:
+    if process_exit and (code != 0 or StoppedBeforeTraining.raised):
         _exit_watchdog(code)
     return code
 

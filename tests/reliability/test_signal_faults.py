@@ -42,6 +42,29 @@ def test_ctrl_c_and_hangup_save_a_checkpoint_like_sigterm(tmp_path, sig):
     assert verify_checkpoint(ckpt) == []
 
 
+def test_a_stop_signal_just_after_the_run_ended_exits_0_without_a_hang(tmp_path):
+    """SIGTERM as the scheduler's job ends, right after `done:` (the run's files are written). Before, the
+    pre-training handler came back once the loop's was gone: raised inside the DataLoader workers' shutdown it left
+    a queue's lock taken (traceback, then a hang); a little later Python's exit had restored the default (killed,
+    143). Both moments: exit 0, no traceback, the checkpoint whole."""
+    for delay in (0.0, 0.3):
+        out = tmp_path / f"r{delay}"
+        p = popen("train", *FAST, "--max_steps", "3", "--num_workers", "2", "--output_dir", str(out),
+                  start_new_session=True)
+        try:
+            for line in p.stdout:
+                if line.startswith("done: "):
+                    time.sleep(delay)
+                    assert p.poll() is None, "the process ended before the signal: nothing tested"
+                    p.send_signal(signal.SIGTERM)
+                    break
+            stdout, stderr = p.communicate(timeout=EXIT_BOUND_S)
+        finally:
+            kill_group(p)
+        assert p.returncode == 0 and "Traceback" not in stderr, (delay, p.returncode, stderr[-3000:])
+        assert verify_checkpoint(out / "checkpoints" / "step_3") == []
+
+
 def test_a_second_ctrl_c_exits_at_once():
     """In this process (two signals sent at once to another process coalesce into one): the first Ctrl-C
     asks for the checkpoint, the second raises KeyboardInterrupt (the CLI's `interrupted`, exit 130)."""
