@@ -72,8 +72,6 @@ class StoppedBeforeTraining(BaseException):
     """SIGTERM/SIGUSR1/SIGHUP before the training loop's own handler exists (data preparation, model
     build, resume load): nothing to save, so the run ends at once with exit code 0 (preemption)."""
 
-    raised = False  # the process then exits within EXIT_GRACE_S whatever the exception interrupted (`run`)
-
 
 class OutsideTheLoop:
     """SIGTERM/SIGUSR1/SIGHUP outside the training loop. Before it: nothing to save, the run ends at once
@@ -118,7 +116,8 @@ class OutsideTheLoop:
 
         name = signal.Signals(signum).name
         if not self.ended:
-            StoppedBeforeTraining.raised = True
+            if self.until_exit:  # whatever the exception interrupts (a DataLoader's queue mid-close), no hang
+                _exit_watchdog(0)
             raise StoppedBeforeTraining(name)
         try:
             print(f"received {name} after the run ended (its checkpoint and summary are written): exiting", flush=True)
@@ -150,7 +149,7 @@ def run(func, argv, *, process_exit: bool = False) -> int:
     a child) would keep it alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
     OutsideTheLoop.until_exit = process_exit
     code = _run(func, argv)
-    if process_exit and (code != 0 or StoppedBeforeTraining.raised):
+    if code != 0 and process_exit:
         _exit_watchdog(code)
     return code
 
