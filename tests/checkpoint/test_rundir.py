@@ -27,6 +27,8 @@ def test_what_would_lose_or_misplace_work_is_one_line(tmp_path, acc_model):
     acc, _, _ = acc_model
     save_checkpoint(acc, out, _state(2), keep_last=3)
     (tmp_path / "file").write_text("x")
+    (tmp_path / "has_file").mkdir()
+    (tmp_path / "has_file" / "checkpoints").write_text("x")
     for flags, needle in [
         (["--output_dir", str(out)], f"output_dir '{out}' already holds checkpoints (newest: step 2): add "
                                      "--resume latest"),
@@ -34,6 +36,9 @@ def test_what_would_lose_or_misplace_work_is_one_line(tmp_path, acc_model):
         (["--resume", "latest", "--output_dir", str(typo)], f"resume 'latest': no checkpoint under '{typo}'"),
         (["--resume", str(typo / "step_3"), "--output_dir", str(out)], "no such checkpoint or run directory"),
         (["--output_dir", str(tmp_path / "file" / "run")], f"'{tmp_path / 'file'}' exists and is not a directory"),
+        (["--output_dir", str(tmp_path / "has_file")], f"output_dir '{tmp_path / 'has_file'}': '"
+         f"{tmp_path / 'has_file' / 'checkpoints'}' exists and is not a directory (the run keeps its checkpoints in "
+         "that folder)"),  # found at the first save before: after data preparation and the first checkpoint_freq steps
     ]:
         with pytest.raises(UserError, match=re.escape(needle)) as e:
             prepare_run_dir(parse_args(flags))
