@@ -54,8 +54,7 @@ def train_main(argv: list[str] | None = None) -> int:
                                   "checkpoints RUN_DIR`): the default run directory is new at every launch", True)
             print(listing(run_dir_of(cfg)))
             return 0
-        from .training import train  # torch: --help and config errors stay light
-        from .training.callbacks import from_config
+        from .training import from_config, train  # torch: --help and config errors stay light
 
         train(cfg, [*from_config(cfg), stops])  # its setup runs the launch checks (training.launch.preflight) first
     except StoppedBeforeTraining as e:

@@ -11,7 +11,8 @@ from .._lazy import lazy_exports
 _WHERE = {
     "CheckpointArgs": "args", "RUN_DIR_RESUMES": "args", "prepare_run_dir": "rundir", "run_dir_of": "rundir",
     "check_out_spares_runs": "rundir",
-    "is_checkpoint_dir": "resume", "latest_good_checkpoint": "resume", "list_checkpoints": "resume",
+    "is_checkpoint_dir": "resume", "latest_good_checkpoint": "resume", "likely_resume": "resume",
+    "list_checkpoints": "resume",
     "read_state": "resume", "resolve_resume": "resume", "verified_checkpoint": "resume",
     "verified_weights_dir": "resume", "save_checkpoint": "save", "load_for_resume": "io", "saved_config": "io",
     "write_atomic": "io",

@@ -142,6 +142,17 @@ def resolve_resume(resume: str, run_dir: str | os.PathLike, say: Callable[[str],
         return ckpt
 
 
+def likely_resume(resume: str, run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint a resume will most likely continue, found without verifying anything (`resolve_resume`
+    verifies, and may fall back): the one named, else the run's ``latest``, else its newest. For checks that
+    must come before the expensive work (what the run was trained on, before the data is prepared)."""
+    p = Path(run_dir) if resume in RUN_DIR_RESUMES else followed(Path(resume))
+    if is_checkpoint_dir(p):
+        return p
+    newest = list_checkpoints(p)
+    return read_pointer(p, "latest") or (Path(newest[-1]["path"]) if newest else None)
+
+
 def _noted(ckpt: Path, say) -> Path:
     if not has_manifest(ckpt):
         say(f"note: {ckpt} has no {MANIFEST} (saved by an older yxanul): loading it with basic checks only")

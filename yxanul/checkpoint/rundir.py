@@ -62,8 +62,8 @@ def prepare_run_dir(cfg, dist=None):
     settled = dataclasses.replace(ck, **dict(zip(("run_name", "output_dir"), names)))
     run_dir = Path(settled.output_dir)
     if existing := file_in_the_way(checkpoints_dir(run_dir)):  # found at setup, not at the first save
-        raise EveryRankError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory"
-                             + (" (the run keeps its checkpoints in that folder)" if existing.parent == run_dir else ""))
+        why = " (the run keeps its checkpoints in that folder)" if existing.parent == run_dir else ""
+        raise EveryRankError(f"output_dir '{run_dir}': '{existing}' exists and is not a directory{why}")
     _check_not_in_checkpoints(run_dir)
     _check_resume_target(ck.resume, run_dir)
     ckpts = [] if ck.resume and not _resumes_another_run(ck.resume, run_dir) else list_checkpoints(run_dir)

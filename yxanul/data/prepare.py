@@ -292,6 +292,19 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     work.finish()
 
 
+def _given_prepared(args: DataArgs) -> bool:
+    """A ``data_dir`` given alone (no dataset, datasets or tokenizer): a folder prepared before, used as is."""
+    return bool(args.data_dir) and args.dataset is None and args.datasets is None and args.tokenizer is None
+
+
+def planned_fingerprint(args: DataArgs) -> str | None:
+    """The fingerprint of the data ``args`` will train on (meta.json's, once prepared), known before anything is
+    prepared (it loads the tokenizer); None for a ``data_dir`` given alone that holds no prepared data."""
+    if _given_prepared(args):
+        return (read_meta(Path(args.data_dir)) or {}).get("fingerprint")
+    return target_dir(args)[2]
+
+
 def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable[[], None] | None = None,
                     *, say=print) -> Path:
     """The prepared folder for ``args``, preparing it if needed (used by the trainer).
@@ -308,7 +321,7 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     def quiet(*a, **k):
         return None
 
-    if args.data_dir and args.dataset is None and args.datasets is None and args.tokenizer is None:
+    if _given_prepared(args):
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
             if read_meta(Path(args.data_dir)):
                 return Path(args.data_dir)

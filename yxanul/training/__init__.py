@@ -6,7 +6,8 @@ curriculum (schedule.py), validation and samples (evaluation.py), callbacks (cal
 from .._lazy import lazy_exports
 
 _WHERE = {
-    "TrainArgs": "args", "Callback": "callbacks", "CallbackList": "callbacks", "evaluate_loss": "evaluation",
+    "TrainArgs": "args", "Callback": "callbacks", "CallbackList": "callbacks", "from_config": "callbacks",
+    "evaluate_loss": "evaluation",
     "Curriculum": "schedule", "Stage": "schedule", "lr_at": "schedule", "same_tokens_micro": "schedule",
     "TrainState": "state", "StepOutput": "step", "forward": "step", "train_step": "step",
     "Trainer": "trainer", "train": "trainer",

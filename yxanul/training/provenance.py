@@ -15,12 +15,15 @@ records existed resumes with one line saying that it could not be checked.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
-from ..checkpoint.io import write_atomic
+from ..checkpoint.io import saved_config, write_atomic
 from ..checkpoint.manifest import PROVENANCE as FILE
+from ..checkpoint.resume import likely_resume
+from ..data.prepare import planned_fingerprint
 from ..errors import UserError
 
 NAMES = ("tokenizer", "dataset", "val_split", "seq_length", "seed")
@@ -63,6 +66,46 @@ def _show(v) -> str:
     return str(v)
 
 
+def _refuse(ckpt, changes: dict, allowed: set) -> None:
+    """One line naming each change (``name: old -> new``) that ``allowed`` does not name, exit 2."""
+    refused = [n for n in changes if n not in allowed and "all" not in allowed]
+    if refused:
+        what = "; ".join(f"{n}: {_show(changes[n][0])} -> {_show(changes[n][1])}" for n in refused)
+        raise UserError(f"resume '{ckpt}': trained on other data settings ({what}); if intended, add "
+                        f"--resume_allow_changes {' '.join(refused)}")
+
+
+def precheck(cfg, run_dir) -> None:
+    """`check`'s refusal before the data is prepared (hours, for a large dataset; the refused data would be
+    prepared for nothing): what the config alone decides -- the dataset's fingerprint (sources, tokenizer,
+    prepare settings), ``val_fraction``, ``seq_length``, ``seed`` -- against the checkpoint a ``--resume`` will
+    most likely continue (`likely_resume`: not verified yet). `check`, after preparing, stays the authority."""
+    if not cfg.checkpoint.resume:
+        return
+    ckpt = likely_resume(cfg.checkpoint.resume, run_dir)
+    try:
+        old = json.loads((Path(ckpt) / FILE).read_text()) if ckpt is not None else None
+    except (OSError, ValueError):
+        return  # none (an older checkpoint) or unreadable: `check` says so after the checkpoint is verified
+    if not isinstance(old, dict):
+        return
+    val = old.get("val_split") if isinstance(old.get("val_split"), dict) else {}
+    now = {"dataset": planned_fingerprint(cfg.data), "seq_length": cfg.model.seq_length, "seed": cfg.train.seed}
+    changes = {n: (old[n], v) for n, v in now.items() if n in old and v is not None and old[n] != v}
+    if "val_fraction" in val and val["val_fraction"] != cfg.data.val_fraction:
+        changes["val_split"] = ({"val_fraction": val["val_fraction"]}, {"val_fraction": cfg.data.val_fraction})
+    if "dataset" in changes:  # a fingerprint alone says nothing: the data settings that differ say why
+        saved = saved_config(ckpt)
+        keys = [f.name for f in dataclasses.fields(cfg.data) if f.name in saved and saved[f.name] != getattr(
+            cfg.data, f.name)]
+        if "tokenizer" in keys:  # `check` would name it too (its hash)
+            changes = {"tokenizer": (saved["tokenizer"], cfg.data.tokenizer), **changes}
+        why = ", ".join(f"{k} {saved[k]} -> {getattr(cfg.data, k)}" for k in keys if k != "tokenizer")
+        if why:
+            changes["dataset"] = (f"{changes['dataset'][0]}", f"{changes['dataset'][1]} ({why})")
+    _refuse(ckpt, changes, set(cfg.checkpoint.resume_allow_changes or ()))
+
+
 def check(ckpt: Path, rec: dict, allowed: list[str] | None, data_state: dict | None, say) -> list[str]:
     """Refuse (one line, exit 2) a resume whose records differ from the checkpoint's, unless allowed.
     Returns the names of the allowed changes."""
@@ -77,11 +120,7 @@ def check(ckpt: Path, rec: dict, allowed: list[str] | None, data_state: dict | N
         raise UserError(f"resume '{ckpt}': {FILE} is not JSON") from None
     changed = [n for n in NAMES if n in old and old[n] != rec.get(n)]
     allowed = set(allowed or ())
-    refused = [n for n in changed if n not in allowed and "all" not in allowed]
-    if refused:
-        what = "; ".join(f"{n}: {_show(old[n])} -> {_show(rec.get(n))}" for n in refused)
-        raise UserError(f"resume '{ckpt}': trained on other data settings ({what}); if intended, add "
-                        f"--resume_allow_changes {' '.join(refused)}")
+    _refuse(ckpt, {n: (old[n], rec.get(n)) for n in changed}, allowed)
     epoch = int((data_state or {}).get("epoch", 0))
     for n in changed:
         say(f"warning: resume with another {n} ({_show(old[n])} -> {_show(rec.get(n))}), allowed: "
