@@ -118,6 +118,8 @@ class OutsideTheLoop:
             if self.until_exit:  # whatever the exception interrupts (a DataLoader's queue mid-close), no hang
                 _exit_watchdog(0)
             raise StoppedBeforeTraining(name)
+        if not self.until_exit:  # an in-process caller's (a notebook's) run has ended: nothing to stop, no exit
+            return
         try:
             print(f"received {name} after the run ended (its checkpoint and summary are written): exiting", flush=True)
         finally:
