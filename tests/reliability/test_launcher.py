@@ -103,8 +103,9 @@ def test_a_tiny_two_process_run_exits_0(tmp_path, launcher):
     assert read_state_file(tmp_path / "r" / "checkpoints" / "step_2")[1].world_size == 2
 
 
-def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
-    """Starts a long run, sends ``sig`` to the `yxanul launch` process alone once step 1 is logged."""
+def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM, rank=None):
+    """Starts a long run, sends ``sig`` once step 1 is logged: to the `yxanul launch` process alone, or (``rank``)
+    to that rank's worker alone. Returns (exit code, stdout, stderr, the pid signalled)."""
     import psutil
 
     proc = subprocess.Popen(_cmd(*launcher, "-m", "yxanul", "train", *RUN, "--max_steps", "100000",
@@ -116,7 +117,9 @@ def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
         while time.time() < deadline and proc.poll() is None and not (out / "metrics.jsonl").exists():
             time.sleep(0.2)
         tree = psutil.Process(proc.pid).children(recursive=True)  # to clean up if the launcher fails to
-        proc.send_signal(sig)
+        target = proc if rank is None else next(  # the worker itself, not its DataLoader or compile children
+            p for p in tree if p.environ().get("RANK") == str(rank) and p.parent().environ().get("RANK") is None)
+        target.send_signal(sig)
         stdout, stderr = proc.communicate(timeout=90)
     finally:
         for p in [*tree, proc]:
@@ -124,37 +127,17 @@ def _signal_after_first_step(launcher, out, tmp_path, sig=signal.SIGTERM):
                 p.kill()
             except (psutil.Error, OSError):
                 pass
-    return proc.returncode, stdout, stderr
+    return proc.returncode, stdout, stderr, target.pid
 
 
 def test_a_rank_killed_by_sigkill_is_named_in_one_line_not_a_bug_report(tmp_path):
     """The out-of-memory killer's SIGKILL to one rank: rank 0's next collective fails. Before, rank 0 printed gloo's
     error as "internal error ... a bug in yxanul" with a traceback and the launcher torchrun's 40 lines, exit 1.
     Now rank 0 says a process of the job is gone, the launcher names which (rank, pid, signal), exit 128 + 9."""
-    import psutil
-
-    out = tmp_path / "r"
-    proc = subprocess.Popen(_cmd(*TWO, "-m", "yxanul", "train", *RUN, "--max_steps", "100000", "--log_freq", "100000",
-                                 "--checkpoint_freq", "0", "--output_dir", str(out)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
-    tree = []
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and not (out / "metrics.jsonl").exists():
-            time.sleep(0.2)
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        victim = next(p for p in tree if p.environ().get("RANK") == "1" and p.parent().environ().get("RANK") is None)
-        victim.kill()
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        for p in [*tree, proc]:
-            try:
-                p.kill()
-            except (psutil.Error, OSError):
-                pass
-    assert proc.returncode == 128 + signal.SIGKILL, stdout[-2000:] + stderr[-3000:]
+    code, stdout, stderr, pid = _signal_after_first_step(TWO, tmp_path / "r", tmp_path, signal.SIGKILL, rank=1)
+    assert code == 128 + signal.SIGKILL, stdout[-2000:] + stderr[-3000:]
     lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
-    assert any(ln.startswith("error: rank 1 (local rank 1 on ") and f"pid {victim.pid}) was killed by SIGKILL" in ln
+    assert any(ln.startswith("error: rank 1 (local rank 1 on ") and f"pid {pid}) was killed by SIGKILL" in ln
                for ln in lines), stderr[-3000:]
     assert [ln for ln in lines if "another process of the job is gone" in ln][0].startswith("error: rank 0 of 2: ")
     assert not [s for s in (*LAUNCHER_RECORDS, "internal error") if s in stderr], stderr[-3000:]
@@ -173,7 +156,7 @@ def test_sigterm_reaches_both_torchrun_workers_which_checkpoint(tmp_path):
     """torchrun forwards the launcher's SIGTERM to its workers: both stop on the same step after one
     checkpoint; the launcher ends with one line and 128 + SIGTERM, no traceback."""
     out = tmp_path / "r"
-    code, stdout, stderr = _signal_after_first_step(TWO, out, tmp_path)
+    code, stdout, stderr, _ = _signal_after_first_step(TWO, out, tmp_path)
     assert code == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-3000:]
     assert _saved_step(stdout, out) >= 1
     assert stderr.count("launcher received SIGTERM: forwarded to the workers") == 1
@@ -186,7 +169,7 @@ def test_a_stop_signal_reaches_the_one_process_launchers_worker(tmp_path, sig):
     """accelerate's one-process launcher forwards nothing: `yxanul launch` passes SIGTERM (and a SIGINT
     sent to it alone, not through a terminal) on, the worker checkpoints and exits 0, and so does the launcher."""
     out = tmp_path / "r"
-    code, stdout, stderr = _signal_after_first_step(ONE, out, tmp_path, sig)
+    code, stdout, stderr, _ = _signal_after_first_step(ONE, out, tmp_path, sig)
     assert code == 0, stdout[-2000:] + stderr[-3000:]
     assert _saved_step(stdout, out, sig) >= 1
 
