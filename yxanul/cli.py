@@ -62,8 +62,8 @@ def train_main(argv: list[str] | None = None) -> int:
     finally:
         if not OutsideTheLoop.until_exit:  # an in-process caller (a test, a notebook) gets its handlers back
             stops.restore()
-        elif stops.ended:  # the interpreter's exit sets Python handlers back to the default (killed, 143): ignored,
-            stops.ignore()  # a late stop signal lets the ended run's process finish its exit, code 0
+        else:  # the interpreter's exit sets Python handlers back to the default (killed, 143) and a raise in an atexit
+            stops.ignore()  # callback is a traceback: a late stop signal lets the process finish its exit and code
     return 0
 
 
@@ -76,14 +76,19 @@ class OutsideTheLoop:
     """SIGTERM/SIGUSR1/SIGHUP outside the training loop. Before it: nothing to save, the run ends at once
     (`StoppedBeforeTraining`, raised to interrupt a long data preparation). After the run ended (`on_train_end`,
     a callback: checkpoint, metrics and summary are written): one line and exit 0 at once; raising there lands in
-    the teardown (a DataLoader worker's queue being closed: its lock stayed taken and the process hung)."""
+    the teardown (a DataLoader worker's queue being closed: its lock stayed taken and the process hung). After the
+    loop began but not ended, its error is on its way out (torchrun's SIGTERM follows another rank's death):
+    ignored, or the error's line and exit code would become "stopped before training", exit 0."""
 
     SIGNALS = ("SIGTERM", "SIGUSR1", "SIGHUP")
     until_exit = False  # `run(process_exit=True)`: the process ends with the command, so do these handlers
 
     def __init__(self):
-        self.ended = False
+        self.began = self.ended = False
         self.previous: dict = {}
+
+    def on_train_begin(self, trainer) -> None:
+        self.began = True
 
     def on_train_end(self, trainer) -> None:
         self.ended = True
@@ -114,6 +119,8 @@ class OutsideTheLoop:
         import signal
 
         name = signal.Signals(signum).name
+        if self.began and not self.ended:  # the loop's error is on its way to its line, exit code and exit watchdog
+            return
         if not self.ended:
             if self.until_exit:  # whatever the exception interrupts (a DataLoader's queue mid-close), no hang
                 _exit_watchdog(0)

@@ -80,6 +80,39 @@ def test_an_unexpected_exception_mid_loop_with_workers_exits(tmp_path):
     assert time.time() - t0 < EXIT_BOUND_S + 120
 
 
+_SIGNALLED_AS_IT_FAILS = """
+import atexit, os, signal, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+def boom(opt, args, kwargs):
+    raise RuntimeError("injected fault at step 1")
+register_optimizer_step_post_hook(boom)
+atexit.register(os.kill, os.getpid(), signal.SIGTERM)  # runs last: the interpreter's exit is under way
+import yxanul.training as training
+real = training.train
+def train(cfg, callbacks):
+    try:
+        return real(cfg, callbacks)
+    finally:  # the error has left the loop (its handler is gone) and is on its way to the CLI
+        os.kill(os.getpid(), signal.SIGTERM)
+training.train = train
+from yxanul.cli import main
+sys.argv = ["yxanul", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def test_a_stop_signal_while_a_loop_error_leaves_keeps_its_line_and_exit_code(tmp_path):
+    """torchrun's SIGTERM follows another rank's death, as this rank's own error (the peer is gone) leaves the loop,
+    or during the interpreter's exit. Before, the first turned the error into "received SIGTERM before training
+    started", exit 0; the second was a traceback from an atexit callback. Now both are ignored."""
+    r = subprocess.run([sys.executable, "-c", _SIGNALLED_AS_IT_FAILS, "train", *FAST, "--max_steps", "3",
+                        "--output_dir", str(tmp_path / "r")], capture_output=True, text=True, env=env(),
+                       timeout=EXIT_BOUND_S + 120, start_new_session=True)
+    assert r.returncode == 1 and "before training started" not in r.stdout, (r.returncode, r.stdout[-1000:])
+    assert r.stderr.count("Traceback") == 1 and "Exception ignored" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("error: internal error RuntimeError: injected fault at step 1")
+
+
 def test_collapsed_model_stops_like_a_divergence(base_run, tmp_path):
     """All-zero weights: loss ln V, gradient norm exactly 0, never learns; it used to become `latest`."""
     zero = tmp_path / "zero"
