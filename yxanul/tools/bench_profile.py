@@ -11,13 +11,16 @@ One more step runs with Python stacks (``with_stack``; apart, as the tracer slow
 **sites**: each op's own device time (CPU: own host time) grouped by where it was called from, the
 innermost Python line outside torch (a TE or yxanul line; for a backward op of torch's own autograd, the
 backward node), with its nn.Module and the kernel that took most of it. That says which line launches
-e.g. a copy kernel, which the kernel table alone cannot.
+e.g. a copy kernel, which the kernel table alone cannot. Where the tracer records no Python frame at all
+(CPython 3.12.0-3.12.4, the GPU image's 3.12.3: pytorch/pytorch#155446), one step more runs with each module's
+forward as a profiler range (:func:`module_ranges`): the sites then name the module (``forward of X``).
 """
 
 from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 TOP_KERNELS = 20
@@ -47,7 +50,15 @@ def profile_steps(step, device, folder: Path, row: dict, steps: int = 3) -> dict
         step(steps)
         if cuda:
             torch.cuda.synchronize(device)
-    summary["sites"] = sites(traced.events(), cuda)
+    events = traced.events()
+    summary["python_stacks"] = any(PY_FRAME.match(e.name) for e in events)
+    if not summary["python_stacks"]:  # the tracer recorded nothing: the modules from forward hooks instead
+        with profile(activities=acts) as traced, module_ranges():
+            step(steps + 1)
+            if cuda:
+                torch.cuda.synchronize(device)
+        events = traced.events()
+    summary["sites"] = sites(events, cuda)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"profile-{row['preset']}-{row['seq_length']}-{row['precision']}.txt"
     title = (f"{row['preset']} seq {row['seq_length']} micro {row['micro_batch']} {row['precision']}"
@@ -80,9 +91,36 @@ def summarize(averages, steps: int, wall_s: float) -> dict:
             "top_host_ops": top(host_ops, "self_cpu_time_total", TOP_HOST_OPS, host_us)}
 
 
+@contextmanager
+def module_ranges():
+    """Every nn.Module's forward as a profiler range named as the Python tracer names it (``nn.Module: Cls``),
+    through torch's global forward hooks: the sites' modules where the tracer records no Python frame."""
+    from torch.autograd.profiler import record_function
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    ranges = []  # nested as the forwards are
+
+    def enter(module, _args):
+        ranges.append(record_function(f"nn.Module: {type(module).__name__}").__enter__())
+
+    def leave(_module, _args, _out):
+        if ranges:
+            ranges.pop().__exit__(None, None, None)
+
+    hooks = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        while ranges:  # a forward that raised
+            ranges.pop().__exit__(None, None, None)
+
+
 def site_of(event) -> tuple[str, str | None]:
     """(where ``event`` was called from, its nn.Module class): the innermost Python line outside torch among its
-    ancestors, else the autograd node whose backward ran it, else its outermost ancestor's name."""
+    ancestors, else the autograd node whose backward ran it, else the forward of its innermost module, else its
+    outermost ancestor's name."""
     site = module = None
     node, top = event.cpu_parent, event.name
     while node is not None:
@@ -96,7 +134,7 @@ def site_of(event) -> tuple[str, str | None]:
             elif name.startswith("autograd::engine::evaluate_function: "):
                 site = "backward of " + name.split(": ", 1)[1]
         top, node = name, node.cpu_parent
-    return site or top, module
+    return site or (f"forward of {module}" if module else top), module
 
 
 def _short(path: str) -> str:
@@ -157,7 +195,8 @@ def report(s: dict, title: str) -> str:
         lines.append("")
     if s.get("sites"):
         what = "device" if s["device_ms_per_step"] is not None else "host"
-        lines += [f"top {len(s['sites'])} call sites by the op's own {what} time (one step, with Python stacks):",
+        how = "with Python stacks" if s.get("python_stacks", True) else "no Python stacks recorded: modules from hooks"
+        lines += [f"top {len(s['sites'])} call sites by the op's own {what} time (one step, {how}):",
                   f"{'ms/step':>9} {'%':>6} {'calls':>6}  op @ site [module] (kernel)"]
         lines += [f"{r['ms_per_step']:>9.3f} {r['pct'] if r['pct'] is not None else '':>6} {r['calls_per_step']:>6}  "
                   f"{r['op']} @ {r['site']}" + (f" [{r['module']}]" if r["module"] else "")
