@@ -1,6 +1,6 @@
 """Third-party trainers on the native model (torch backend, CPU): TRL's SFTTrainer and GRPOTrainer load it
 BY PATH (TRL's create_model_from_path: `import yxanul` registered the type; the config's empty auto_map
-says "no remote code") and train it; LoRA goes through the Llama export (PEFT) and merges back."""
+says "no remote code") and train it; LoRA (PEFT) on the native weights under SFT, and through the Llama export."""
 
 from pathlib import Path
 
@@ -52,6 +52,29 @@ def test_sft_trainer_trains_the_native_model_by_path(native_dir, tmp_path):
     assert "model.layers.0.self_attention.layernorm_qkv.query_weight" in changed(before, trainer.model)
 
 
+def test_sft_trainer_trains_lora_adapters_on_the_native_model(native_dir, tmp_path):
+    """TRL's `peft_config=` with the native weights as LoRA targets: the adapters learn, the base stays."""
+    from peft import LoraConfig, PeftModel
+    from trl import SFTConfig, SFTTrainer
+
+    from yxanul.models import LORA_TARGET_PARAMETERS
+
+    texts = ["ROMEO: But soft, what light through yonder window breaks?", "JULIET: O Romeo, Romeo!"] * 4
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
+                     max_length=24, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
+    trainer = SFTTrainer(model=str(native_dir), args=args, train_dataset=Dataset.from_dict({"text": texts}),
+                         peft_config=lora)
+    assert isinstance(trainer.model, PeftModel)
+    before = weights(trainer.model)
+    trainer.train()
+    moved = changed(before, trainer.model)
+    assert moved and all("lora_" in k for k in moved)  # only adapters train
+    projections = [n for n, w in trainer.model.named_parameters() if w.dim() == 2 and ".layers." in n
+                   and "lora_" not in n]  # q k v o fc1 fc2, each as its adapter's base_layer
+    assert len(projections) == 6 * 2 and sum(".lora_B." in k for k in moved) == len(projections)  # all adapted
+
+
 def test_grpo_trainer_trains_the_native_model_by_path(native_dir, tmp_path):
     """GRPO's rollouts are left-padded batches: the mask must be honoured for the log-probs to be right."""
     from trl import GRPOConfig, GRPOTrainer
@@ -72,10 +95,51 @@ def test_grpo_trainer_trains_the_native_model_by_path(native_dir, tmp_path):
     assert changed(before, trainer.model)
 
 
+def test_lora_on_the_native_model_trains_saves_reloads_and_merges(native_dir, tmp_path):
+    """LoRA on the native model, no Llama export: adapters on its fused weights by parameter name
+    (`LORA_TARGET_PARAMETERS`). They train; the saved adapter on a fresh base gives the adapted logits; merged
+    and saved, the model loads back with the native names (what `--init_from` reads) and the adapted logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from yxanul.models import LORA_TARGET_PARAMETERS
+
+    base = AutoModelForCausalLM.from_pretrained(str(native_dir))
+    names = set(base.state_dict())
+    projections = {n for n, w in base.named_parameters() if w.dim() == 2 and ".layers." in n}  # q k v o fc1 fc2
+    x = torch.randint(0, 8192, (2, 16))
+    with torch.no_grad():
+        ref = base(input_ids=x).logits.clone()
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
+    model = peft.get_peft_model(base, config)
+    adapted = {f"{n.split('base_model.model.', 1)[1].replace('.base_layer', '')}.{m.parameter_name}"
+               for n, m in model.named_modules() if isinstance(m, peft.tuners.lora.ParamWrapper)}
+    assert adapted == projections
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        adapted = model(input_ids=x).logits.clone()
+        assert (adapted - ref).abs().max() > 1e-3  # the adapters learned something
+        model.save_pretrained(tmp_path / "adapter")
+        fresh = AutoModelForCausalLM.from_pretrained(str(native_dir))
+        reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter")(input_ids=x).logits
+        torch.testing.assert_close(reloaded, adapted, atol=1e-5, rtol=1e-5)
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(input_ids=x).logits, adapted, atol=1e-4, rtol=1e-4)
+        assert set(merged.state_dict()) == names  # the native model again, no adapter left
+        merged.save_pretrained(tmp_path / "merged")
+        back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))(input_ids=x).logits
+    torch.testing.assert_close(back, adapted, atol=1e-4, rtol=1e-4)
+
+
 def test_lora_through_the_llama_export_trains_merges_and_comes_back(tmp_path):
-    """PEFT targets nn.Linear; the native blocks hold TE-shaped fused parameters (docs/export.md), so LoRA
-    runs on the Llama export: a few steps move the adapter, merge_and_unload keeps the adapted model's
-    logits, and the merged folder reads back into yxanul (`--init_from`'s path) with the same logits."""
+    """LoRA the other way, for tools that want nn.Linear targets: on the Llama export a few steps move the adapter,
+    merge_and_unload keeps the adapted model's logits, and the merged folder reads back into yxanul (`--init_from`'s
+    path) with the same logits."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

@@ -14,6 +14,7 @@ _WHERE = {
     "count_parameters": "configuration_yxanul", "matmul_parameters": "configuration_yxanul",
     "pad_vocab": "configuration_yxanul",
     "YxanulForCausalLM": "modeling_yxanul", "YxanulModel": "modeling_yxanul", "resolve_backend": "modeling_yxanul",
+    "LORA_TARGET_PARAMETERS": "modeling_yxanul",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE)

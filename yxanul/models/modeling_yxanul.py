@@ -33,6 +33,12 @@ from .state_dict import drop_extra_state, forgive_missing_extra_state
 # `past_key_values`. forward accepts both and answers under the name this transformers reads back.
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
+# PEFT LoRA on the native model: the projections are weights of fused modules (Transformer Engine's layout: q/k/v
+# beside the norm, gate|up as one fc1_weight), not nn.Linears, so LoRA targets the parameters (PEFT >= 0.17):
+# `LoraConfig(target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)`. Same names on both backends.
+LORA_TARGET_PARAMETERS = ["query_weight", "key_weight", "value_weight", "self_attention.proj.weight", "fc1_weight",
+                          "fc2_weight"]
+
 
 @dataclass
 class YxanulCausalLMOutput(CausalLMOutputWithPast):
