@@ -94,3 +94,33 @@ def test_grpo_trainer_runs_the_native_te_model_in_fp8(native_te, tmp_path):
     check_readback(tmp_path / "grpo" / "precision_report.json")
     logs = [r for r in trainer.state.log_history if "reward" in r]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in logs)
+
+
+def test_lora_sft_on_the_te_blocks_in_fp8(native_te, tmp_path):
+    """PEFT's parameter adapters (`LORA_TARGET_PARAMETERS`) on the TE blocks under the FP8 plan: TE reports the
+    recipe, only the adapters move, and the merged model gives the adapted logits (BF16 tolerance)."""
+    from peft import LoraConfig
+    from trl import SFTConfig
+
+    from yxanul.integrations.trl_trainers import YxanulSFTTrainer
+    from yxanul.models import LORA_TARGET_PARAMETERS
+    from yxanul.precision import PrecisionArgs
+
+    model, tok = native_te
+    args = SFTConfig(output_dir=str(tmp_path / "lora"), max_steps=4, per_device_train_batch_size=8,
+                     learning_rate=1e-3, max_length=64, pad_to_multiple_of=16, logging_steps=1, report_to=[],
+                     bf16=True, save_strategy="no", seed=0, disable_tqdm=True)
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
+    trainer = YxanulSFTTrainer(model=model, args=args, processing_class=tok, peft_config=lora,
+                               train_dataset=Dataset.from_dict({"text": TEXTS}), precision=PrecisionArgs(**RECIPE))
+    before = weights(trainer.model)
+    trainer.train()
+    check_readback(tmp_path / "lora" / "precision_report.json")
+    moved = [k for k, v in weights(trainer.model).items() if not torch.equal(before[k], v)]
+    assert moved and all("lora_" in k for k in moved), moved
+    peft_model = trainer.model.eval()
+    ids = tok(" ".join(TEXTS), return_tensors="pt").input_ids[:, :32].cuda()  # BF16 forwards: any length
+    with torch.no_grad():
+        adapted = peft_model(input_ids=ids).logits.float()
+        merged = peft_model.merge_and_unload()(input_ids=ids).logits.float()
+    torch.testing.assert_close(merged, adapted, atol=5e-2, rtol=5e-2)

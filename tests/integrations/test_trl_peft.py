@@ -52,19 +52,28 @@ def test_sft_trainer_trains_the_native_model_by_path(native_dir, tmp_path):
     assert "model.layers.0.self_attention.layernorm_qkv.query_weight" in changed(before, trainer.model)
 
 
-def test_sft_trainer_trains_lora_adapters_on_the_native_model(native_dir, tmp_path):
-    """TRL's `peft_config=` with the native weights as LoRA targets: the adapters learn, the base stays."""
+@pytest.mark.parametrize("trainer_cls", ["SFTTrainer", "YxanulSFTTrainer"])
+def test_sft_trainer_trains_lora_adapters_on_the_native_model(native_dir, tmp_path, trainer_cls):
+    """TRL's `peft_config=` with the native weights as LoRA targets: the adapters learn, the base stays. Also under
+    yxanul's precision plan, which sees through PEFT's wrappers (before, its module check called them replaced)."""
     from peft import LoraConfig, PeftModel
     from trl import SFTConfig, SFTTrainer
 
+    from yxanul.integrations import YxanulSFTTrainer
     from yxanul.models import LORA_TARGET_PARAMETERS
+    from yxanul.precision import PrecisionArgs
 
     texts = ["ROMEO: But soft, what light through yonder window breaks?", "JULIET: O Romeo, Romeo!"] * 4
     args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=3, per_device_train_batch_size=4, learning_rate=1e-2,
                      max_length=24, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
-    trainer = SFTTrainer(model=str(native_dir), args=args, train_dataset=Dataset.from_dict({"text": texts}),
-                         peft_config=lora)
+    data = Dataset.from_dict({"text": texts})
+    if trainer_cls == "SFTTrainer":
+        trainer = SFTTrainer(model=str(native_dir), args=args, train_dataset=data, peft_config=lora)
+    else:
+        model = YxanulForCausalLM.from_pretrained(str(native_dir))
+        trainer = YxanulSFTTrainer(model=model, args=args, train_dataset=data, peft_config=lora,
+                                   precision=PrecisionArgs())
     assert isinstance(trainer.model, PeftModel)
     before = weights(trainer.model)
     trainer.train()

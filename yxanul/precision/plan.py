@@ -215,7 +215,7 @@ class PrecisionPlan:
         """Before `accelerator.prepare`: no pickled TE extra state, the small-GEMM policy (layers
         kept BF16 run inside `te.autocast(enabled=False)`), TE read-back hooks, and a snapshot of
         the module tree for `after_prepare`."""
-        self._snapshot = {n: type(m).__name__ for n, m in model.named_modules()}
+        self._snapshot = _module_classes(_inner(model))
         if self.args.master_weights == "fp32":  # BF16 params, fp32 masters (build_optimizer steps those)
             attach(model)
             if self.args.fuse_wgrad_accumulation:  # TE's wgrad GEMMs write the masters' fp32 gradients
@@ -336,25 +336,36 @@ def _run_without_fp8(module, _te, recipe) -> None:
 
 
 def _module_classes(model) -> dict[str, str]:
-    """name -> class name of each module, seen through what FSDP2 legitimately changes: ``fully_shard``
+    """name -> class name of each module, seen through what FSDP2 and PEFT legitimately change: ``fully_shard``
     swaps a module's class for a subclass ``FSDP<Name>``, activation checkpointing puts the layer under
-    ``<name>._checkpoint_wrapped_module`` of a ``CheckpointWrapper``."""
+    ``<name>._checkpoint_wrapped_module`` of a ``CheckpointWrapper``, a PEFT adapter (LoRA's) puts it under
+    ``<name>.base_layer`` of the adapter module (the adapter's own modules are no module of the model's)."""
     from torch.distributed.fsdp import FSDPModule
 
-    out = {}
-    for n, m in model.named_modules():
+    out: dict[str, str] = {}
+
+    def visit(m, name: str) -> None:
         cls = type(m).__name__
         if cls == "CheckpointWrapper":
-            continue
+            return visit(m._checkpoint_wrapped_module, name)
+        if type(m).__module__.startswith("peft.") and isinstance(getattr(m, "base_layer", None), torch.nn.Module):
+            return visit(m.base_layer, name)
         if isinstance(m, FSDPModule) and cls.startswith("FSDP"):
             cls = cls[len("FSDP"):]
-        out[n.replace("._checkpoint_wrapped_module", "")] = cls
+        out[name] = cls
+        for child, sub in m.named_children():
+            visit(sub, f"{name}.{child}" if name else child)
+
+    visit(model, "")
     return out
 
 
 def _inner(model):
-    """The user model under DDP / DeepSpeedEngine / torch.compile wrappers."""
+    """The user model under DDP / DeepSpeedEngine / torch.compile / PEFT (``PeftModel``, e.g. TRL's peft_config)."""
     while True:
+        if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+            continue
         nxt = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
         if not isinstance(nxt, torch.nn.Module):
             return model
