@@ -5,13 +5,16 @@ A MODEL argument (``yxanul export|push|generate|eval``) is one of:
   - a checkpoint folder ``RUN/checkpoints/step_N`` (accelerate's ``model.safetensors``, FSDP2's sharded
     ``pytorch_model_fsdp_0/``, or DeepSpeed's ``pytorch_model/`` folder of a ZeRO run); extra files
     (optimizer, RNG, FP8 state, manifests) are ignored;
-  - an export (a folder with ``config.json``: ``yxanul export`` in either format, or any HF causal LM).
+  - an export (a folder with ``config.json``: ``yxanul export`` in either format, or any HF causal LM);
+  - a PEFT adapter folder (``adapter_config.json``, e.g. LoRA trained with TRL): its base model (any of the
+    above, a local folder) with the adapter merged in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,15 @@ def resolve_checkpoint(path: str | Path, what: str = "MODEL", say=print) -> Path
 
 
 def is_export(path: str | Path) -> bool:
-    return (Path(path) / "config.json").is_file()
+    """A model folder as transformers and PEFT save one: an export, or a PEFT adapter (`is_adapter`)."""
+    return (Path(path) / "config.json").is_file() or is_adapter(path)
+
+
+def is_adapter(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file() and not (Path(path) / "config.json").is_file()
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft.utils.CONFIG_NAME: read here without importing peft
 
 
 def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -192,6 +203,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = Path(path)
+    if is_adapter(p):
+        return load_adapter(p, device, dtype)
     if is_export(p):
         import json
 
@@ -208,6 +221,43 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         if dtype is not None:
             model = model.to(dtype)
+    fill_token_ids(model, tok)
+    return model.to(device).eval(), tok
+
+
+def load_adapter(path: Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """(model, tokenizer) of a PEFT adapter folder: its base (``base_model_name_or_path``, any MODEL a local folder
+    can be) with the adapter merged in (one set of weights: generate, eval and export run it as a plain model);
+    the adapter folder's tokenizer, else the base's."""
+    import json
+
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise UserError(f"MODEL '{path}': a PEFT adapter; loading it needs peft (pip install peft): {e}") from None
+    try:
+        base_path = json.loads((path / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"MODEL '{path}': {ADAPTER_CONFIG} has no base_model_name_or_path") from None
+    base_dir = Path(base_path) if Path(base_path).is_absolute() else (Path.cwd() / base_path)
+    if not base_dir.exists() and (path / base_path).exists():  # saved relative to the adapter folder
+        base_dir = path / base_path
+    if not base_dir.exists():
+        raise UserError(f"MODEL '{path}': the adapter's base model '{base_path}' is not a folder here; download it "
+                        f"or point base_model_name_or_path in {path / ADAPTER_CONFIG} at a local run or export")
+    base, base_tok = load_model(base_dir, "cpu", dtype)
+    try:
+        with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`: not ours
+            warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+            model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"MODEL '{path}': the adapter does not fit its base '{base_path}' "
+                        f"({str(e).splitlines()[0][:300]})") from None
+    tok = base_tok
+    if any(path.glob("tokenizer*.json")):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     fill_token_ids(model, tok)
     return model.to(device).eval(), tok
 

@@ -49,6 +49,9 @@ def read_weights(path: str, model) -> dict:
         raise UserError(f"init_from '{path}': no such file or directory")
     verified_weights_dir(path, "init_from")  # a checkpoint folder must match its manifest
     files = sorted(Path(path).glob("model*.safetensors")) if Path(path).is_dir() else []
+    if not files and (Path(path) / "adapter_config.json").is_file():  # PEFT's; the export merges it into its base
+        raise UserError(f"init_from '{path}': a PEFT adapter, not a model; merge it into its base first: `yxanul "
+                        f"export {path} MERGED --format yxanul --dtype fp32`, then --init_from MERGED")
     if not files and not is_sharded_checkpoint(path):
         raise UserError(f"init_from '{path}': no model*.safetensors (nor FSDP2 shards) in that folder")
     state = {} if files else read_sharded_weights(path, is_te_gemm_weight)  # FSDP2: the shards joined in this process
