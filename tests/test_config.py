@@ -388,8 +388,8 @@ def test_help_shows_the_embedded_default_runs_values_where_it_sets_them():
     """`yxanul train` without --config runs yxanul/assets/default.yaml: its --help says 300 steps, not the 1000
     a --config FILE starts from; `yxanul prepare` likewise (val_fraction)."""
     from yxanul.config import build_parser
+    from yxanul.config_file import embedded_defaults
     from yxanul.flags import build_parser as command_parser
-    from yxanul.flags import embedded_defaults
     from yxanul.tools.prepare import PrepareCommand
 
     text = " ".join(build_parser().format_help().split())

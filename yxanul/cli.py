@@ -12,8 +12,8 @@ import time
 from . import __version__
 from .checkpoint import listing, run_dir_of
 from .config import parse_args
+from .config_file import with_default_config
 from .errors import ConfigError, EveryRankError, UserError, first_line
-from .flags import with_default_config
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)

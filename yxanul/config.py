@@ -19,16 +19,14 @@ from typing import Any
 import yaml
 
 from .checkpoint import CheckpointArgs
+from .config_file import DEFAULT_CONFIG, embedded_defaults, load_yaml
 from .data.args import DataArgs
 from .errors import ConfigError
 from .evaluation.args import EvalTaskArgs
 from .flags import (
-    DEFAULT_CONFIG,
     OneLineParser,
     add_field,
     bare_booleans,
-    embedded_defaults,
-    load_yaml,
     merge,
     parse_known,
     strip_optional,

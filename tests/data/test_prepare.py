@@ -199,7 +199,7 @@ def test_prepare_without_a_config_prepares_what_the_default_train_run_reads(tmp_
     """`yxanul prepare` alone takes the embedded default's data keys (its val_fraction), as `yxanul train` does:
     the folder it writes is the one the default run then reuses."""
     from yxanul.config import parse_args
-    from yxanul.flags import with_default_config
+    from yxanul.config_file import with_default_config
 
     monkeypatch.setenv("YXANUL_CACHE", str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "yxanul", "prepare", "--max_documents", "40"], check=True,

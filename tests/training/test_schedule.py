@@ -60,7 +60,7 @@ def test_float_boundaries_from_yaml_are_accepted():
 
 def test_yaml_numbers_read_as_strings_are_read_like_any_integer_key(tmp_path):
     """YAML 1.1 reads `2e5` (no dot) and `200_000` as strings; max_steps takes them, so a stage does too."""
-    from yxanul.flags import load_yaml  # the YAML reader train --config uses
+    from yxanul.config_file import load_yaml  # the YAML reader train --config uses
     (tmp_path / "c.yaml").write_text("curriculum:\n  - {seq_length: 64, until_tokens: 2e5}\n"
                                      "  - {seq_length: 128, until_steps: 300_000}\n  - {seq_length: 256}\n")
     stages = load_yaml(str(tmp_path / "c.yaml"))["curriculum"]

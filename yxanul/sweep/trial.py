@@ -21,8 +21,8 @@ from typing import Any
 
 from ..checkpoint.io import saved_config
 from ..config import parse_args
+from ..config_file import with_default_config
 from ..errors import UserError
-from ..flags import with_default_config
 from ..training import speed_defaults
 from .spec import SweepSpec, _flag_value, trial_flags
 

@@ -10,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import parse_args
+from ..config_file import with_default_config
 from ..data.tokenizer_load import load_tokenizer, vocab_size
 from ..errors import ConfigError
-from ..flags import build_parser, parse_command_and_rest, with_default_config
+from ..flags import build_parser, parse_command_and_rest
 from ..training import speed_defaults
 from ..training.batching.args import BatchArgs, micro_multiple
 from ..training.batching.cache import cache_fields, cache_files, cache_key, store, user_cache_file

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..config import config_keys
+from ..config_file import load_yaml, with_default_config
 from ..data.args import DataArgs
 from ..data.prepare import prepare, read_meta
-from ..flags import fields_of, load_yaml, merge, parse_command, with_default_config
+from ..flags import fields_of, merge, parse_command
 
 
 @dataclass
