@@ -88,8 +88,10 @@ def test_a_resume_continues_the_random_states_the_checkpoint_saved(tmp_path):
     full = states()
     train(parse_args([*flags, "--max_steps", "2", "--output_dir", str(tmp_path / "part")]))
     random.seed(7), torch.manual_seed(7), np.random.seed(7)  # another process's states
-    train(parse_args([*flags, "--max_steps", "4", "--output_dir", str(tmp_path / "part"), "--resume", "latest"]))
+    summary = train(parse_args([*flags, "--max_steps", "4", "--output_dir", str(tmp_path / "part"), "--resume",
+                                "latest"]))
     resumed = states()
+    assert summary["logged_steps"] == 2  # this session's steps 3 and 4 (log_freq 1), what its `done:` line spans
     assert torch.equal(resumed[0], full[0]) and resumed[1] == full[1] and (resumed[2] == full[2]).all()
 
 
@@ -288,8 +290,10 @@ def test_summary_line_says_stopped_and_what_this_session_did():
     spaced = summary_line(run_summary(st, None, None, "FP32", 3.0, "/data/my runs/exp 1"), max_steps=150)
     assert "--output_dir '/data/my runs/exp 1' continues" in spaced  # pasted into a shell as it is
     st.step, st.val_loss = 150, 4.5
-    done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r"), max_steps=150)
+    done = summary_line(run_summary(st, 9.0, 5.25, "FP32", 3.0, "r", logged_steps=15), max_steps=150)
     assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")
+    once = summary_line(run_summary(st, 5.25, 5.25, "FP32", 3.0, "r", logged_steps=1), max_steps=150)
+    assert once.endswith("; loss 5.250000 (the one step logged in this session); val_loss 4.500000")  # not 'X -> X'
 
 
 def test_progress_line_fills_a_long_gap_between_logged_steps(tmp_path, capsys, monkeypatch):

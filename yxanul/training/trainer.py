@@ -58,6 +58,7 @@ class Trainer:
         self.timer = StepTimer()
         self.guard = CollapseGuard()  # a collapsed model stops like a diverged one
         self.first_loss = self.last_loss = self.tokens_per_sec = None
+        self.logged_steps = 0
         self.stage_idx: int | None = None
         self.train_iter = self.lock = None
         self._unwrap = UnwrapCache()  # `unwrapped_model`
@@ -231,7 +232,7 @@ class Trainer:
         dt = self.timer.lap()
         self.tokens_per_sec = self.batch.tokens_per_step / dt
         self.first_loss = loss if self.first_loss is None else self.first_loss
-        self.last_loss = loss
+        self.last_loss, self.logged_steps = loss, self.logged_steps + 1
         row = {"step": st.step, "epoch": self.loader.epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
                "dt_ms": dt * 1e3, "tokens_per_sec": self.tokens_per_sec, "precision": self.plan.label,
                "tokens_seen": st.tokens_seen, "seq_length": self.loader.seq_length}
@@ -389,7 +390,7 @@ class Trainer:
         self.callbacks.on_train_end(self)
         self.accelerator.end_training()
         summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
-                              time.monotonic() - self.t_start, self.run_dir)
+                              time.monotonic() - self.t_start, self.run_dir, self.logged_steps)
         if self.accelerator.is_main_process:
             write_summary(summary, self.run_dir, self.say, max_steps=self.cfg.train.max_steps)
         if self.lock is not None:
