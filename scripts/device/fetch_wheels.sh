@@ -14,9 +14,9 @@ mkdir -p .device/whl .device/parts .device/sdist
 dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${PLAT[@]}" -d "$1" "${@:2}"; }
 # Runtime deps of `import transformer_engine.pytorch` missing on the device image (see the facts
-# note), plus yxanul's own deps the image lacks (datasets and its helpers; TRL for the FP8-under-TRL tests).
+# note), plus yxanul's own deps the image lacks (datasets and its helpers; TRL and PEFT for the FP8-under-TRL tests).
 dl .device/whl "transformer-engine==${TE_VERSION}" pydantic pydantic-core annotated-types typing-inspection \
-   nvdlfw-inspect "nvidia-cudnn-frontend>=1.29" datasets multiprocess dill hjson "trl==1.16.0"
+   nvdlfw-inspect "nvidia-cudnn-frontend>=1.29" datasets multiprocess dill hjson "trl==1.16.0" "peft==0.21.2"
 # DeepSpeed (ZeRO-1 GPU tests) is an sdist whose setup.py imports torch: build its pure-Python wheel
 # here in pip's isolated build env (no torch needed: no ops prebuilt; DeepSpeed JIT-builds what it needs there).
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps -w .device/whl "deepspeed==${DS_VERSION:-0.19.8}"

@@ -99,7 +99,7 @@ def test_grpo_trainer_runs_the_native_te_model_in_fp8(native_te, tmp_path):
 def test_lora_sft_on_the_te_blocks_in_fp8(native_te, tmp_path):
     """PEFT's parameter adapters (`LORA_TARGET_PARAMETERS`) on the TE blocks under the FP8 plan: TE reports the
     recipe, only the adapters move, and the merged model gives the adapted logits (BF16 tolerance)."""
-    from peft import LoraConfig
+    peft = pytest.importorskip("peft", reason="needs peft (scripts/device/fetch_wheels.sh carries it)")
     from trl import SFTConfig
 
     from yxanul.integrations.trl_trainers import YxanulSFTTrainer
@@ -110,7 +110,7 @@ def test_lora_sft_on_the_te_blocks_in_fp8(native_te, tmp_path):
     args = SFTConfig(output_dir=str(tmp_path / "lora"), max_steps=4, per_device_train_batch_size=8,
                      learning_rate=1e-3, max_length=64, pad_to_multiple_of=16, logging_steps=1, report_to=[],
                      bf16=True, save_strategy="no", seed=0, disable_tqdm=True)
-    lora = LoraConfig(r=8, lora_alpha=16, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
+    lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=[], target_parameters=LORA_TARGET_PARAMETERS)
     trainer = YxanulSFTTrainer(model=model, args=args, processing_class=tok, peft_config=lora,
                                train_dataset=Dataset.from_dict({"text": TEXTS}), precision=PrecisionArgs(**RECIPE))
     before = weights(trainer.model)
