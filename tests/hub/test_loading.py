@@ -74,6 +74,10 @@ def test_an_adapter_whose_base_is_not_here_is_one_line(adapter, tmp_path, capsys
     assert cli(["generate", str(path), "--prompt", PROMPT]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: MODEL '{path}': the adapter's base model")
+    config = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(path)}))
+    with pytest.raises(UserError, match="is another adapter; merge that one into its own base first"):
+        load_model(path)  # itself as its base: one line, not a recursion without end
 
 
 def test_push_uploads_an_adapter_folder_as_it_is(adapter):

@@ -238,13 +238,16 @@ def load_adapter(path: Path, device: str | torch.device = "cpu", dtype: torch.dt
     try:
         base_path = json.loads((path / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
     except (ValueError, KeyError, TypeError):
-        raise UserError(f"MODEL '{path}': {ADAPTER_CONFIG} has no base_model_name_or_path") from None
+        raise UserError(f"MODEL '{path}': {ADAPTER_CONFIG} is not JSON with a base_model_name_or_path") from None
     base_dir = Path(base_path) if Path(base_path).is_absolute() else (Path.cwd() / base_path)
     if not base_dir.exists() and (path / base_path).exists():  # saved relative to the adapter folder
         base_dir = path / base_path
     if not base_dir.exists():
         raise UserError(f"MODEL '{path}': the adapter's base model '{base_path}' is not a folder here; download it "
                         f"or point base_model_name_or_path in {path / ADAPTER_CONFIG} at a local run or export")
+    if is_adapter(base_dir):  # PEFT stacks adapters on a model, never on a saved adapter (and no cycle here)
+        raise UserError(f"MODEL '{path}': its base '{base_path}' is another adapter; merge that one into its own base "
+                        f"first (`yxanul export {base_path} MERGED --format yxanul`) and point this one at MERGED")
     base, base_tok = load_model(base_dir, "cpu", dtype)
     try:
         with warnings.catch_warnings():  # peft asks transformers' deprecated `is_gradient_checkpointing`: not ours
