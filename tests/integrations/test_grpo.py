@@ -65,6 +65,8 @@ def test_bad_dataset_and_flags_are_one_line(tmp_path, capsys):
         (["grpo", str(tmp_path), "--dataset", "GBaker/MedQA-USMLE-4-options"], "Hub"),  # offline here
         (["grpo", str(tmp_path), "--batch_size", "6", "--num_generations", "4"], "batch_size"),
         (["grpo", str(tmp_path), "--num_generations", "1"], "num_generations"),
+        (["grpo", str(tmp_path), "--lora_r", "-1"], "lora_r"),
+        (["grpo", str(tmp_path), "--lora_r", "8", "--lora_alpha", "0"], "lora_alpha"),
     ]
     for argv, word in cases:
         assert cli(argv) == 2, argv
@@ -118,6 +120,26 @@ def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path):
     assert s["steps"] == 1 and json.loads((out / "grpo_summary.json").read_text())["questions"] == 4
     model = AutoModelForCausalLM.from_pretrained(str(out / "model"))
     assert type(model).__name__ == "LlamaForCausalLM" and (out / "model" / "tokenizer.json").is_file()
+
+
+def test_lora_trains_only_adapters_and_model_holds_the_merged_weights(qa_run, tmp_path):
+    """--lora_r: SFT and GRPO train PEFT adapters on every linear layer; OUT/model is the merged model (plain
+    transformers, no adapter keys): the projections moved, the embedding (no adapter) did not."""
+    from transformers import AutoModelForCausalLM
+
+    from yxanul.finetune.grpo import GrpoCommand, grpo
+    from yxanul.integrations.causal_lm import load_causal_lm
+
+    out = tmp_path / "g"
+    s = grpo(GrpoCommand(model=str(qa_run), limit=4, sft_steps=1, max_steps=1, batch_size=4, num_generations=2,
+                         max_completion_length=2, lora_r=4, output_dir=str(out), device="cpu"), say=lambda *a: None)
+    base, _ = load_causal_lm(str(qa_run))
+    assert 0 < s["trainable_parameters"] < base.num_parameters() / 10  # adapters only
+    merged = AutoModelForCausalLM.from_pretrained(str(out / "model")).state_dict()
+    assert not [k for k in merged if "lora" in k]
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q], base.state_dict()[q])  # the SFT step moved the adapter, merged in
+    assert torch.equal(merged["model.embed_tokens.weight"], base.state_dict()["model.embed_tokens.weight"])
 
 
 def test_too_few_questions_for_a_step_and_a_file_as_output_dir_are_one_line(qa_run, tmp_path, capsys):

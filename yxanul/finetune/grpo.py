@@ -8,8 +8,9 @@ A freshly pretrained base rarely answers with a letter at all: every completion 
 the group advantage is 0 and GRPO has nothing to learn from. ``--sft_steps N`` first runs TRL's
 ``SFTTrainer`` for N steps on the same rows' `` <letter>. <option>`` targets, so the policy follows the
 format before GRPO starts. MODEL is a run, checkpoint or export; a yxanul model is trained as the
-``LlamaForCausalLM`` with the same weights (:mod:`yxanul.integrations.causal_lm`). The output folder gets
-``model/`` (save_pretrained + tokenizer: loads with plain transformers), ``metrics.jsonl`` (every logged
+``LlamaForCausalLM`` with the same weights (:mod:`yxanul.integrations.causal_lm`); ``--lora_r R`` trains PEFT LoRA
+adapters on its linear layers instead of every weight (both stages). The output folder gets ``model/``
+(save_pretrained + tokenizer, adapters merged: loads with plain transformers), ``metrics.jsonl`` (every logged
 step of both stages: ``reward``, ``rewards/answer_reward/mean``, ``loss``, ...) and ``grpo_summary.json``.
 """
 
@@ -52,6 +53,10 @@ class GrpoCommand:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the rollouts."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the starting model (0: no reference "
                                                        "model, TRL's default)."})
+    lora_r: int = field(default=0, metadata={
+        "help": "LoRA rank on every linear layer of both stages (PEFT; the base stays frozen and, with --beta, is "
+                "the reference model without a second copy); 0: full fine-tuning. model/ holds the merged weights."})
+    lora_alpha: float | None = field(default=None, metadata={"help": "LoRA scale numerator (default: 2 x lora_r)."})
     seed: int = field(default=0, metadata={"help": "Seed (sampling, shuffling)."})
     device: str = field(default="auto", metadata={"help": "auto (cuda if available) or cpu."})
 
@@ -72,6 +77,10 @@ class GrpoCommand:
                 raise ConfigError(key, "a number > 0", getattr(self, key))
         if self.beta < 0:
             raise ConfigError("beta", "a number >= 0", self.beta)
+        if self.lora_r < 0:
+            raise ConfigError("lora_r", "an integer >= 0 (0: no LoRA)", self.lora_r)
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise ConfigError("lora_alpha", "a number > 0", self.lora_alpha)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("device", "auto, cpu or cuda", self.device)
 
@@ -124,7 +133,22 @@ def _train(trainer, out: Path, tok) -> None:
         raise
 
 
+def with_lora(a: GrpoCommand, model):
+    """``model`` with LoRA adapters on every linear layer but the LM head (PEFT's "all-linear"), when ``lora_r``."""
+    if not a.lora_r:
+        return model
+    require("peft", "grpo", "yxanul grpo --lora_r")
+    from peft import LoraConfig, get_peft_model
+
+    alpha = a.lora_alpha if a.lora_alpha is not None else 2.0 * a.lora_r
+    return get_peft_model(model, LoraConfig(r=a.lora_r, lora_alpha=alpha, target_modules="all-linear",
+                                            task_type="CAUSAL_LM"))
+
+
 def save(model, tok, out: Path) -> None:
+    """OUT/model: what plain transformers loads (LoRA adapters merged into their base weights)."""
+    if hasattr(model, "merge_and_unload"):  # a PeftModel
+        model = model.merge_and_unload()
     model.save_pretrained(str(out / "model"))
     tok.save_pretrained(str(out / "model"))
 
@@ -177,15 +201,18 @@ def grpo(a: GrpoCommand, say=print) -> dict:
         raise UserError(f"dataset '{a.dataset}': {len(ds)} questions, fewer than the {prompts} prompts of a step "
                         f"(--batch_size {a.batch_size} / --num_generations {a.num_generations}); lower --batch_size "
                         "or take more questions (--limit)")
+    model = with_lora(a, model)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     out = prepare_output(a)
-    say(f"{len(ds)} questions from {a.dataset}; output {out}")
+    say(f"{len(ds)} questions from {a.dataset}; {trainable:,} trainable parameters; output {out}")
     if a.sft_steps:
         model = run_sft(a, model, tok, ds, out, cpu)
     trainer = run_grpo(a, model, tok, ds, out, cpu)
     save(trainer.model, tok, out)
     curve = reward_curve(out)
     k = max(1, len(curve) // 4)
-    summary = {"args": asdict(a), "questions": len(ds), "reward_first": sum(curve[:k]) / k,
+    summary = {"args": asdict(a), "questions": len(ds), "trainable_parameters": trainable,
+               "reward_first": sum(curve[:k]) / k,
                "reward_last": sum(curve[-k:]) / k, "steps": len(curve), "model": str(out / "model")}
     (out / "grpo_summary.json").write_text(json.dumps(summary, indent=2))
     say(f"mean reward (format + answer, max 2): first {k} steps {summary['reward_first']:.3f} -> last {k} steps "
