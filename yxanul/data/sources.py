@@ -215,7 +215,7 @@ def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | Non
     except DataError:
         raise
     except ConnectionError as e:  # datasets: "Couldn't reach 'X' on the Hub (OfflineModeIsEnabled)"
-        raise DataError(hub_unreachable(src.path, str(e).splitlines()[0][:120] if str(e) else "")) from None
+        raise DataError(hub_unreachable(src.path, first_line(e)[:120])) from None
     except Exception as e:  # noqa: BLE001 -- bad parquet, unknown config, ...: any failure becomes one line
         if is_no_space(e):
             raise _cache_full(src, cache_dir) from None
@@ -304,7 +304,7 @@ def _first(ds, src: Source) -> dict:
             return ds[0] if ds.num_rows else {}
         return next(iter(ds.take(1)), {})
     except Exception as e:  # noqa: BLE001 -- a broken file: one line
-        raise DataError(f"dataset '{src.path}': could not be read ({str(e).strip().splitlines()[0][:300]})") from None
+        raise DataError(f"dataset '{src.path}': could not be read ({first_line(e, type(e).__name__)[:300]})") from None
 
 
 def _templated(ds, src: Source):

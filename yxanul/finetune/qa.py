@@ -83,7 +83,7 @@ def load_qa(dataset: str, split: str = "train", name: str | None = None, limit: 
         else:
             ds = datasets.load_dataset(src.builder, data_files=src.files, split="train")
     except ConnectionError as e:  # datasets: "Couldn't reach 'X' on the Hub (OfflineModeIsEnabled)"
-        raise DataError(hub_unreachable(dataset, str(e).splitlines()[0][:120] if str(e) else "")) from None
+        raise DataError(hub_unreachable(dataset, first_line(e)[:120])) from None
     except Exception as e:  # noqa: BLE001 - unknown split, bad file, ...: one line
         first = first_line(e, type(e).__name__)
         raise DataError(f"dataset '{dataset}': could not be loaded ({first[:300]})") from None

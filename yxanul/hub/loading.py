@@ -31,7 +31,7 @@ from ..checkpoint.io import (
 from ..data.args import DataArgs
 from ..data.prepare import target_dir
 from ..data.tokenizer_load import load_prepared_tokenizer
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, first_line
 from ..models.configuration_yxanul import config_from_preset
 from ..models.modeling_yxanul import YxanulForCausalLM
 from ..models.state_dict import is_te_gemm_weight, split_qkv_state
@@ -59,6 +59,9 @@ def resolve_checkpoint(path: str | Path, what: str = "MODEL", say=print) -> Path
         return ckpt
 
 
+ADAPTER_CONFIG = "adapter_config.json"  # peft.utils.CONFIG_NAME: read here without importing peft
+
+
 def is_export(path: str | Path) -> bool:
     """A model folder as transformers and PEFT save one: an export, or a PEFT adapter (`is_adapter`)."""
     return (Path(path) / "config.json").is_file() or is_adapter(path)
@@ -66,9 +69,6 @@ def is_export(path: str | Path) -> bool:
 
 def is_adapter(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file() and not (Path(path) / "config.json").is_file()
-
-
-ADAPTER_CONFIG = "adapter_config.json"  # peft.utils.CONFIG_NAME: read here without importing peft
 
 
 def read_checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -213,7 +213,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
             model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype or torch.float32,
                                                          trust_remote_code=False, **kw)
         except (OSError, ValueError) as e:
-            raise UserError(f"MODEL '{path}': not loadable by transformers ({str(e).splitlines()[0]})") from None
+            why = first_line(e, type(e).__name__)
+            raise UserError(f"MODEL '{path}': not loadable by transformers ({why})") from None
         has_tok = any(p.glob("tokenizer*.json"))
         tok = AutoTokenizer.from_pretrained(str(p), trust_remote_code=False) if has_tok else None
     else:
@@ -255,7 +256,7 @@ def load_adapter(path: Path, device: str | torch.device = "cpu", dtype: torch.dt
             model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"MODEL '{path}': the adapter does not fit its base '{base_path}' "
-                        f"({str(e).splitlines()[0][:300]})") from None
+                        f"({first_line(e, type(e).__name__)[:300]})") from None
     tok = base_tok
     if any(path.glob("tokenizer*.json")):
         from transformers import AutoTokenizer
