@@ -9,6 +9,7 @@ from yxanul.tracking import (
     TrackingArgs,
     flat_tracker_config,
     format_duration,
+    format_eval_line,
     format_step_line,
     mfu,
     peak_flops,
@@ -55,6 +56,13 @@ def test_step_line_shape_and_penalty_columns():
     assert progress(3, 4, 10.0) == "step    3/4 75% eta 10s"  # the steps left, this one done
     line = format_step_line(1, 0, 3.5, 6e-4, 0.5, 1.0, 2.0, "FP32", lm_loss=3.25, penalty=0.25)
     assert "| loss: 3.500000 | lm_loss: 3.250000 | penalty: 0.250000 | lr:" in line
+
+
+def test_eval_line_shape_with_mfu_and_callback_metrics():
+    assert format_eval_line(40, 5.114067, 166.3456) == "eval step   40 | val_loss: 5.114067 | val_ppl: 166.35"
+    line = format_eval_line(40, 2.5, 12.18, 0.4123, "H100", {"hellaswag": 0.31, "sample": "text", "n": 3})
+    assert line == ("eval step   40 | val_loss: 2.500000 | val_ppl: 12.18 | mfu: 41.2% of H100 BF16 dense peak | "
+                    "hellaswag: 0.3100")  # only float metrics: a string or a count has no column
 
 
 def test_the_tracker_config_is_flat_with_every_level_in_its_keys():

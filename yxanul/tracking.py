@@ -82,6 +82,15 @@ def format_step_line(step: int, epoch: int, loss: float, lr: float, norm: float,
             f"dt: {dt_ms:.2f}ms | tok/sec: {tok_per_sec:.2f} | {precision}")
 
 
+def format_eval_line(step: int, val_loss: float, val_ppl: float, mfu_value: float | None = None,
+                     peak_name: str | None = None, extra: dict | None = None) -> str:
+    """The evaluation's console line; float metrics of callbacks (``extra``) follow the perplexity."""
+    line = f"eval step {step:4d} | val_loss: {val_loss:.6f} | val_ppl: {val_ppl:.2f}"
+    if mfu_value is not None:
+        line += f" | mfu: {mfu_value:.1%} of {peak_name} BF16 dense peak"
+    return line + "".join(f" | {k}: {v:.4f}" for k, v in (extra or {}).items() if isinstance(v, float))
+
+
 def progress(step: int, max_steps: int | None, sec_per_step: float | None) -> str:
     """``step  250/300 83% eta 39s`` (``step  250`` without ``max_steps``)."""
     if not max_steps:

@@ -60,6 +60,10 @@ def test_collapse_guard_counts_zero_norms_and_refuses_a_save():
         CollapseGuard().observe(1, math.nan)
     with pytest.raises(TrainingDiverged, match="at a checkpoint step"):
         CollapseGuard().before_save(4, 0.0)
+    with pytest.raises(TrainingDiverged, match="step 4: loss or gradient norm is not finite; .* in run/checkpoints"):
+        CollapseGuard().before_save(4, 0.1, loss_finite=False, run_dir="run")  # a finite norm does not hide it
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        CollapseGuard().before_save(4, math.nan)
     CollapseGuard().before_save(4, 0.1)
     CollapseGuard().before_save(4, None)  # no optimizer step yet
 

@@ -4,7 +4,7 @@ stops before sampling (where torch.multinomial would fail on NaN probabilities).
 Call sites in the training loop (see docs/training.md, "What survives what"):
 - ``guard = CollapseGuard()`` once before the loop;
 - ``guard.observe(step, norm_val)`` at every logged step (after the loss/norm are on the host);
-- ``guard.before_save(step, norm)`` in the save path, before any checkpoint file is written;
+- ``guard.before_save(step, norm, loss_finite, run_dir)`` in the save path, before any checkpoint file is written;
 - ``check_val_loss(step, val_loss, run_dir)`` right after the validation loss is computed, before
   the sample is generated.
 Each raises :class:`~yxanul.errors.TrainingDiverged` (one line, exit code 3, no checkpoint written).
@@ -45,14 +45,17 @@ class CollapseGuard:
                                    "the model has collapsed (it can no longer learn); stopping without saving it "
                                    "(resume from an earlier checkpoint with a lower max_lr)")
 
-    def before_save(self, step: int, norm) -> None:
-        if norm is None:
-            return
+    def before_save(self, step: int, norm, loss_finite: bool = True, run_dir=None) -> None:
+        """Raises instead of a checkpoint of a diverged (loss or norm not finite) or collapsed (norm 0) model."""
         value = _as_float(norm)
-        if value == 0.0 or not math.isfinite(value):
-            raise TrainingDiverged(f"step {step}: gradient norm {value} at a checkpoint step: the model has collapsed "
-                                   "or diverged; no checkpoint written over the good ones (resume from an earlier "
-                                   "checkpoint with a lower max_lr)")
+        where = f" in {run_dir}/checkpoints" if run_dir is not None else ""
+        if not loss_finite or (norm is not None and not math.isfinite(value)):
+            raise TrainingDiverged(f"step {step}: loss or gradient norm is not finite; no checkpoint written over the "
+                                   f"good ones{where} (lower max_lr, or check the data)")
+        if norm is not None and value == 0.0:
+            raise TrainingDiverged(f"step {step}: gradient norm 0 at a checkpoint step: the model has collapsed; no "
+                                   f"checkpoint written over the good ones{where} (resume from an earlier checkpoint "
+                                   "with a lower max_lr)")
 
 
 def check_val_loss(step: int, val_loss: float, run_dir=None) -> None:

@@ -28,7 +28,7 @@ from ..models.modeling_yxanul import resolve_backend
 from ..precision import probe_facts, resolve_precision
 from ..precision.master_weights import model_params_in_groups
 from ..run_lock import lock_on_main
-from ..tracking import MetricsLog, format_step_line, mfu, peak_flops, progress
+from ..tracking import MetricsLog, format_eval_line, format_step_line, mfu, peak_flops, progress
 from . import fsdp, provenance, speed_defaults
 from .batching import plan_curriculum, resolve_batch, torch_reduce_min
 from .callbacks import CallbackList, from_config
@@ -276,12 +276,10 @@ class Trainer:
         st.record_eval(val_loss)
         row = {"step": st.step, "val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50)),
                "tokens_seen": st.tokens_seen}
-        msg = f"eval step {st.step:4d} | val_loss: {val_loss:.6f} | val_ppl: {row['val_ppl']:.2f}"
-        if self.peak and self.tokens_per_sec:
-            msg += f" | mfu: {self.mfu():.1%} of {self.peak[0]} BF16 dense peak"
         extra = {k.removeprefix("eval/"): v for k, v in self.callbacks.on_evaluate(self).items()}
         row.update(extra)
-        msg += "".join(f" | {k}: {v:.4f}" for k, v in extra.items() if isinstance(v, float))
+        msg = format_eval_line(st.step, val_loss, row["val_ppl"], self.mfu() if self.peak else None,
+                               self.peak and self.peak[0], extra)
         if acc.is_main_process and tr.sample_tokens and not self.sharded:  # rank 0 alone can't run sharded weights
             row["sample"] = sample(self.unwrapped_model, self.tokenizer, tr.sample_prompt, tr.sample_tokens,
                                    acc.device)
@@ -300,13 +298,8 @@ class Trainer:
         """A checkpoint of this step (never of a diverged model); callbacks' ``on_save`` after it."""
         t0 = time.perf_counter()
         st, acc = self.state, self.accelerator
-        finite = torch.isfinite(acc.reduce(out.loss.detach(), "sum"))  # one sync per checkpoint
-        if out.grad_norm is not None:
-            finite &= torch.isfinite(torch.as_tensor(out.grad_norm, device=finite.device))
-        if not bool(finite):
-            raise TrainingDiverged(f"step {st.step}: loss or gradient norm is not finite; no checkpoint written over "
-                                   f"the good ones in {self.run_dir / 'checkpoints'} (lower max_lr, or check the data)")
-        self.guard.before_save(st.step, out.grad_norm)
+        finite = bool(torch.isfinite(acc.reduce(out.loss.detach(), "sum")))  # one sync per checkpoint
+        self.guard.before_save(st.step, out.grad_norm, loss_finite=finite, run_dir=self.run_dir)
         st.epoch, st.data = self.loader.epoch, self.loader.state_dict()
         info = RunInfo(precision=self.plan.label, backend=self.mcfg.backend, world_size=acc.num_processes,
                        tokens_per_step=self.batch.tokens_per_step, val_sequences=self.val_sequences,
