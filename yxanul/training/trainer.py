@@ -203,19 +203,14 @@ class Trainer:
         self.state.step += 1
         self.state.tokens_seen += self.batch.tokens_per_step
         self.timer.steps += 1
-        if not self._trackers_started:  # W&B's start is not step time
-            self.timer.exclude(self._start_trackers())
+        if not self._trackers_started:  # after the first step: the run config carries TE's FP8 read-back
+            t0 = time.perf_counter()
+            self.state.wandb_run_id = start_trackers(self.accelerator, self.cfg, self.run_dir, self.run_name,
+                                                     self.unwrapped_model, self.plan, self.state.wandb_run_id,
+                                                     self.say, first_step=self.state.step)
+            self._trackers_started = True
+            self.timer.exclude(time.perf_counter() - t0)  # W&B's start is not step time
         return out
-
-    def _start_trackers(self) -> float:
-        """After this process's first step, so that the run config carries the precision report with
-        TE's read-back. Returns the seconds it took."""
-        t0 = time.perf_counter()
-        self.state.wandb_run_id = start_trackers(self.accelerator, self.cfg, self.run_dir, self.run_name,
-                                                 self.unwrapped_model, self.plan, self.state.wandb_run_id, self.say,
-                                                 first_step=self.state.step)
-        self._trackers_started = True
-        return time.perf_counter() - t0
 
     # -- logging -------------------------------------------------------------------------------
     def _mean(self, total) -> float | None:
