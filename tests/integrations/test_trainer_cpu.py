@@ -142,10 +142,17 @@ def test_plain_trainer_evaluates_a_loss_with_a_collators_labels(tmp_path):
     tok.pad_token = tok.eos_token
     texts = [f"To be, or not to be, that is the question {i}." for i in range(16)]
     ds = Dataset.from_dict({"text": texts}).map(lambda b: tok(b["text"]), batched=True, remove_columns=["text"])
+    def accuracy(p):  # what compute_metrics code written for Llama does: the predictions are the logits alone
+        hit = p.predictions.argmax(-1)[:, :-1] == p.label_ids[:, 1:]
+        return {"acc": float(hit[p.label_ids[:, 1:] != -100].mean())}
+
     trainer = Trainer(model=new_model(len(tok)), train_dataset=ds, eval_dataset=ds,
-                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+                      data_collator=DataCollatorForLanguageModeling(tok, mlm=False), compute_metrics=accuracy,
                       args=targs(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, save_strategy="steps",
                                  save_steps=1, load_best_model_at_end=True, per_device_eval_batch_size=8))
     assert trainer.label_names == ["labels"]
     trainer.train()
-    assert trainer.evaluate()["eval_loss"] > 0
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] > 0 and 0 <= metrics["eval_acc"] <= 1
+    logits = trainer.predict(ds).predictions  # not a tuple with lm_loss/penalty beside the logits
+    assert logits.shape[0] == len(ds) and logits.shape[-1] == trainer.model.config.vocab_size

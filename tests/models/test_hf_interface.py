@@ -106,6 +106,9 @@ def test_hidden_states_inputs_embeds_and_tuples(tiny_config):
     assert torch.equal(out.hidden_states[-1], base.last_hidden_state)
     assert torch.equal(emb.logits, out.logits)
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], model(ids).logits)
+    with torch.no_grad():  # with labels, Llama's order: (loss, logits, cache, ...), so [0] is the loss
+        with_loss, as_dict = model(ids, labels=ids, return_dict=False), model(ids, labels=ids)
+    assert torch.equal(with_loss[0], as_dict.loss) and torch.equal(with_loss[1], as_dict.logits)
     with pytest.raises(ValueError, match="exactly one"):
         model(ids, inputs_embeds=emb.logits)
     model.config.output_hidden_states = True  # as from_pretrained(..., output_hidden_states=True) sets it

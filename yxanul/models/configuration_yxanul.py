@@ -38,7 +38,8 @@ class YxanulConfig(PreTrainedConfig):
     """
 
     model_type = "yxanul"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    # transformers' Trainer: what evaluate/predict leave out of the predictions (the logits alone, as Llama's)
+    keys_to_ignore_at_inference = ["past_key_values", "lm_loss", "penalty"]
     # No remote code: the classes come from `import yxanul` (yxanul/_register.py). An empty, read-only,
     # unsaved class attribute: TRL's create_model_from_path reads `config.auto_map` for any architecture
     # that is not in transformers and then picks AutoModelForCausalLM.

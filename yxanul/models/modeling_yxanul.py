@@ -325,10 +325,12 @@ class YxanulForCausalLM(YxanulPreTrainedModel, GenerationMixin):
         if return_logits or not chunked:
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep  # 0: all
             logits = self.lm_head(h[:, keep])                                          # (B, T', V)
-        out = YxanulCausalLMOutput(logits=logits if return_logits else None, hidden_states=base.hidden_states,
+        # the losses in the constructor: a ModelOutput's tuple holds its fields in the order they were set, and
+        # `return_dict=False` callers take [0] as the loss when labels were given (as Llama's tuple has it)
+        loss = self._loss(h, logits, shift_labels, num_items_in_batch) if shift_labels is not None else (None,) * 3
+        out = YxanulCausalLMOutput(loss=loss[0], logits=logits if return_logits else None,
+                                   hidden_states=base.hidden_states, lm_loss=loss[1], penalty=loss[2],
                                    **{_CACHE_FIELD: getattr(base, _CACHE_FIELD)})
-        if shift_labels is not None:
-            out.loss, out.lm_loss, out.penalty = self._loss(h, logits, shift_labels, num_items_in_batch)
         return out if return_dict is not False else out.to_tuple()
 
     def _loss(self, h, logits, shift_labels, num_items_in_batch):
