@@ -349,6 +349,29 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     r.finish()
 
 
+def test_a_damaged_latest_never_costs_the_checkpoint_the_resume_fell_back_to(tmp_path, capsys):
+    """keep_last 2, step_2 and step_4 saved, step_4's optimizer.bin truncated: the resume falls back to step_2,
+    and its save at step 6 keeps step_2 (the damaged step_4 counted among the two newest pruned it: one bad
+    file from having no good checkpoint); a step the resumed run saves again counts as its own."""
+    from yxanul.checkpoint import list_checkpoints
+    from yxanul.checkpoint.manifest import verify_checkpoint
+    from yxanul.training import train
+
+    def steps():
+        return [c["step"] for c in list_checkpoints(tmp_path / "run")]
+
+    keep = ("--keep_last", "2", "--save_final", "true")
+    train(_cfg(tmp_path, "--max_steps", "4", "--checkpoint_freq", "2", *keep))
+    opt = tmp_path / "run" / "checkpoints" / "step_4" / "optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[:100])
+    train(_cfg(tmp_path, "--max_steps", "6", "--checkpoint_freq", "6", "--resume", "latest", *keep))
+    assert "resuming from step_2" in capsys.readouterr().out and steps() == [2, 6]
+    opt = tmp_path / "run" / "checkpoints" / "step_6" / "optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[:100])
+    train(_cfg(tmp_path, "--max_steps", "8", "--checkpoint_freq", "2", "--resume", "latest", *keep))
+    assert steps() == [6, 8] and not any(verify_checkpoint(c["path"]) for c in list_checkpoints(tmp_path / "run"))
+
+
 def test_train_state_schema_round_trip_and_one_line_errors(tmp_path):
     from yxanul.errors import UserError
     from yxanul.training import TrainState

@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +89,7 @@ def _disk_full(root: Path, tmp: Path, step: int) -> UserError:
 
 def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, Any], *,
                     keep_last: int, config_yaml: str | None = None,
-                    extra: Callable[[Path], None] | None = None,
+                    extra: Callable[[Path], None] | None = None, left_behind: Collection[str] = (),
                     _fault: Callable[[str], None] | None = None) -> Path:
     """Save ``accelerator`` state + ``state`` as ``checkpoints/step_{state['step']}`` atomically.
 
@@ -97,6 +97,8 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
     called with a stage name ("after_state", "after_manifest", "after_swap", "in_prune") to simulate
     a crash mid-save. ``extra(tmp_dir)`` writes more files (main process) before the folder is
     committed. A full disk (ENOSPC/EDQUOT) removes the partial save and raises a one-line UserError.
+    ``left_behind``: the paths of checkpoints a resume went back from (`left_behind`), never counted among
+    the ``keep_last`` newest.
     """
     root = checkpoints_dir(run_dir)
     step = int(state["step"])
@@ -122,7 +124,7 @@ def save_checkpoint(accelerator, run_dir: str | os.PathLike, state: dict[str, An
         shutil.rmtree(old, ignore_errors=True)
         write_atomic(root / "latest", final.name + "\n")
         recompute_best(run_dir)  # the step just saved may replace the best one with a worse model
-        _prune(run_dir, keep_last, keep=final, step=step, _fault=_fault)
+        _prune(run_dir, keep_last, keep=final, step=step, left_behind=left_behind, _fault=_fault)
         recompute_best(run_dir)
     accelerator.wait_for_everyone()
     return final
@@ -159,16 +161,23 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
             _fault("after_manifest")
 
 
-def _prune(run_dir, keep_last: int, keep: Path, step: int, _fault=None) -> None:
+def left_behind(run_dir, step: int) -> set[str]:
+    """The checkpoints of ``run_dir`` past ``step``, the one a resume continues: a damaged ``latest`` the resume
+    skipped, or those past a checkpoint named explicitly. Counted among the newest ``keep_last``, a damaged one
+    would prune the good checkpoint the run resumed from; a run that saves a step again drops it from the set."""
+    return {c["path"] for c in list_checkpoints(run_dir) if c["step"] > step}
+
+
+def _prune(run_dir, keep_last: int, keep: Path, step: int, left_behind: Collection[str] = (), _fault=None) -> None:
     """Delete all but the newest ``keep_last`` up to ``step`` (that of ``keep``, the checkpoint just saved and
     verified: the last good one), ``best``, ``latest``, ``keep``, any folder a reader pins (run_lock.py) and
     every checkpoint past ``step``: those of a run this one went back from (``--resume RUN/checkpoints/step_8``
     past a step_12), which its own saves replace step by step; ranked among them, they would have pruned every
-    checkpoint of the run going on. Each folder is first renamed to ``.del-step_N`` (one atomic rename: never
-    listed again), then deleted, so a crash never leaves a half-deleted folder that lists as complete; the next
-    save removes ``.del-*`` leftovers."""
+    checkpoint of the run going on. Those in ``left_behind`` are not counted among the newest. Each folder is
+    first renamed to ``.del-step_N`` (one atomic rename: never listed again), then deleted, so a crash never
+    leaves a half-deleted folder that lists as complete; the next save removes ``.del-*`` leftovers."""
     ckpts = list_checkpoints(run_dir)
-    ours = [c for c in ckpts if c["step"] <= step]
+    ours = [c for c in ckpts if c["step"] <= step and (c["path"] not in left_behind or c["path"] == str(keep))]
     kept = {str(keep)} | {c["path"] for c in ours[-keep_last:]} | {c["path"] for c in ckpts if c["step"] > step}
     for name in ("best", "latest"):
         p = read_pointer(run_dir, name)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import yaml
 
-from ..checkpoint import load_for_resume, prepare_run_dir, resolve_resume, save_checkpoint
+from ..checkpoint import left_behind, load_for_resume, prepare_run_dir, resolve_resume, save_checkpoint
 from ..data.loader import repeats_warning
 from ..errors import TrainingDiverged, alike_on_every_rank
 from ..models.build import build_model, describe, model_config
@@ -61,6 +61,7 @@ class Trainer:
         self.logged_steps = 0
         self.stage_idx: int | None = None
         self.train_iter = self.lock = None
+        self.left_behind: set[str] = set()  # checkpoints past the one resumed: not among the newest keep_last
         self._unwrap = UnwrapCache()  # `unwrapped_model`
         self._trackers_started = False
         self.t_start = time.monotonic()  # durations: a wall clock may jump (NTP, a VM resumed)
@@ -177,6 +178,7 @@ class Trainer:
         if "dataset" in changed:  # a position in other data means nothing: read the new data from its start
             saved.data = None
         self.state = saved  # whole: every field of TrainState is progress
+        self.left_behind = left_behind(self.run_dir, saved.step) if self.accelerator.is_main_process else set()
         if saved.data is not None:
             self.loader.load_state_dict(saved.data)
         self.plan.restore_fp8_state(self.unwrapped_model, ckpt, cfg.model.seq_length)
@@ -302,7 +304,9 @@ class Trainer:
         state = state_file_dict(st, info)
         ckpt = save_checkpoint(acc, self.run_dir, state, keep_last=self.cfg.checkpoint.keep_last,
                                config_yaml=yaml.safe_dump(self.cfg.to_flat_dict(), sort_keys=False),
-                               extra=functools.partial(self._save_extra, self.unwrapped_model))
+                               extra=functools.partial(self._save_extra, self.unwrapped_model),
+                               left_behind=self.left_behind)
+        self.left_behind.discard(str(ckpt))  # saved again by this run: one of its own now
         is_best = state["val_loss"] is not None and state["val_loss"] == st.best_val_loss
         self.callbacks.on_save(self, Path(ckpt), is_best)
         self.timer.exclude(time.perf_counter() - t0)  # save time is not step time
