@@ -120,6 +120,11 @@ def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path):
     assert s["steps"] == 1 and json.loads((out / "grpo_summary.json").read_text())["questions"] == 4
     model = AutoModelForCausalLM.from_pretrained(str(out / "model"))
     assert type(model).__name__ == "LlamaForCausalLM" and (out / "model" / "tokenizer.json").is_file()
+    from yxanul.errors import UserError
+    from yxanul.tools.compare import read_run
+
+    with pytest.raises(UserError, match="metrics of `yxanul grpo`"):  # not a pretraining curve compared as one
+        read_run(out)
 
 
 def test_lora_trains_only_adapters_and_model_holds_the_merged_weights(qa_run, tmp_path):

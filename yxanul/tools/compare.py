@@ -46,6 +46,9 @@ def read_run(path: str | Path, label: str | None = None, loss_key: str = "loss")
             row = json.loads(line)
         except json.JSONDecodeError:
             raise UserError(f"compare: {f}:{i}: not a JSON line") from None
+        if isinstance(row, dict) and isinstance(row.get("stage"), str):  # a curriculum's stage is its index
+            raise UserError(f"compare: {f}: metrics of `yxanul grpo` ({row['stage']} stage rows: its SFT and GRPO "
+                            "losses are no pretraining loss); compare runs of `yxanul train`")
         if "loss" in row and "step" in row:
             train[int(row["step"])] = float(row.get(loss_key, row["loss"]))
             lm_only |= loss_key != "loss" and loss_key in row
