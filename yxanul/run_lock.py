@@ -3,8 +3,10 @@
 Writer lock: ``DIR/.yxanul.lock``, an exclusive ``fcntl.flock`` taken without waiting and held for the
 whole run by the one process that writes (global rank 0). The kernel drops it when that process
 ends, however it ends (kill -9 included), so a lock is never stale; the file itself stays and only
-says who held it last (pid, host, command) for the refusal message. The file is never deleted:
-unlinking a flock file lets two processes lock two different files of the same name.
+says who held it last (pid, host, command) for the refusal message. The file is not deleted (unlinking a
+flock file lets two processes lock two different files of the same name), except with the folder the lock
+itself created when nothing else was ever written there (a run refused before it wrote anything:
+``release(remove_unused=True)``), so a mistyped flag leaves no empty run directory behind.
 
 Reader pin: a shared ``flock`` on the checkpoint folder itself (a directory opens read-only, so
 nothing is written into the checkpoint). Pruning takes the exclusive lock without waiting and skips
@@ -32,6 +34,8 @@ class DirLock:
 
     def __init__(self, directory: str | os.PathLike, what: str = "run directory"):
         self.path = Path(directory) / LOCK_FILE
+        folder = self.path.parent.absolute()
+        self.made = [d for d in (folder, *folder.parents) if not d.exists()]  # only these may go (release), leaf first
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -48,10 +52,19 @@ class DirLock:
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, json.dumps(me).encode() + b"\n", 0)
 
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the last descriptor releases the flock
-            self.fd = None
+    def release(self, remove_unused: bool = False) -> None:
+        """``remove_unused``: the folders this lock created too, if they hold nothing but the lock file
+        (removed while still held: no other writer can have started in them)."""
+        if self.fd is None:
+            return
+        if remove_unused and self.made:
+            with contextlib.suppress(OSError):  # anything else in one (or gone): it and those above it stay
+                if os.listdir(self.made[0]) == [LOCK_FILE]:
+                    self.path.unlink()
+                    for d in self.made:
+                        d.rmdir()
+        os.close(self.fd)  # closing the last descriptor releases the flock
+        self.fd = None
 
     def __enter__(self) -> DirLock:
         return self

@@ -56,6 +56,27 @@ def test_a_second_writer_is_refused_naming_the_holder_and_the_lock_dies_with_it(
     assert "resumed from" in r.stdout
 
 
+def test_a_run_refused_before_it_wrote_anything_leaves_no_folder_but_never_removes_one_it_did_not_make(
+        tmp_path, capsys, monkeypatch):
+    """A missing dataset (found after the run directory is locked): exit 2, and the folders the lock made for
+    the run are gone again (an empty run directory holding a lock file was left behind). A folder that was there
+    before, or one the run wrote into, stays."""
+    from yxanul.cli import main
+    from yxanul.run_lock import LOCK_FILE, DirLock
+
+    monkeypatch.chdir(tmp_path)
+    bad = [*FAST, "--max_steps", "1", "--warmup_steps", "0", "--dataset", str(tmp_path / "missing.txt")]
+    assert main(["train", *bad, "--output_dir", str(tmp_path / "new" / "run")]) == 2
+    assert "missing.txt" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    assert main(["train", *bad, "--output_dir", str(tmp_path / "mine")]) == 2
+    assert os.listdir(tmp_path / "mine") == [LOCK_FILE]  # the user's folder: only the lock file added
+    lock = DirLock(tmp_path / "used" / "run")
+    (tmp_path / "used" / "run" / "metrics.jsonl").write_text("{}\n")
+    lock.release(remove_unused=True)
+    assert sorted(os.listdir(tmp_path / "used" / "run")) == [LOCK_FILE, "metrics.jsonl"]
+
+
 def test_a_second_offline_sweep_on_one_directory_is_refused(tmp_path):
     root = tmp_path / "sweeps" / "penalty_weight_tinyshakespeare"
     hold = _hold(root, "sweep directory")

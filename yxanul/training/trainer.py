@@ -401,4 +401,4 @@ def train(cfg, callbacks=None, speed_table: dict | None = None) -> dict[str, Any
         return trainer.fit()
     finally:
         if trainer.lock is not None:  # a process's end releases it too; in-process callers train again
-            trainer.lock.release()
+            trainer.lock.release(remove_unused=True)  # a run refused before it wrote anything leaves no folder
