@@ -33,6 +33,17 @@ def test_the_same_configs_pass_where_they_can_run():
     preflight(parse_args(["--fuse_qkv_rope"]), say=said.append, env={"WORLD_SIZE": "2"}, cuda_available=False)  # DDP
     preflight(parse_args(["--fp8_weight_all_gather", "--use_fp8", "--fuse_qkv_params", "--backend", "te"]),
               say=said.append, env=FSDP2, cuda_available=False)
+    assert said == []
+
+
+def test_a_hub_repository_without_push_to_hub_is_said():
+    """--hub_model_id alone pushed nothing and said nothing; with --push_to_hub there is nothing to say."""
+    said = []
+    preflight(parse_args(["--hub_model_id", "me/tiny"]), say=said.append, env={}, cuda_available=False)
+    assert len(said) == 1 and said[0].startswith("note: hub_model_id me/tiny is set but push_to_hub is false")
+    preflight(parse_args(["--hub_model_id", "me/tiny", "--push_to_hub"]), say=said.append, env={},
+              cuda_available=False)
+    assert len(said) == 1
 
 
 def test_an_error_in_the_launch_environment_stops_before_anything_is_built(tmp_path):

@@ -50,6 +50,9 @@ def preflight(cfg, say=print, env=None, cuda_available: bool | None = None) -> N
     problem = check_wandb_key(cfg.tracking.use_wandb, env)
     if problem:
         raise UserError(problem)
+    if cfg.hub.hub_model_id and not cfg.hub.push_to_hub:  # a repository named, a push forgotten
+        say(f"note: hub_model_id {cfg.hub.hub_model_id} is set but push_to_hub is false: nothing is pushed while "
+            "this run trains (--push_to_hub pushes; `yxanul push RUN` pushes an ended run)")
     train = {"cuda_graphs": cfg.model.cuda_graphs, "master_weights": cfg.precision.master_weights,
              "fp8_weight_all_gather": cfg.precision.fp8_weight_all_gather, "fuse_qkv_rope": cfg.model.fuse_qkv_rope}
     env = os.environ if env is None else env
