@@ -106,8 +106,9 @@ def _rows(out, stage):
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["stage"] == stage]
 
 
-def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path):
-    """The real pipeline at its smallest: run -> in-memory Llama -> TRL GRPOTrainer (1 step) -> OUT/model."""
+def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path, recwarn):
+    """The real pipeline at its smallest: run -> in-memory Llama -> TRL GRPOTrainer (1 step) -> OUT/model,
+    without the libraries' gradient_checkpointing rename warnings (TRL uses the old names)."""
     from transformers import AutoModelForCausalLM
 
     from yxanul.finetune.grpo import GrpoCommand, grpo
@@ -115,6 +116,7 @@ def test_one_grpo_step_through_trl_saves_a_transformers_model(qa_run, tmp_path):
     out = tmp_path / "g"
     s = grpo(GrpoCommand(model=str(qa_run), limit=4, max_steps=1, batch_size=4, num_generations=2,
                          max_completion_length=2, output_dir=str(out), device="cpu"), say=lambda *a: None)
+    assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
     (row,) = [r for r in _rows(out, "grpo") if "reward" in r]
     assert {"rewards/format_reward/mean", "rewards/answer_reward/mean"} <= set(row)
     assert s["steps"] == 1 and json.loads((out / "grpo_summary.json").read_text())["questions"] == 4
