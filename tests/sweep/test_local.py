@@ -59,6 +59,8 @@ def test_offline_sweep_killed_mid_trial_resumes_and_reports(tmp_path):
     assert (sweep / "trial-000" / "metrics.jsonl").read_bytes() == done0  # not run again
     assert "[trial-001] resumed from" in out and "at step " in out
     assert "[trial-000]" not in out
+    assert "wandb: Run summary" not in out  # W&B's per-trial footer (quiet), the sync command said once instead
+    assert f"upload them with: wandb sync {sweep}/*/wandb/offline-run-*" in out
     for i in range(3):
         run = sweep / f"trial-00{i}"
         assert json.loads((run / "summary.json").read_text())["steps"] == 6
@@ -131,6 +133,7 @@ def test_a_sweep_whose_trials_fail_exits_1_and_names_them(tmp_path):
                         "--output_root", str(tmp_path), *TRIAL_FLAGS, "--dataset", str(tmp_path / "none.jsonl")],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "wandb sync" not in r.stdout  # no trial got as far as a W&B run
     assert "2 trial(s) failed: trial-000, trial-001 (run the same command to retry)" in r.stdout
     log = tmp_path / "sweeps" / "penalty_weight_tinyshakespeare" / "trial-000" / "train.log"
     assert f"trial-000 failed (exit code 2, log {log})" in r.stdout and "none.jsonl" in log.read_text()

@@ -74,7 +74,9 @@ def write_state(root: Path, spec: SweepSpec, trials: list[Trial], seed: int, ext
 def run_offline(spec: SweepSpec, root: Path, trials: list[Trial], seed: int, say=print) -> int:
     """Run every trial that is not done. Returns 0, 1 (a trial failed) or 0 after a stop signal
     (the interrupted trial saved a checkpoint; start the same command again to continue)."""
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_RUN_GROUP=spec.name)
+    # WANDB_QUIET: W&B's end-of-run history and summary (a multi-line sample among them) per trial buried each
+    # trial's own `done:` line; the sync command is said once at the end. A WANDB_QUIET of the user's wins.
+    env = {"WANDB_QUIET": "true", **os.environ, "WANDB_MODE": "offline", "WANDB_RUN_GROUP": spec.name}
     failed = []
     write_state(root, spec, trials, seed)
     for t in trials:
@@ -94,6 +96,8 @@ def run_offline(spec: SweepSpec, root: Path, trials: list[Trial], seed: int, say
         if rc != 0:
             say(f"sweep {spec.name}: {t.id} failed (exit code {rc}, log {t.run_dir / 'train.log'})")
             failed.append(t.id)
+    if any(root.glob("*/wandb/offline-run-*")):
+        say(f"sweep {spec.name}: W&B runs saved offline; upload them with: wandb sync {root}/*/wandb/offline-run-*")
     if failed:
         say(f"sweep {spec.name}: {len(failed)} trial(s) failed: {', '.join(failed)} (run the same command to retry)")
     return 1 if failed else 0
