@@ -217,6 +217,15 @@ def test_eval_of_a_missing_model_is_one_line_naming_it(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f"error: MODEL '{missing}': no such file or directory"]
 
 
+def test_lm_eval_settings_without_an_lm_eval_task_are_one_line(tok_run, capsys):
+    run = tok_run[0]
+    """--num_fewshot and --task_dir change only lm-eval's tasks: with cloze alone they were accepted and ignored."""
+    for flag in (["--num_fewshot", "2"], ["--task_dir", str(run)]):
+        assert cli(["eval", str(run), "--tasks", "cloze", *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: config key '{flag[0][2:]}': expected lm-eval tasks"), err
+
+
 def test_a_task_file_label_that_is_no_index_and_a_missing_file_are_one_line(tmp_path):
     """A bool or a fraction as label was scored as int(label) (true: ending 1, 1.7: ending 1); the string of an
     int is HF hellaswag's own form and is read."""

@@ -152,6 +152,10 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     if not Path(a.model).exists():  # before "nothing to evaluate", which would blame a missing data folder
         raise UserError(f"MODEL '{a.model}': no such file or directory")
     local, harness = split_tasks(a.tasks)
+    for key in ("num_fewshot", "task_dir"):  # lm-eval's settings: with no lm-eval task they would change nothing
+        if getattr(a, key) is not None and not harness:
+            raise ConfigError(key, "lm-eval tasks in --tasks to apply to (the bundled cloze and .jsonl tasks are "
+                                   "zero-shot)", getattr(a, key))
     if harness:
         require("lm_eval", "eval", f"--tasks {','.join(harness)} (lm-eval's)")
         datasets_from_the_cache_if_the_hub_is_unreachable(say)
