@@ -255,13 +255,29 @@ def test_cli_dispatch_and_train_config(tmp_path, capsys, monkeypatch):
                                                                                    f"{needle} ("), err
     ds_list = _write(tmp_path, "dsl.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 2,
                                             "deepspeed_config": [1]})
-    root_list = tmp_path / "list.json"
-    root_list.write_text("[1, 2]")
-    assert cli_main(["lint-config", ds_list, str(root_list), "--fix", "--out", str(tmp_path / "fx")]) == 1
+    assert cli_main(["lint-config", ds_list, "--fix", "--out", str(tmp_path / "fx")]) == 1
     out = capsys.readouterr().out
     assert "deepspeed_config: expected a mapping of accelerate's DeepSpeed options, got [1]" in out
-    assert f"{root_list}: no fixed copy" in out and not (tmp_path / "fx" / "list.json").exists()
     assert "deepspeed_config" not in yaml.safe_load((tmp_path / "fx" / "dsl.yaml").read_text())
+
+
+@pytest.mark.parametrize("name, text, said", [("bad.json", "{bad", "does not parse (Expecting property name"),
+                                              ("empty.json", "", "empty;"), ("comments.yaml", "# none\n", "empty;"),
+                                              ("list.json", "[1, 2]", "got a list"),
+                                              ("broken.yaml", "a: [\n", "does not parse (")])
+def test_a_file_that_is_no_config_mapping_is_a_usage_error(tmp_path, capsys, name, text, said):
+    """Exit 1 means "the config parsed and has errors"; a file with no config to lint is the user's mistake: one
+    line naming it, exit 2, and nothing linted (also not the good file before it)."""
+    from yxanul.cli import main as cli_main
+
+    path = tmp_path / name
+    path.write_text(text)
+    good = _write(tmp_path, "good.json", GOOD_DS)
+    assert cli_main(["lint-config", good, str(path), "--fix"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith(f"error: lint-config: '{path}': ") and said in captured.err, captured.err
+    assert "expected a DeepSpeed JSON object or an accelerate YAML mapping" in captured.err
 
 
 def test_train_config_settings_the_launch_cannot_run_are_errors(tmp_path, capsys, monkeypatch):

@@ -168,8 +168,27 @@ class LintCommand:
             if not os.path.isfile(path):
                 raise UserError(f"lint-config: '{path}': " + ("a folder, not a config file" if os.path.isdir(path)
                                                                else "no such file"))
+            _readable_config(path)
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError("world_size", "an integer >= 1", self.world_size)
+
+
+def _readable_config(path: str) -> None:
+    """A file that does not parse, is empty or is not a mapping has no keys to lint: a usage error (one line,
+    exit 2), where a parsed config's findings exit 1."""
+    expected = "a DeepSpeed JSON object or an accelerate YAML mapping of key: value"
+    with open(path, "rb") as f:
+        if not f.read().strip():
+            raise UserError(f"lint-config: '{path}': empty; expected {expected}")
+    try:
+        data = _load(path)
+    except (ValueError, yaml.YAMLError) as e:  # UnicodeDecodeError is a ValueError
+        raise UserError(f"lint-config: '{path}': does not parse ({' '.join(str(e).split())[:200]}); expected "
+                        f"{expected}") from None
+    if data is None:  # only comments
+        raise UserError(f"lint-config: '{path}': empty; expected {expected}")
+    if not isinstance(data, dict):
+        raise UserError(f"lint-config: '{path}': expected {expected}, got a {type(data).__name__}")
 
 
 def _fix_one(path: str, args: LintCommand, use_fp8) -> None:
