@@ -27,7 +27,7 @@ COMMANDS = {
     "checkpoints": ("yxanul.checkpoint.table", "main",
                     "list the checkpoints of a run directory and whether each verifies"),
     "verify": ("yxanul.tools.verify", "main", "check the FP8 stack (GPU, CUDA, TE, accelerate)"),
-    "lint-config": ("yxanul.lint.files", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
+    "lint-config": ("yxanul.tools.lint_config", "main", "lint DeepSpeed JSON / accelerate YAML configs (--fix)"),
     "find-batch": ("yxanul.tools.find_batch", "main", "find the largest micro-batch that fits"),
     "plan": ("yxanul.planning.cli", "main", "memory per GPU under DDP/ZeRO/FSDP2/HSDP, what fits, the launch line"),
     "plot-lr": ("yxanul.tools.plot_lr", "main", "plot the learning-rate schedule to a PNG"),

@@ -11,7 +11,8 @@ packages where those are importable):
 
 Modules: common.py (Problem, the one truthy helper, dict helpers), deepspeed.py and accelerate.py (the
 rules; the FP8-key and use_fp8 rules live once in accelerate.py and serve both the YAML and the launch
-environment), files.py (load, detect, lint_file, fix_config, sanitize_deepspeed_config, the command),
+environment), files.py (load, detect, lint_file, fix_config, sanitize_deepspeed_config, the command;
+`yxanul lint-config` runs it from tools/lint_config.py, which validates --train_config as train does),
 launch.py (check_launch_environment: what `accelerate launch` exported).
 Policy (docs/distributed.md): severity "error" = the run would fail or silently train wrong ->
 refuse to start; "warning" = wasteful or ignored -> sanitized / reported, the run goes on.

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from ..config_file import load_yaml
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from .accelerate import fix_accelerate, lint_accelerate
@@ -119,15 +120,18 @@ def sanitize_deepspeed_config(cfg: dict, source: str = "<deepspeed config>"
     return out, problems
 
 
-def _read_train(path: str) -> dict:
+def _read_train(path: str, validate=None) -> dict:
+    """The train config's values, read by the loader `yxanul train --config` reads with; ``validate(values,
+    path)``: what train checks of them (`yxanul.tools.lint_config`: the config lies above the linter)."""
     try:
-        data = _load(path)
-    except FileNotFoundError:
-        raise UserError(f"train_config '{path}': no such file") from None
-    except (ValueError, yaml.YAMLError) as e:
-        raise UserError(f"train_config '{path}': does not parse ({' '.join(str(e).split())[:200]})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"train_config '{path}': expected a yxanul config YAML (a mapping of key: value)")
+        data = load_yaml(path)
+    except UserError as e:  # names the file already
+        raise UserError(f"train_config: {e}") from None
+    if validate is not None:
+        try:
+            validate(data, path)
+        except UserError as e:
+            raise UserError(f"train_config '{path}': {e}") from None
     return data
 
 
@@ -155,7 +159,8 @@ class LintCommand:
     out: str | None = field(default=None, metadata={"help": "Directory for --fix output (default: next to each "
                                                     "file as NAME.fixed.EXT)."})
     train_config: str | None = field(default=None, metadata={"aliases": ["--train-config"], "help": "yxanul config "
-                                     "YAML: warn when its use_fp8 disagrees with the accelerate config's "
+                                     "YAML, validated as `yxanul train --config` does (what train refuses: one line, "
+                                     "exit 2); warn when its use_fp8 disagrees with the accelerate config's "
                                      "mixed_precision; an error for what the launch cannot run (FSDP2: "
                                      "cuda_graphs, master_weights fp32; fp8_weight_all_gather outside it)."})
     world_size: int | None = field(default=None, metadata={"aliases": ["--world-size"], "help": "Check "
@@ -201,10 +206,12 @@ def _fix_one(path: str, args: LintCommand, use_fp8) -> None:
     print(f"{path}: fixed copy written to {out} ({len(left)} problem(s) left)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N] [--strict]`."""
+def main(argv: list[str] | None = None, validate_train=None) -> int:
+    """`yxanul lint-config FILE... [--fix] [--out DIR] [--train_config FILE] [--world_size N] [--strict]`;
+    ``validate_train(values, path)`` raises what `yxanul train` refuses in the train config (the command passes
+    `config.resolve`)."""
     args = parse_command(LintCommand, argv, prog="yxanul lint-config")
-    train = _read_train(args.train_config) if args.train_config else {}
+    train = _read_train(args.train_config, validate_train) if args.train_config else {}
     use_fp8 = bool(train.get("use_fp8", False)) if args.train_config else None
     n_err = n_warn = 0
     for path in args.files:
