@@ -111,6 +111,24 @@ def test_user_errors_are_one_line(capsys, argv, key):
     assert len(err.splitlines()) == 1 and key in err and "Traceback" not in err
 
 
+def test_the_config_of_the_launch_line_is_read_as_train_reads_it(capsys, tmp_path):
+    """A --config that train would refuse (missing, a folder, not a mapping) is one line, exit 2, as find-batch and
+    train say it, not a launch line that fails later; a good one is named in the line, none leaves the placeholder."""
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n")
+    for path, why in ((tmp_path / "none.yaml", "no such file"), (tmp_path, "a folder, not a YAML file"),
+                      (listed, "expected a mapping")):
+        assert main(["plan", "--preset", "nano", "--gpus", "1", "--config", str(path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith(f"error: config file '{path}': {why}"), captured
+        assert captured.err.count("\n") == 1
+    good = tmp_path / "run.yaml"
+    good.write_text("max_steps: 10\n")
+    assert run_json(capsys, "--preset", "nano", "--gpus", "1", "--config", str(good))[1]["choice"]["launch"].count(
+        f" --config {good} ") == 1
+    assert " --config CONFIG.yaml " in run_json(capsys, "--preset", "nano", "--gpus", "1")[1]["choice"]["launch"]
+
+
 def test_every_launchable_strategy_has_a_shipped_profile():
     from pathlib import Path
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..config_file import load_yaml
 from ..errors import ConfigError
 from ..flags import check_same_as, parse_command, same_as
 from ..models.args import ModelArgs
@@ -34,6 +35,7 @@ PROFILES = {"single": "single_gpu_fp8.yaml", "ddp": "multi_gpu_fp8.yaml", "zero1
             "zero2": "deepspeed_zero2_fp8.yaml", "zero3": "deepspeed_zero3_fp8.yaml", "fsdp2": "fsdp2.yaml",
             "hsdp": "fsdp2_hsdp.yaml"}
 MULTI_NODE_DDP = "multi_node_fp8.yaml"
+PLACEHOLDER_CONFIG = "CONFIG.yaml"  # the launch line's --config without --config: the user's to fill in
 
 
 @dataclass
@@ -57,7 +59,9 @@ class PlanCommand:
     use_fp8: bool = same_as(PrecisionArgs, "use_fp8")
     loss_impl: Literal["default", "chunked", "te"] | None = same_as(ModelArgs, "loss_impl", default=None)
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
-    config: str = field(default="CONFIG.yaml", metadata={"help": "Training config named in the launch line."})
+    config: str | None = field(default=None, metadata={
+        "help": "Training config named in the launch line, read as `yxanul train --config` reads it (a missing or "
+                "broken file is one line, exit 2); without it the line says CONFIG.yaml, to fill in."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON."})
 
     def __post_init__(self):
@@ -75,6 +79,8 @@ class PlanCommand:
             raise ConfigError("use_fp8", "false with backend torch (FP8 runs on Transformer Engine)", True)
         if self.backend == "torch" and self.loss_impl == "te":
             raise ConfigError("loss_impl", "default or chunked with backend torch (te is Transformer Engine's)", "te")
+        if self.config is not None:  # the launch line would fail on it: train reads it first
+            load_yaml(self.config)
         if self.master_weights == "fp32" and self.world > 1:
             raise ConfigError("master_weights", "none with more than one GPU (DDP, DeepSpeed and FSDP2 keep their "
                                                 "own masters)", "fp32")
@@ -174,8 +180,8 @@ def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
         parts += ["--machine_rank $NODE_RANK", "--main_process_ip $MAIN_IP", "--main_process_port 29500"]
     if strategy == "hsdp":  # replicate over the nodes, shard over the GPUs of each (the profile says 2 x 8)
         parts += [f"--parallelism_config_dp_replicate_size {a.nodes}", f"--parallelism_config_dp_shard_size {a.gpus}"]
-    parts += ["train.py", f"--config {a.config}", f"--model {a.preset}", f"--seq_length {a.seq_length}",
-              f"--micro_batch_size {a.micro_batch_size}"]
+    parts += ["train.py", f"--config {a.config or PLACEHOLDER_CONFIG}", f"--model {a.preset}",
+              f"--seq_length {a.seq_length}", f"--micro_batch_size {a.micro_batch_size}"]
     if checkpointing:
         parts.append("--gradient_checkpointing true")
     if a.backend == "torch":
