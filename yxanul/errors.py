@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -56,6 +58,31 @@ class ConfigError(UserError):
         if got is not None:
             msg += f", got {got!r}"
         super().__init__(msg)
+
+
+def check_out_folder(key: str, out: str) -> None:
+    """``--KEY DIR``, a folder a command fills, checked before its work (`yxanul tokenizer train --out`, `yxanul
+    bench --out`): not a file, and where mkdir would start (the deepest part that exists) a folder this process
+    may write, so that a long run does not end in an error that loses what it made."""
+    p = Path(out).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(key, "a folder (it is an existing file)", out)
+    probe = next(q for q in (p, *p.parents) if q.exists())  # the deepest part that exists: where mkdir starts
+    if not probe.is_dir():
+        raise ConfigError(key, f"a folder that can be created ('{probe}' is a file)", out)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(key, f"a folder that can be written ('{probe}' is not writable)", out)
+
+
+def make_out_folder(key: str, out: str) -> Path:
+    """Create ``--KEY DIR`` before the work: what `check_out_folder` cannot see (a read-only or virtual
+    filesystem such as /proc, running as root) fails here, in one line, not after the work."""
+    p = Path(out).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(key, f"a folder that can be created ({e.strerror or type(e).__name__})", out) from None
+    return p
 
 
 class DataError(UserError):

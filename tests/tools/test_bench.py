@@ -215,3 +215,22 @@ def test_backend_te_where_it_cannot_run_is_one_line_not_every_case_skipped(tmp_p
     assert err[-1] == ("error: config key 'backend': expected 'auto' or 'torch' here (--backend te needs Transformer "
                        "Engine and a CUDA device), got 'te'"), err
     assert not (tmp_path / "b").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_fails_before_the_first_case(tmp_path, capsys):
+    """bench.json is first written after a case: a --out that cannot be created or written is one line, exit 2,
+    before anything is measured (a file in the way: the flag's check; /proc: creating it, as root too)."""
+    from yxanul.cli import main as cli
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = ["bench", "--presets", "nano", "--seq_lengths", "32", "--tokens_per_micro", "32", "--precisions", "fp32",
+            "--steps", "1", "--warmup", "0", "--vocab_size", "512"]
+    for out, why in ((blocker / "b", f"a folder that can be created ('{blocker}' is a file)"),
+                     (blocker, "a folder (it is an existing file)"),
+                     ("/proc/yxanul-bench/b", "a folder that can be ")):
+        assert cli([*argv, "--out", str(out)]) == 2
+        captured = capsys.readouterr()
+        assert "bench on" not in captured.out and "tok/s" not in captured.out, captured.out  # nothing measured
+        assert captured.err.startswith(f"error: config key 'out': expected {why}"), captured.err
+        assert captured.err.count("\n") == 1

@@ -18,12 +18,10 @@ and, with their 200K vocabulary, prepare into uint32 shards (docs/data.md).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, check_out_folder, make_out_folder
 from ..flags import check_same_as, parse_command, same_as
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source, text_values
@@ -55,7 +53,7 @@ class TokenizerTrainCommand:
     def __post_init__(self):
         if not self.out:
             raise ConfigError("out", "an output folder (--out DIR)", self.out)
-        _check_out(self.out)
+        check_out_folder("out", self.out)
         check_same_as(self)  # text_template's own check, and its exclusion of text_column
         if not 256 + len(self.special_tokens) < self.vocab_size <= 1 << 22:
             raise ConfigError("vocab_size", f"an integer in ({256 + len(self.special_tokens)}, 4194304]",
@@ -65,29 +63,6 @@ class TokenizerTrainCommand:
         if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:
             raise ConfigError("sample_bytes/held_out_documents/min_frequency", ">= 1024 / >= 0 / >= 1",
                               (self.sample_bytes, self.held_out_documents, self.min_frequency))
-
-
-def _check_out(out: str) -> None:
-    """``--out`` must be a folder that can be created or written, found before the whole training runs."""
-    p = Path(out).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ConfigError("out", "a folder (it is an existing file)", out)
-    probe = next(q for q in (p, *p.parents) if q.exists())  # the deepest part that exists: where mkdir starts
-    if not probe.is_dir():
-        raise ConfigError("out", f"a folder that can be created ('{probe}' is a file)", out)
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError("out", f"a folder that can be written ('{probe}' is not writable)", out)
-
-
-def _make_out(out: str) -> Path:
-    """Create ``--out`` before training: what the static check cannot see (a read-only or virtual filesystem,
-    running as root) fails here, in one line, not after the training."""
-    p = Path(out).expanduser()
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError("out", f"a folder that can be created ({e.strerror or type(e).__name__})", out) from None
-    return p
 
 
 def _documents(args: TokenizerTrainCommand):
@@ -158,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     import time
 
     args = parse_command(TokenizerTrainCommand, argv, prog="yxanul tokenizer")
-    out = _make_out(args.out)
+    out = make_out_folder("out", args.out)
     t0 = time.time()
     sample, held = sample_and_held_out(args)
     tok = train_bpe(sample, args.vocab_size, args.special_tokens, args.min_frequency)

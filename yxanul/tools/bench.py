@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_out_folder, make_out_folder
 from ..flags import check_same_as, given_flags, parse_command, same_as
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
@@ -78,7 +78,8 @@ class BenchCommand:
     profile: bool = field(default=False, metadata={"help": "Also profile 3 steps per case: per-step wall, host and "
                                                    "device time and the top CUDA kernels, into the row and a "
                                                    "profile-*.txt in --out (where the time goes)."})
-    out: str | None = field(default=None, metadata={"help": "Folder for bench.json and bench.md."})
+    out: str | None = field(default=None, metadata={"help": "Folder for bench.json and bench.md (checked and created "
+                                                    "before the first case)."})
 
     def __post_init__(self):
         for key in ("tokens_per_micro", "steps", "gradient_accumulation_steps"):
@@ -100,6 +101,8 @@ class BenchCommand:
             raise ConfigError("seq_lengths", "comma-separated integers", self.seq_lengths) from None
         if not seqs or min(seqs) < 16:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
+        if self.out is not None:  # bench.json is written after the first case: a bad folder fails now, not then
+            check_out_folder("out", self.out)
 
 
 TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope", "fuse_wgrad_accumulation")  # the torch backend ignores or refuses
@@ -340,6 +343,8 @@ def run(a: BenchCommand, say=print, on_row=None, given: set[str] = frozenset(),
     if a.backend == "te" and (env["transformer_engine"] is None or device.type != "cuda"):  # every case would skip
         raise ConfigError("backend", "'auto' or 'torch' here (--backend te needs Transformer Engine and a CUDA device)",
                           "te")
+    if a.out:  # what the flag's check cannot see (a read-only filesystem, root), before the first case
+        make_out_folder("out", a.out)
     say(f"bench on {env['device_name']} ({device}); torch {env['torch']}, TE {env['transformer_engine']}")
     rows, t0 = [], time.time()
     profile_dir = Path(a.out) if (a.profile and a.out) else None
