@@ -96,10 +96,23 @@ def test_time_limit_skips_the_rest():
 
 @pytest.mark.parametrize("kw,key", [({"precisions": "fp16"}, "precisions"), ({"presets": "huge"}, "presets"),
                                     ({"seq_lengths": "8"}, "seq_lengths"), ({"steps": 0}, "steps"),
-                                    ({"backend": "jax"}, "backend")])
+                                    ({"backend": "jax"}, "backend"), ({"presets": ""}, "presets"),
+                                    ({"presets": " , "}, "presets"), ({"precisions": ""}, "precisions"),
+                                    ({"seq_lengths": ""}, "seq_lengths")])
 def test_bad_arguments_are_one_line_errors(kw, key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         BenchCommand(**kw)
+
+
+@pytest.mark.parametrize("flag", ["--presets", "--precisions", "--seq_lengths"])
+def test_an_empty_list_is_a_usage_error_not_an_empty_table(capsys, flag):
+    """No case to run would print an empty table and exit 0, as if the benchmark passed."""
+    from yxanul.cli import main as cli
+
+    assert cli(["bench", flag, ""]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"error: config key '{flag[2:]}': expected "), captured
+    assert captured.err.count("\n") == 1
 
 
 def test_speed_variants_master_weights_and_cuda_graphs():

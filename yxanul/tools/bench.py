@@ -88,13 +88,13 @@ class BenchCommand:
         for key in ("micro_batch_size", "warmup"):
             if getattr(self, key) < 0:
                 raise ConfigError(key, "an integer >= 0", getattr(self, key))
-        bad = [p for p in _split(self.precisions) if p not in PRECISIONS]
-        if bad:
-            raise ConfigError("precisions", "a comma-separated list of " + ", ".join(PRECISIONS), ",".join(bad))
+        for key, known in (("precisions", PRECISIONS), ("presets", PRESETS)):
+            given = _split(getattr(self, key))
+            if bad := [p for p in given if p not in known]:
+                raise ConfigError(key, "a comma-separated list of " + ", ".join(known), ",".join(bad))
+            if not given:  # no case to run: an empty table, exit 0, would read as a benchmark that passed
+                raise ConfigError(key, "one or more of " + ", ".join(known), getattr(self, key))
         check_same_as(self)
-        bad = [p for p in _split(self.presets) if p not in PRESETS]
-        if bad:
-            raise ConfigError("presets", "a comma-separated list of " + ", ".join(PRESETS), ",".join(bad))
         try:
             seqs = [int(s) for s in _split(self.seq_lengths)]
         except ValueError:
