@@ -93,9 +93,32 @@ def test_table_output_names_every_strategy(capsys):
     assert "fastest that fits:" in out and "accelerate launch" in out
 
 
-def test_nothing_fits_exits_1(capsys):
+def test_nothing_fits_exits_1_with_the_one_line_table_advice(capsys):
     assert main(["plan", "--preset", "7b", "--gpus", "1", "--gpu_memory", "24"]) == 1
-    assert "nothing fits" in capsys.readouterr().out
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == ("nothing fits (any strategy, with or without activation checkpointing); each of these alone "
+                    "would: --gpus 8 | --gpu_memory 138.2"), last  # micro-batch 1 already: no smaller one advised
+    for fewer in (["--gpus", "4"], ["--gpu_memory", "138.1"]):  # the least that fits
+        assert main(["plan", "--preset", "7b", "--gpus", "1", "--gpu_memory", "24", *fewer]) == 1, fewer
+
+
+@pytest.mark.parametrize("argv, advised", [
+    (["--preset", "7b", "--gpus", "1", "--gpu_memory", "24"], ["--gpus 8", "--gpu_memory 138.2"]),
+    (["--preset", "medium", "--gpus", "1", "--gpu_memory", "40", "--micro_batch_size", "64"],
+     ["--micro_batch_size 57", "--seq_length 1024", "--gpus 2", "--gpu_memory 43.3"]),
+    (["--preset", "xlarge", "--gpus", "1", "--gpu_memory", "32", "--master_weights", "fp32", "--use_fp8"],
+     ["--master_weights none", "--gpus 2 --master_weights none", "--gpu_memory 33.6"]),
+    (["--preset", "7b", "--gpus", "8", "--gpu_memory", "16", "--seq_length", "8192", "--micro_batch_size", "4"],
+     ["--gpu_memory 48.5"]),  # activations do not shard: no number of GPUs, no halved sequence fits at micro 4
+])
+def test_nothing_fits_advises_only_changes_that_fit(capsys, argv, advised):
+    """Each advised change, alone, makes the same plan fit: the planner's own memory model checked it; checkpointing
+    and the strategies are the table's rows already, so they are never advised."""
+    code, p = run_json(capsys, *argv)
+    assert code == 1 and p["choice"] is None and p["advice"] == advised
+    for change in advised:
+        assert main(["plan", *argv, *change.split()]) == 0, change  # the later flag wins
+        capsys.readouterr()
 
 
 @pytest.mark.parametrize("argv,key", [

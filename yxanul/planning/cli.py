@@ -106,9 +106,13 @@ def loss_of(a: PlanCommand) -> str:
 
 
 def candidates(a: PlanCommand) -> list[str]:
-    if a.world == 1:
+    return _strategies(a.world, a.nodes)
+
+
+def _strategies(world: int, nodes: int) -> list[str]:
+    if world == 1:
         return ["single"]
-    return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or a.nodes > 1)]
+    return [s for s in STRATEGIES if s != "single" and (s != "hsdp" or nodes > 1)]
 
 
 def comm_bytes(strategy: str, params: int, world: int, gpus_per_node: int) -> int:
@@ -163,9 +167,49 @@ def plan(a: PlanCommand) -> dict:
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
             "backend": a.backend, "fp8": a.use_fp8, "loss_impl": loss, "master_weights": a.master_weights,
             "nodes": a.nodes, "gpu_memory_gib": a.gpu_memory, "budget_bytes": a.budget, "rows": rows,
+            "advice": [] if choice else advice(a, config, shapes, loss, rows),
             "choice": choice and {"strategy": choice["strategy"], "checkpointing": choice["checkpointing"],
                                   "max_micro_batch": choice["max_micro_batch"],
                                   "launch": launch_line(a, choice["strategy"], choice["checkpointing"])}}
+
+
+def advice(a: PlanCommand, config, shapes, loss: str, rows: list[dict]) -> list[str]:
+    """When nothing fits: the flags that would make something fit, each change alone (the other flags as given),
+    each checked with the same memory model. Activation checkpointing and every strategy are rows of the table
+    already: never advised; a smaller micro-batch only where one fits."""
+    masters = a.master_weights == "fp32"
+
+    def fits(micro=a.micro_batch_size, seq=a.seq_length, gpus=a.gpus, nodes=a.nodes, masters=masters) -> bool:
+        return any(memory(s, config, shapes, micro=micro, seq_length=seq, checkpointing=ckpt, world=gpus * nodes,
+                          gpus_per_node=gpus, backend=a.backend, fp8=a.use_fp8, loss_impl=loss,
+                          masters=masters).total <= a.budget
+                   for ckpt in (False, True) for s in _strategies(gpus * nodes, nodes))
+
+    out = []
+    if micro := max(r["max_micro_batch"] for r in rows):  # rows' max_micro_batch: 0 when not even 1 fits
+        out.append(f"--micro_batch_size {micro}")
+    if seq := next((s for s in _halvings(a.seq_length) if fits(seq=s)), None):
+        out.append(f"--seq_length {seq}")
+    if masters and fits(masters=False):
+        out.append("--master_weights none")
+    if layout := next(((g, n) for g, n in _more_gpus(a) if fits(gpus=g, nodes=n, masters=False)), None):
+        g, n = layout  # more than one GPU keeps its masters in the strategy: master_weights none there
+        out.append(f"--gpus {g}" + f" --nodes {n}" * (n > 1) + " --master_weights none" * masters)
+    need = (min(r["total"] for r in rows) + CUDA_CONTEXT) / (1 - a.headroom) / GiB
+    out.append(f"--gpu_memory {math.ceil(need * 10) / 10:g}")
+    return out
+
+
+def _halvings(seq_length: int, shortest: int = 128) -> list[int]:
+    return [seq_length >> k for k in range(1, seq_length.bit_length()) if seq_length >> k >= shortest]
+
+
+def _more_gpus(a: PlanCommand) -> list[tuple[int, int]]:
+    """(GPUs per node, nodes) larger than ``a``'s, fewest GPUs first: up to 8 in the one node, then up to 128
+    nodes of that many."""
+    one_node = [(g, 1) for g in (2, 4, 8) if a.nodes == 1 and g > a.gpus]
+    per_node = max(a.gpus, 8) if a.nodes == 1 else a.gpus
+    return one_node + [(per_node, n) for n in (2, 4, 8, 16, 32, 64, 128) if n > a.nodes]
 
 
 def launch_line(a: PlanCommand, strategy: str, checkpointing: bool) -> str:
@@ -214,7 +258,8 @@ def table(p: dict) -> str:
         lines.append("  ".join(f"{c:>8}" for c in cells))
     c = p["choice"]
     if c is None:
-        lines.append("nothing fits: more GPUs, a shorter seq_length, or a smaller micro-batch")
+        lines.append("nothing fits (any strategy, with or without activation checkpointing); each of these alone "
+                     "would: " + " | ".join(p["advice"]))
     else:
         lines.append(f"fastest that fits: {c['strategy']}" + (" with activation checkpointing" if c["checkpointing"]
                                                                else "")
