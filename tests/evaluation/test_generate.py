@@ -1,5 +1,8 @@
 """`yxanul generate`: streams the model's own continuation from a run dir and from its Llama export."""
 
+import json
+import logging
+
 import pytest
 import torch
 from hub.helpers import random_model, save_run
@@ -94,7 +97,60 @@ def test_generate_stops_at_the_positions_the_model_was_trained_on_and_says_so(to
                                                               temperature=0.0))
     assert capsys.readouterr().err == ""  # within the positions: no note
     generate(GenerateCommand(model=str(run), prompt="a " * (2 * limit), max_new_tokens=3, temperature=0.0))
-    assert "note: generating 1 tokens, not 3" in capsys.readouterr().err
+    assert f"generating 1 token, not 3, from the prompt's last {limit - 1} tokens" in capsys.readouterr().err
+
+
+class Records(logging.Handler):
+    """The messages of transformers' loggers, wherever its own handler prints them."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def transformers_log():
+    records, logger = Records(), logging.getLogger("transformers")
+    logger.addHandler(records)
+    yield records.messages
+    logger.removeHandler(records)
+
+
+def test_a_prompt_past_the_positions_loses_its_start_and_the_note_says_so(tok_run, tmp_path, capsys,
+                                                                           transformers_log):
+    """A prompt of more tokens than the model has positions keeps its last ``limit - 1``: one note with the
+    prompt's true length and what was dropped; stdout shows only the part the model read, then the completion;
+    transformers' own too-long warning (an export's tokenizer ends where the model does) is not printed too."""
+    run, model = tok_run
+    llama = export(run, tmp_path / "llama", dtype="fp32")
+    tok = AutoTokenizer.from_pretrained(str(llama))
+    limit = tok.model_max_length
+    prompt = "".join(f"{i} to {i + 1}, " for i in range(limit))
+    ids = tok(prompt, verbose=False).input_ids
+    n, kept = len(ids), ids[-(limit - 1):]
+    with torch.no_grad():
+        want = tok.decode(model.generate(torch.tensor([kept]), max_new_tokens=1, do_sample=False,
+                                         pad_token_id=0)[0, -1:], skip_special_tokens=True)
+    (tmp_path / "long.txt").write_text(prompt)
+    assert cli(["generate", str(llama), "--prompt_file", str(tmp_path / "long.txt"), "--max_new_tokens", "300",
+                "--temperature", "0"]) == 0
+    out = capsys.readouterr()
+    ours = [line for line in out.err.splitlines() if line and "Loading weights" not in line]  # transformers' bar
+    assert ours == [
+        f"note: the prompt has {n} tokens and the model {limit} positions: generating 1 token, not 300, from the "
+        f"prompt's last {limit - 1} tokens (the first {n - limit + 1} are dropped, and not printed); "
+        "a shorter prompt leaves room for more"], out.err
+    assert out.out.rstrip("\n") == (tok.decode(kept) + want).rstrip("\n") and prompt.endswith(tok.decode(kept))
+    assert not [m for m in transformers_log if "Token indices sequence length" in m], transformers_log
+    # uncut, the tokenizer's warning is transformers' to give: a tokenizer that ends before the model does
+    config = tmp_path / "llama" / "tokenizer_config.json"
+    config.write_text(json.dumps(dict(json.loads(config.read_text()), model_max_length=8)))
+    generate(GenerateCommand(model=str(llama), prompt="a " * 20, max_new_tokens=2, temperature=0.0))
+    assert "note" not in capsys.readouterr().err
+    assert [m for m in transformers_log if "Token indices sequence length" in m]
 
 
 def test_generate_seed_and_prompt_file_errors_are_one_line(tok_run, tmp_path, capsys):

@@ -62,8 +62,39 @@ def prompt_text(a: GenerateCommand) -> str:
         raise DataError(f"prompt_file '{a.prompt_file}': not UTF-8 text") from None
 
 
+def _encode(tok, text: str, limit: int) -> tuple[torch.Tensor, str, int]:
+    """(ids the model reads, the text they cover, the prompt's token count): a prompt of ``limit`` tokens or more
+    keeps its last ``limit - 1``, room for one new token. transformers' too-long warning is left to the case
+    yxanul does not cut, where no note of ours replaces it."""
+    if not text:
+        return torch.tensor([[tok.eos_token_id]]), "", 1
+    enc = tok(text, return_offsets_mapping=bool(tok.is_fast), verbose=False)
+    ids, n = enc.input_ids, len(enc.input_ids)
+    if n < limit:
+        if n > tok.model_max_length:
+            tok(text, verbose=True)
+        return torch.tensor([ids]), text, n
+    kept = ids[-(limit - 1):]
+    shown = text[enc.offset_mapping[-(limit - 1)][0]:] if tok.is_fast else tok.decode(kept)
+    return torch.tensor([kept]), shown, n
+
+
+def _note(n: int, kept: int, new: int, a: GenerateCommand, limit: int) -> str | None:
+    """One line where the prompt was cut or the completion capped; None where neither."""
+    if n > kept:  # past its positions a model has never been trained: the prompt loses its start
+        room = f"{new} token{'s' if new != 1 else ''}, not {a.max_new_tokens}, " if new < a.max_new_tokens else ""
+        return (f"note: the prompt has {n} tokens and the model {limit} positions: generating {room}from the "
+                f"prompt's last {kept} tokens (the first {n - kept} are dropped, and not printed); "
+                f"a shorter prompt leaves room for more")
+    if new < a.max_new_tokens:  # a huge max_new_tokens would otherwise run for minutes where it never trained
+        return (f"note: generating {new} tokens, not {a.max_new_tokens}: the prompt ({n} tokens) and the "
+                f"completion fill the {limit} positions the model was trained on")
+    return None
+
+
 def generate(a: GenerateCommand, streamer_cls=None) -> str:
-    """Stream the completion to stdout; returns the generated text (without the prompt)."""
+    """Stream the completion to stdout, after the part of the prompt the model reads; returns the generated
+    text (without the prompt)."""
     from transformers import TextStreamer, set_seed
 
     text = prompt_text(a)
@@ -71,16 +102,16 @@ def generate(a: GenerateCommand, streamer_cls=None) -> str:
     model, tok = load_model(a.model, device)
     if tok is None:
         raise UserError(f"MODEL '{a.model}': no tokenizer found (export the run with its prepared data present)")
-    ids = tok(text, return_tensors="pt").input_ids if text else torch.tensor([[tok.eos_token_id]])
     limit = int(model.config.max_position_embeddings)
-    ids = ids[:, -(limit - 1):].to(device)   # (1, T): the last tokens of a longer prompt, room for one new one
+    ids, shown, n = _encode(tok, text, limit)
+    ids = ids.to(device)   # (1, T)
     new = min(a.max_new_tokens, limit - ids.shape[1])
-    if new < a.max_new_tokens:  # past its positions a model has never been trained: stop there, and say so
-        print(f"note: generating {new} tokens, not {a.max_new_tokens}: the prompt ({ids.shape[1]} tokens) and the "
-              f"completion fill the {limit} positions the model was trained on", file=sys.stderr, flush=True)
+    note = _note(n, ids.shape[1], new, a, limit)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     set_seed(a.seed)
     streamer = (streamer_cls or TextStreamer)(tok, skip_prompt=True, skip_special_tokens=True)
-    print(text, end="", flush=True)
+    print(shown, end="", flush=True)
     sampling = dict(do_sample=True, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p) \
         if a.temperature > 0 else dict(do_sample=False)
     with torch.no_grad():
