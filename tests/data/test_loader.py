@@ -127,7 +127,8 @@ def test_eval_batches_fixed_and_errors(bundled, tmp_path, docs_file):
     assert len(list(eval_batches(bundled, 64, 4, 1, rank=1, world_size=4))) == 1  # at least one each
     val_tokens = json.loads((bundled / "meta.json").read_text())["splits"]["val"]["tokens"]
     with pytest.raises(DataError, match=f"validation split has {val_tokens:,} tokens; need at least seq_length\\+1 = "
-                                        "60001: lower seq_length or raise val_fraction"):
+                                        "60001: lower seq_length or prepare the data again with a larger "
+                                        "val_fraction$"):
         list(eval_batches(bundled, 60_000, 1, 1))
     path, _ = docs_file(30)
     out = prepare(DataArgs(dataset=str(path), val_fraction=0.1), **Q)

@@ -33,9 +33,13 @@ import torch
 from ..errors import DataError
 from .shards import open_shard
 
+# a larger validation split, true wherever the data came from (`yxanul prepare` makes the split)
+MORE_VAL = "prepare the data again with a larger val_fraction"
+
 
 class _Windows:
-    def __init__(self, data_dir, split: str, seq_length: int, base_length: int | None = None):
+    def __init__(self, data_dir, split: str, seq_length: int, base_length: int | None = None,
+                 more_val: str = MORE_VAL):
         meta_path = Path(data_dir) / "meta.json"
         if not meta_path.is_file():
             raise DataError(f"data_dir '{data_dir}': no meta.json (run `yxanul prepare`)")
@@ -64,7 +68,7 @@ class _Windows:
         if self.n == 0:
             name = "validation" if split == "val" else split
             raise DataError(f"{name} split has {tokens:,} tokens; need at least seq_length+1 = {seq_length + 1}: "
-                            "lower seq_length" + (" or raise val_fraction" if split == "val" else " or add data"))
+                            "lower seq_length" + (f" or {more_val}" if split == "val" else " or add data"))
 
     def gather(self, idx: np.ndarray, dtype=np.int64) -> np.ndarray:
         """Windows ``idx`` (sub-window k of chunk c is ``c * r + k``) as a (len(idx), T + 1) array of
@@ -283,17 +287,20 @@ def repeats_warning(data_dir, max_steps: int, tokens_per_step: int) -> str | Non
 
 
 def eval_batches(data_dir, seq_length: int, micro_batch_size: int, max_batches: int, rank: int = 0,
-                 world_size: int = 1, packed: bool = False):
+                 world_size: int = 1, packed: bool = False, more_val: str = MORE_VAL):
     """Fixed validation batches (in order, no shuffling): the first ``max_batches`` of the split, all processes
     together, rounded down to a multiple of ``world_size`` (at least one each: every rank runs the same number of
     forwards, which FSDP's gathers need); rank r takes batches r, r+W, ... The same windows whatever the world
     size where ``max_batches`` divides by it: a resume at another world size compares like with like.
-    ``packed``: one (B, T + 1) tensor of the shards' dtype per batch (`split_window`), else int64 (x, y)."""
-    w = _Windows(data_dir, "val", seq_length)
+    ``packed``: one (B, T + 1) tensor of the shards' dtype per batch (`split_window`), else int64 (x, y).
+    ``more_val``: how to get a larger split, in the errors of a split too small (the caller knows the data's
+    origin)."""
+    w = _Windows(data_dir, "val", seq_length, more_val=more_val)
     n_batches = max(world_size, min(max_batches, w.n // micro_batch_size) // world_size * world_size)
     if w.n // micro_batch_size < world_size:
         raise DataError(f"validation split has {w.n} windows of {seq_length + 1} tokens; evaluation needs "
-                        f"micro_batch_size x world_size = {micro_batch_size * world_size}: raise val_fraction")
+                        f"micro_batch_size x world_size = {micro_batch_size * world_size}: lower micro_batch_size "
+                        f"or {more_val}")
     for b in range(rank, n_batches - n_batches % world_size, world_size):
         win = torch.from_numpy(w.gather(np.arange(b * micro_batch_size, (b + 1) * micro_batch_size),
                                         dtype=None if packed else np.int64))

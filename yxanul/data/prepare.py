@@ -281,7 +281,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
 
     meta = {"format": FORMAT, "fingerprint": fp, "tokenizer": tok_name, "tokenizer_dir": "tokenizer",
             "vocab_size": vocab_size(tok), "eos_token_id": tok.eos_token_id, "dtype": dtype.__name__,
-            "splits": splits,
+            "splits": splits, "val_fraction": args.val_fraction,  # a trainer given the folder alone compares it
             "sources": [s.key for s in sources], "mix_by": args.mix_by, "mixture": packer.mix.report(),
             "shard_size_tokens": args.shard_size_tokens, "yxanul_version": __version__,
             "stats": {"pack_seconds": round(packer.seconds, 3), "processes": packer.pool.processes,
@@ -292,7 +292,7 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
     work.finish()
 
 
-def _given_prepared(args: DataArgs) -> bool:
+def given_prepared(args: DataArgs) -> bool:
     """A ``data_dir`` given alone (no dataset, datasets or tokenizer): a folder prepared before, used as is."""
     return bool(args.data_dir) and args.dataset is None and args.datasets is None and args.tokenizer is None
 
@@ -300,7 +300,7 @@ def _given_prepared(args: DataArgs) -> bool:
 def planned_fingerprint(args: DataArgs) -> str | None:
     """The fingerprint of the data ``args`` will train on (meta.json's, once prepared), known before anything is
     prepared (it loads the tokenizer); None for a ``data_dir`` given alone that holds no prepared data."""
-    if _given_prepared(args):
+    if given_prepared(args):
         return (read_meta(Path(args.data_dir)) or {}).get("fingerprint")
     return target_dir(args)[2]
 
@@ -321,7 +321,7 @@ def ensure_prepared(args: DataArgs, is_main_process: bool = True, wait: Callable
     def quiet(*a, **k):
         return None
 
-    if _given_prepared(args):
+    if given_prepared(args):
         def get(**_):  # a folder given alone must already be prepared: a typo must not pack the demo corpus
             if read_meta(Path(args.data_dir)):
                 return Path(args.data_dir)

@@ -8,17 +8,38 @@ import json
 from pathlib import Path
 
 from ..data.loader import WindowLoader, eval_batches
-from ..data.prepare import ensure_prepared
+from ..data.prepare import ensure_prepared, given_prepared
 from ..data.tokenizer_load import load_prepared_tokenizer
 
 
-def prepared_data(data_args, dist, say) -> tuple[str, int, object]:
+def prepared_data(cfg, dist, say) -> tuple[str, int, object]:
     """(data_dir, vocab_size, tokenizer) of the prepared data, preparing it first if needed (the local
     main process of each node prepares, the others wait)."""
-    data_dir = ensure_prepared(data_args, is_main_process=dist.is_local_main_process,
+    data_dir = ensure_prepared(cfg.data, is_main_process=dist.is_local_main_process,
                                wait=dist.wait_for_everyone, say=say)
-    vocab_size = json.loads((Path(data_dir) / "meta.json").read_text())["vocab_size"]
-    return data_dir, vocab_size, load_prepared_tokenizer(data_dir)
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    was, asked = meta.get("val_fraction"), cfg.data.val_fraction
+    if given_prepared(cfg.data) and "val_fraction" in cfg.user_keys and was != asked:
+        say(f"warning: val_fraction {asked} does not change data_dir '{data_dir}': its split is the one `yxanul "
+            f"prepare` made ({f'val_fraction {was}' if was else 'by an older yxanul'}); to change it, prepare it "
+            f"again: {_prepare_again(data_dir)}")
+    return data_dir, meta["vocab_size"], load_prepared_tokenizer(data_dir)
+
+
+def _prepare_again(data_dir) -> str:
+    """`yxanul prepare` refuses a folder that holds other settings' shards: another one, or this one deleted."""
+    return f"`yxanul prepare --dataset ... --val_fraction X` into another --data_dir, or after deleting '{data_dir}'"
+
+
+def more_val(cfg, data_dir) -> str:
+    """How to get a larger validation split, for where the data came from: a folder given alone was split by
+    `yxanul prepare` (val_fraction changes nothing there); data prepared here from ``dataset`` takes a larger
+    val_fraction, in another folder than a ``data_dir`` that holds this split."""
+    if given_prepared(cfg.data):
+        return f"prepare the data again with a larger val_fraction ({_prepare_again(data_dir)})"
+    if cfg.data.data_dir:
+        return f"raise val_fraction (with another data_dir: '{data_dir}' holds this split)"
+    return "raise val_fraction"
 
 
 def train_loader(data_dir, cfg, seq_length: int, micro: int, accumulation: int, accelerator, curriculum: bool):
@@ -43,13 +64,14 @@ def warn_lost_tokens(loader, say) -> None:
 def val_batches(data_dir, cfg, micro: int, accelerator, say=print) -> list:
     """The share for this rank of the ``eval_steps`` fixed validation batches at the base ``seq_length``; fewer
     than asked (a small split, or eval_steps rounded down to a multiple of the processes) is said once."""
+    more = more_val(cfg, data_dir)
     batches = list(eval_batches(data_dir, cfg.model.seq_length, micro, cfg.tracking.eval_steps,
-                                rank=accelerator.process_index, world_size=accelerator.num_processes))
+                                rank=accelerator.process_index, world_size=accelerator.num_processes, more_val=more))
     asked, n = cfg.tracking.eval_steps, accelerator.num_processes
     total = len(batches) * n
     if total < asked:
         why = (f"a multiple of the {n} processes" if total == asked // n * n else
-               "the split holds no more (more: a larger val_fraction)")
+               f"the split holds no more (for more: {more})")
         say(f"eval: {total} validation batches of {micro} x {cfg.model.seq_length} tokens, not eval_steps {asked}: "
             f"{why}")
     return batches

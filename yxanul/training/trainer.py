@@ -91,7 +91,7 @@ class Trainer:
         set_seed(cfg.train.seed)
         with alike_on_every_rank():  # a refused resume is refused before its data is prepared, not after
             provenance.precheck(cfg, self.run_dir)
-        self.data_dir, self.vocab_size, self.tokenizer = prepared_data(cfg.data, self.dist, self.say)
+        self.data_dir, self.vocab_size, self.tokenizer = prepared_data(cfg, self.dist, self.say)
         self.trained_on = provenance.record(cfg, self.data_dir, self.tokenizer)  # checked on resume, saved each step
         model = self._setup_model()
         self._setup_accelerator(model)
