@@ -4,6 +4,7 @@ survives a real save -> resume with no other change), and a checkpoint in the ve
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -95,17 +96,20 @@ def test_a_resume_that_moves_the_lr_schedule_warns_with_the_flags_that_keep_it(t
     ways and the flag that keeps the run's schedule; with that flag the resume trains on at the run's floor."""
     train(_cfg(tmp_path, "--max_steps", "4", "--eval_freq", "0"), callbacks=[])
     capsys.readouterr()
-    moved = Trainer(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", "latest"), callbacks=[])
-    moved.setup().resume()
-    moved.advance(moved.next_batches())
-    moved.finish()
+    train(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", "latest"), callbacks=[])
     out = capsys.readouterr().out
     floor = 2e-3 * 0.1  # max_lr x the default min_lr_ratio: where the 4-step run ended
-    assert (f"warning: this resume changes the LR schedule (lr_decay_steps: 4 -> 8): step 4 trains at lr "
-            f"{moved.lr:.3e}, the run's schedule gave {floor:.3e}; --lr_decay_steps 4 keeps the run's schedule") in out
-    assert moved.lr > 5 * floor
+    warning = re.search(r"^warning: this resume changes the LR schedule \(lr_decay_steps: 4 -> 8\): step 5 trains at "
+                        r"lr (\S+), the run's schedule gave (\S+); --lr_decay_steps 4 keeps the run's schedule$",
+                        out, re.M)
+    assert warning and warning[2] == f"{floor:.3e}", out
+    lr = float(warning[1])
+    assert lr > 5 * floor
+    # numbered as the console numbers it: the first step after the resume at step 4 is step 5, at the warning's lr
+    assert re.search(rf"^step +5/8 .*lr: {lr:.2e} ", out, re.M), out
 
-    kept = Trainer(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", "latest", "--lr_decay_steps",
+    step_4 = str(tmp_path / "run" / "checkpoints" / "step_4")  # the 4-step run's end, not the moved run's
+    kept = Trainer(_cfg(tmp_path, "--max_steps", "8", "--eval_freq", "0", "--resume", step_4, "--lr_decay_steps",
                         "4"), callbacks=[])
     kept.setup().resume()
     kept.advance(kept.next_batches())

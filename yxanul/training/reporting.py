@@ -161,14 +161,15 @@ _SCHEDULE_FLAGS = {"max_lr": "max_lr", "min_lr_ratio": "min_lr_ratio", "warmup_s
 def schedule_change_warning(before: dict | None, now: dict, step: int) -> str | None:
     """A resume whose LR schedule (`schedule.schedule_of`: ``before`` from the checkpoint's config.yaml, None
     without one) differs from the run's, e.g. a longer ``--max_steps`` with no ``lr_decay_steps``, which moves the
-    cosine and jumps the LR back up: one warning with the LR at the resume step both ways and the flags that keep
-    the run's schedule."""
+    cosine and jumps the LR back up: one warning with the LR of the first step it trains both ways and the flags
+    that keep the run's schedule. ``step``: the checkpoint's; the next update is step ``step + 1``, run at
+    ``lr_at(step)``, as the console numbers it (docs/batching.md)."""
     if not before or before == now:
         return None
     changed = [k for k in now if before[k] != now[k]]
     changes = "; ".join(f"{_SCHEDULE_FLAGS[k]}: {before[k]} -> {now[k]}" for k in changed)
     keep = " ".join(f"--{_SCHEDULE_FLAGS[k]} {before[k]}" for k in changed)
-    return (f"warning: this resume changes the LR schedule ({changes}): step {step} trains at lr "
+    return (f"warning: this resume changes the LR schedule ({changes}): step {step + 1} trains at lr "
             f"{lr_at(step, **now):.3e}, the run's schedule gave {lr_at(step, **before):.3e}; {keep} keeps the "
             "run's schedule")
 
