@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from yxanul.checkpoint.manifest import write_manifest
 from yxanul.config import parse_args
@@ -115,3 +116,25 @@ def test_a_resume_that_moves_the_lr_schedule_warns_with_the_flags_that_keep_it(t
     kept.advance(kept.next_batches())
     kept.finish()
     assert "LR schedule" not in capsys.readouterr().out and kept.lr == pytest.approx(floor)
+
+
+def test_a_resume_that_leaves_out_the_runs_cadence_or_names_init_from_says_so(tmp_path, capsys):
+    """A resume without the run's --log_freq/--checkpoint_freq took the defaults in silence (a run saved every 2
+    steps then saved every 100); an --init_from beside a resume was silently not used. One note each, naming the
+    flags that keep the run's settings; a resume with them says nothing."""
+    no_log_freq = [a for i, a in enumerate(TINY) if "--log_freq" not in TINY[i - 1:i + 1]]
+    train(_cfg(tmp_path, "--max_steps", "4", "--eval_freq", "0", "--checkpoint_freq", "2"), callbacks=[])
+    step_2 = tmp_path / "run" / "checkpoints" / "step_2"
+    capsys.readouterr()
+    train(parse_args([*no_log_freq, "--output_dir", str(tmp_path / "run"), "--max_steps", "6", "--eval_freq", "0",
+                      "--resume", "latest", "--init_from", str(step_2)]), callbacks=[])
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note: ")]
+    ckpt = tmp_path / "run" / "checkpoints" / "step_4"
+    now = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())  # the defaults this resume took
+    assert notes == [f"note: this resume watches and keeps the run otherwise than it did: log_freq 1 -> "
+                     f"{now['log_freq']}, checkpoint_freq 2 -> {now['checkpoint_freq']}; --log_freq 1 "
+                     "--checkpoint_freq 2 keeps the run's",
+                     f"note: init_from {step_2} is not used: the run resumes from {ckpt} (init_from starts a new run)"]
+    train(_cfg(tmp_path, "--max_steps", "6", "--eval_freq", "0", "--checkpoint_freq", "2", "--resume", str(ckpt)),
+          callbacks=[])  # step_4 was saved with the first run's settings: the same flags again
+    assert "note: " not in capsys.readouterr().out

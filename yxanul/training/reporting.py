@@ -10,11 +10,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import yaml
 from accelerate.tracking import TensorBoardTracker
 
+from ..checkpoint import saved_config
 from ..precision import format_report, precision_report
 from ..tracking import RUN_ID_FILE, flat_tracker_config, tracker_init_kwargs, wandb_run_id
-from .schedule import lr_at
+from .schedule import lr_at, schedule_of
 
 
 class PrecisionReport:
@@ -174,12 +176,46 @@ def schedule_change_warning(before: dict | None, now: dict, step: int) -> str | 
             "run's schedule")
 
 
-def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micro: int,
-                    schedules: tuple[dict | None, dict], step: int) -> list[str]:
-    """What a resume changes that the run's numbers depend on: its batch, its validation set, its LR schedule
-    (``schedules``: the checkpoint's and this run's)."""
+# How a run is watched and kept, set once at its start: a resume that leaves them out takes the defaults
+# (a run saved every 10 steps then saves every 100), so the ones that differ are said. eval_steps: val_set_warning.
+WATCH_AND_KEEP = ("log_freq", "eval_freq", "checkpoint_freq", "keep_last", "save_final", "sample_tokens",
+                  "use_wandb", "use_tensorboard")
+
+
+def settings_change_note(before: dict, now: dict) -> str | None:
+    """The `WATCH_AND_KEEP` settings this resume changes from the checkpoint's config.yaml (``before``), with the
+    flags that keep the run's."""
+    changed = [k for k in WATCH_AND_KEEP if k in before and k in now and before[k] != now[k]]
+    if not changed:
+        return None
+    return ("note: this resume watches and keeps the run otherwise than it did: "
+            + ", ".join(f"{k} {before[k]} -> {now[k]}" for k in changed) + "; "
+            + " ".join(f"--{k} {str(before[k]).lower() if isinstance(before[k], bool) else before[k]}"
+                       for k in changed) + " keeps the run's")
+
+
+def _saved_settings(ckpt) -> dict:
+    try:
+        flat = saved_config(ckpt)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # verified by its manifest; an older one may lack it
+        return {}
+    return flat if isinstance(flat, dict) else {}
+
+
+def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micro: int, ckpt, now: dict,
+                    step: int) -> list[str]:
+    """What a resume from ``ckpt`` (at ``step``) changes that the run's numbers depend on: its batch, its
+    validation set, its LR schedule, how it is watched and kept (``now``: this run's flat config); and an
+    ``init_from`` it does not use (the checkpoint's weights replace it)."""
+    before = _saved_settings(ckpt)
+    try:
+        schedule = schedule_of(before)
+    except (KeyError, TypeError):  # a config.yaml without the schedule's keys: nothing to compare
+        schedule = None
+    init_from = (f"note: init_from {now['init_from']} is not used: the run resumes from {ckpt} (init_from starts "
+                 "a new run)") if now.get("init_from") else None
     found = (batch_change_warning(wrote, tokens_per_step, batch), val_set_warning(wrote, val_sequences, micro),
-             schedule_change_warning(*schedules, step))
+             schedule_change_warning(schedule, schedule_of(now), step), settings_change_note(before, now), init_from)
     return [w for w in found if w]
 
 

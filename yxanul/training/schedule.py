@@ -31,9 +31,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import yaml
-
-from ..checkpoint.io import saved_config
 from ..errors import ConfigError
 from ..flags import whole_number
 from .batching import plan_batch
@@ -62,13 +59,6 @@ def schedule_of(flat: dict) -> dict:
     return {"max_lr": flat["max_lr"], "min_lr_ratio": flat["min_lr_ratio"], "warmup_steps": flat["warmup_steps"],
             "decay_steps": flat.get("lr_decay_steps") or flat["max_steps"]}
 
-
-def schedule_in(ckpt) -> dict | None:
-    """The LR schedule a checkpoint was trained with (`schedule_of` its config.yaml), None where it holds none."""
-    try:
-        return schedule_of(saved_config(ckpt))
-    except (KeyError, TypeError, OSError, yaml.YAMLError):
-        return None
 
 def warmup_steps_for_tokens(warmup_tokens: int, tokens_per_step: int) -> int:
     """Optimizer steps of a warmup given in tokens: the first whole step at or past ``warmup_tokens``

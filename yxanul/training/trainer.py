@@ -40,7 +40,7 @@ from .optim import build_optimizer
 from .preemption import StopRequest
 from .reporting import PrecisionReport, resume_warnings, resumed_line, run_summary, start_trackers, write_summary
 from .runtime import StepTimer, UnwrapCache, build_accelerator, compile_model, process_state, quiet, weights_sharded
-from .schedule import lr_at, schedule_in, schedule_of
+from .schedule import lr_at, schedule_of
 from .state import RunInfo, TrainState, read_state_file, state_file_dict
 from .step import StepOutput, train_step
 
@@ -186,7 +186,7 @@ class Trainer:
                               tokens_per_step=self.batch.tokens_per_step,
                               precision="FP8" if self.plan.fp8_enabled else self.plan.label))
         for warning in resume_warnings(wrote, self.batch.tokens_per_step, cfg.batch, self.val_sequences,
-                                       self.batch.micro_batch, (schedule_in(ckpt), self.schedule), saved.step):
+                                       self.batch.micro_batch, ckpt, cfg.to_flat_dict(), saved.step):
             self.say(warning)
         return Path(ckpt)
 
