@@ -36,7 +36,10 @@ class DirLock:
         self.path = Path(directory) / LOCK_FILE
         folder = self.path.parent.absolute()
         self.made = [d for d in (folder, *folder.parents) if not d.exists()]  # only these may go (release), leaf first
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except FileNotFoundError as e:  # a folder mkdir -p cannot make (/proc, a virtual filesystem): one line
+            raise UserError(f"{what} '{directory}': cannot be created ({e.strerror}); choose another") from None
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -71,6 +71,10 @@ def test_a_run_refused_before_it_wrote_anything_leaves_no_folder_but_never_remov
     (tmp_path / "mine").mkdir()
     assert main(["train", *bad, "--output_dir", str(tmp_path / "mine")]) == 2
     assert os.listdir(tmp_path / "mine") == [LOCK_FILE]  # the user's folder: only the lock file added
+    capsys.readouterr()
+    assert main(["train", *bad, "--output_dir", "/proc/yxanul-run"]) == 2  # mkdir -p cannot make it there
+    err = capsys.readouterr().err.strip().splitlines()  # ENOENT as root; EACCES (the permissions line) otherwise
+    assert len(err) == 1 and err[0].startswith("error: ") and "'/proc/yxanul-run'" in err[0], err
     lock = DirLock(tmp_path / "used" / "run")
     (tmp_path / "used" / "run" / "metrics.jsonl").write_text("{}\n")
     lock.release(remove_unused=True)
