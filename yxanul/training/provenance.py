@@ -101,6 +101,9 @@ def precheck(cfg, run_dir) -> None:
         if "tokenizer" in keys:  # `check` would name it too (its hash)
             changes = {"tokenizer": (saved["tokenizer"], cfg.data.tokenizer), **changes}
         why = ", ".join(f"{k} {saved[k]} -> {getattr(cfg.data, k)}" for k in keys if k != "tokenizer")
+        if not why and not keys:  # the fingerprint holds each source file's path, size and modification time too
+            why = ("the same data settings: a source file was moved, touched or changed since; if its content is "
+                   "the same, allowing it resumes with the data read from its start")
         if why:
             changes["dataset"] = (f"{changes['dataset'][0]}", f"{changes['dataset'][1]} ({why})")
     _refuse(ckpt, changes, set(cfg.checkpoint.resume_allow_changes or ()))
