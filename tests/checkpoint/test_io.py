@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from yxanul.checkpoint import save_checkpoint
 from yxanul.checkpoint.io import load_tolerant
 from yxanul.checkpoint.manifest import verify_checkpoint
-from yxanul.errors import UserError
+from yxanul.errors import EveryRankError, UserError
 from yxanul.models import YxanulForCausalLM
 from yxanul.models.build import load_weights
 
@@ -248,7 +248,8 @@ def test_resume_loads_weights_that_are_views_of_one_buffer(tmp_path, tiny_config
     # a checkpoint of another engine's layout: accelerate would look for files that are not there, per rank
     for folder, name in (("pytorch_model_fsdp_0", "FSDP2 \\(sharded\\)"), ("pytorch_model", "DeepSpeed")):
         (ckpt / folder).mkdir()
-        with pytest.raises(UserError, match=f"written under {name}, this launch is a single process or DDP: relaunch"):
+        with pytest.raises(EveryRankError, match=f"written under {name}, this launch is a single process or DDP: "
+                                                 "relaunch"):  # every rank finds it: rank 0 alone prints it
             load_for_resume(acc, ckpt, cfg)
         (ckpt / folder).rmdir()
 
@@ -297,8 +298,8 @@ def test_resume_keeps_the_checkpoints_fp8_weight_all_gather(tmp_path, acc_model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    with pytest.raises(UserError, match=r"written with fp8_weight_all_gather true, this run has false: the "
-                                        r"optimizer state differs .*; resume with --fp8_weight_all_gather true$"):
+    with pytest.raises(EveryRankError, match=r"written with fp8_weight_all_gather true, this run has false: the "
+                                             r"optimizer state differs .*; resume with --fp8_weight_all_gather true$"):
         load_for_resume(acc, ckpt, parse_args(["--max_steps", "1000"]))
     assert all(not torch.equal(v, before[k]) for k, v in model.state_dict().items())  # nothing was loaded
     (ckpt / "config.yaml").write_text("model: nano\nfp8_weight_all_gather: false\n")

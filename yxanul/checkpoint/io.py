@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import UserError
+from ..errors import EveryRankError, UserError
 
 SHARDED_MODEL_DIR = "pytorch_model_fsdp_0"  # accelerate's FSDP_MODEL_NAME + model index, a DCP folder
 SHARDED_OPTIMIZER_DIR = "optimizer_0"  # accelerate's OPTIMIZER_NAME + optimizer index (FSDP2), a DCP folder
@@ -70,8 +70,8 @@ def load_for_resume(accelerator, ckpt: Path, cfg) -> None:
         raise UserError(f"resume '{ckpt}': a file holds a pickle that would run code; refused, nothing was "
                         f"executed ({what[:160]})") from None
     except Exception as e:  # noqa: BLE001 - DeepSpeed's own exception class, without importing DeepSpeed
-        if type(e).__name__ == "ZeRORuntimeException" and "world size" in str(e):
-            raise UserError(_zero_world_size_line(ckpt, str(e))) from None
+        if type(e).__name__ == "ZeRORuntimeException" and "world size" in str(e):  # the same on every rank
+            raise EveryRankError(_zero_world_size_line(ckpt, str(e))) from None
         if not isinstance(e, RuntimeError) or "state_dict" not in str(e):
             raise
         import dataclasses
@@ -102,14 +102,15 @@ def layout_of(ckpt) -> str:
 
 def _check_same_layout(ckpt, distributed_type: str) -> None:
     """accelerate's load_state reads the layout of the launch's engine: another one's files are not there (a
-    FileNotFoundError per rank, after the process group exists). One line instead, with the way out."""
+    FileNotFoundError per rank, after the process group exists). One line for the job (every rank finds it in the
+    same files: rank 0 prints it), with the way out."""
     ours = distributed_type if distributed_type in ("FSDP", "DEEPSPEED") else "plain"
     theirs = layout_of(ckpt)
     if theirs != ours:
         names = {"FSDP": "FSDP2 (sharded)", "DEEPSPEED": "DeepSpeed", "plain": "a single process or DDP"}
-        raise UserError(f"resume '{ckpt}': written under {names[theirs]}, this launch is {names[ours]}: relaunch "
-                        f"with the accelerate profile it was trained with, or start a new run from its weights "
-                        f"(`yxanul export {ckpt} OUT`, then --init_from OUT)")
+        raise EveryRankError(f"resume '{ckpt}': written under {names[theirs]}, this launch is {names[ours]}: "
+                             "relaunch with the accelerate profile it was trained with, or start a new run from its "
+                             f"weights (`yxanul export {ckpt} OUT`, then --init_from OUT)")
 
 
 def _check_same_optimizer(ckpt, cfg) -> None:
@@ -118,9 +119,9 @@ def _check_same_optimizer(ckpt, cfg) -> None:
     theirs = bool(saved_config(ckpt).get("fp8_weight_all_gather"))
     ours = cfg.precision.fp8_weight_all_gather
     if theirs != ours:
-        raise UserError(f"resume '{ckpt}': written with fp8_weight_all_gather {str(theirs).lower()}, this run has "
-                        f"{str(ours).lower()}: the optimizer state differs (FusedAdam with fp32 masters vs AdamW); "
-                        f"resume with --fp8_weight_all_gather {str(theirs).lower()}")
+        raise EveryRankError(f"resume '{ckpt}': written with fp8_weight_all_gather {str(theirs).lower()}, this run "
+                             f"has {str(ours).lower()}: the optimizer state differs (FusedAdam with fp32 masters vs "
+                             f"AdamW); resume with --fp8_weight_all_gather {str(theirs).lower()}")
 
 
 def _zero_world_size_line(ckpt, msg: str) -> str:
