@@ -59,6 +59,7 @@ def train_main(argv: list[str] | None = None) -> int:
         train(cfg, [*from_config(cfg), stops])  # its setup runs the launch checks (training.launch.preflight) first
     except StoppedBeforeTraining as e:
         print(f"received {e} before training started: nothing to save; exiting", flush=True)
+        return _stopped_code(str(e))
     finally:
         if not OutsideTheLoop.until_exit:  # an in-process caller (a test, a notebook) gets its handlers back
             stops.restore()
@@ -67,9 +68,18 @@ def train_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _stopped_code(name: str) -> int:
+    """0 alone (nothing ran: preemption); 128 + the signal where a launcher started other processes: exit 0 would
+    let torchrun wait for them, while they wait at the next collective for this one, forever. A non-zero exit
+    makes torchrun stop the job; a scheduler that signalled every rank gets them all the same way."""
+    import signal
+
+    return 128 + signal.Signals[name].value if int(os.environ.get("WORLD_SIZE") or 1) > 1 else 0
+
+
 class StoppedBeforeTraining(BaseException):
     """SIGTERM/SIGUSR1/SIGHUP before the training loop's own handler exists (data preparation, model
-    build, resume load): nothing to save, so the run ends at once with exit code 0 (preemption)."""
+    build, resume load): nothing to save, so the run ends at once (exit code: `_stopped_code`)."""
 
 
 class OutsideTheLoop:

@@ -139,6 +139,26 @@ def test_sigterm_before_the_training_loop_exits_cleanly(base_run, tmp_path):
     assert "received SIGTERM before training started: nothing to save; exiting" in stdout
 
 
+def test_a_rank_stopped_before_training_exits_non_zero_under_a_launcher(tmp_path, monkeypatch, capsys):
+    """Alone, a stop before training is exit 0 (nothing ran). One rank of several exited 0 too, so torchrun waited
+    for the others, which waited at the next collective for it: the job hung. Under a launcher's WORLD_SIZE > 1
+    it exits 128 + the signal, and torchrun stops the job."""
+    import yxanul.cli as cli
+
+    real = cli.parse_args
+
+    def signalled(argv):  # SIGTERM while the config is read: the handler raises where Python runs next
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(argv)
+
+    monkeypatch.setattr(cli, "parse_args", signalled)
+    argv = [*FAST, "--max_steps", "2", "--output_dir", str(tmp_path / "r")]
+    assert cli.train_main(argv) == 0
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.train_main(argv) == 128 + signal.SIGTERM
+    assert capsys.readouterr().out.count("received SIGTERM before training started: nothing to save") == 2
+
+
 def test_sigterm_ends_a_rank_waiting_at_the_rendezvous_for_a_rank_that_never_comes(tmp_path):
     """Rank 0 of 2 (its launcher's variables set, the other rank never started) waits in the process group's
     rendezvous, in C++, where a Python handler never runs: SIGTERM (a scheduler's cancel) and Ctrl-C were
