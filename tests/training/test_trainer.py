@@ -294,6 +294,12 @@ def test_summary_line_says_stopped_and_what_this_session_did():
     assert done.startswith("done: 150 steps") and done.endswith("loss 9.000000 -> 5.250000; val_loss 4.500000")
     once = summary_line(run_summary(st, 5.25, 5.25, "FP32", 3.0, "r", logged_steps=1), max_steps=150)
     assert once.endswith("; loss 5.250000 (the one step logged in this session); val_loss 4.500000")  # not 'X -> X'
+    st.step = 77  # stopped between two logged steps: the last loss is step 60's, and says so
+    late = summary_line(run_summary(st, 9.0, 6.33, "FP32", 3.0, "r", logged_steps=3, last_logged_step=60),
+                        max_steps=150)
+    assert "; loss 9.000000 -> 6.330000 (step 60, the last logged); val_loss" in late
+    assert "the last logged" not in summary_line(run_summary(st, 9.0, 6.33, "FP32", 3.0, "r", logged_steps=3,
+                                                             last_logged_step=77), max_steps=150)
 
 
 def test_progress_line_fills_a_long_gap_between_logged_steps(tmp_path, capsys, monkeypatch):
@@ -339,7 +345,7 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     assert (saved.step, saved.val_loss, saved.best_val_loss, wrote.tokens_per_step) == (2, ev["val_loss"],
                                                                                         ev["val_loss"], 128)
     reference = [t.advance(t.next_batches()).loss for _ in range(2)]
-    t.finish()
+    assert t.finish()["last_logged_step"] == 1  # steps 2-4 ran unlogged: the summary's last loss is step 1's
 
     r = Trainer(_cfg(tmp_path, "--max_steps", "4", "--resume", str(ckpt))).setup()
     assert r.resume() == ckpt and (r.state.step, r.state.tokens_seen) == (2, 256)

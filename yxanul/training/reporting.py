@@ -220,10 +220,12 @@ def resume_warnings(wrote, tokens_per_step: int, batch, val_sequences: int, micr
 
 
 def run_summary(state, first_loss, last_loss, precision: str, wall_time_s: float, run_dir,
-                logged_steps: int | None = None) -> dict[str, Any]:
-    """What `train()` returns and ``summary.json`` holds (``logged_steps``: of this session, first to last loss)."""
+                logged_steps: int | None = None, last_logged_step: int | None = None) -> dict[str, Any]:
+    """What `train()` returns and ``summary.json`` holds (``logged_steps``: of this session, first to last loss;
+    ``last_logged_step``: the step of ``last_loss``)."""
     return {"steps": state.step, "tokens_seen": state.tokens_seen, "first_loss": first_loss, "last_loss": last_loss,
-            "logged_steps": logged_steps, "val_loss": state.val_loss, "best_val_loss": state.best_val_loss,
+            "logged_steps": logged_steps, "last_logged_step": last_logged_step, "val_loss": state.val_loss,
+            "best_val_loss": state.best_val_loss,
             "precision": precision, "wall_time_s": wall_time_s, "run_dir": str(run_dir)}
 
 
@@ -242,5 +244,8 @@ def summary_line(summary: dict[str, Any], max_steps: int | None = None) -> str:
     loss = "no step trained in this session" if first is None else f"loss {first:.6f} -> {last:.6f}"
     if first is not None and summary.get("logged_steps") == 1:  # e.g. a short resume at a long log_freq
         loss = f"loss {last:.6f} (the one step logged in this session)"
+    at = summary.get("last_logged_step")
+    if first is not None and at is not None and at != steps:  # a stop between two logged steps: not step N's loss
+        loss += f" (step {at}, the last logged)"
     return (f"{head}{steps} steps, {summary['tokens_seen']:,} tokens in {summary['wall_time_s']:.1f}s; {loss}; "
             + ("no validation loss yet" if val is None else f"val_loss {val:.6f}"))

@@ -57,7 +57,7 @@ class Trainer:
         self.state = TrainState()
         self.timer = StepTimer()
         self.guard = CollapseGuard()  # a collapsed model stops like a diverged one
-        self.first_loss = self.last_loss = self.tokens_per_sec = None
+        self.first_loss = self.last_loss = self.tokens_per_sec = self.logged_at = None
         self.logged_steps = 0
         self.stage_idx: int | None = None
         self.train_iter = self.lock = None
@@ -229,7 +229,7 @@ class Trainer:
         dt = self.timer.lap()
         self.tokens_per_sec = self.batch.tokens_per_step / dt
         self.first_loss = loss if self.first_loss is None else self.first_loss
-        self.last_loss, self.logged_steps = loss, self.logged_steps + 1
+        self.last_loss, self.logged_steps, self.logged_at = loss, self.logged_steps + 1, st.step
         row = {"step": st.step, "epoch": self.loader.epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
                "dt_ms": dt * 1e3, "tokens_per_sec": self.tokens_per_sec, "precision": self.plan.label,
                "tokens_seen": st.tokens_seen, "seq_length": self.loader.seq_length}
@@ -382,7 +382,7 @@ class Trainer:
         self.callbacks.on_train_end(self)
         self.accelerator.end_training()
         summary = run_summary(self.state, self.first_loss, self.last_loss, self.plan.label,
-                              time.monotonic() - self.t_start, self.run_dir, self.logged_steps)
+                              time.monotonic() - self.t_start, self.run_dir, self.logged_steps, self.logged_at)
         if self.accelerator.is_main_process:
             write_summary(summary, self.run_dir, self.say, max_steps=self.cfg.train.max_steps)
         if self.lock is not None:
