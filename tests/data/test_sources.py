@@ -2,6 +2,7 @@
 source holds that is not text, a split a local file does not have and a path listed twice are one line."""
 
 import json
+import re
 
 import datasets
 import pytest
@@ -102,3 +103,22 @@ def test_a_broken_line_in_the_middle_of_a_jsonl_is_named_by_its_number(tmp_path)
     p.write_text("\n".join(rows))
     with pytest.raises(DataError, match=rf"dataset '{p}': could not be loaded \({p} line 51: not JSON"):
         prepare(DataArgs(dataset=str(p), data_dir=str(tmp_path / "d")), **Q)
+
+
+def test_one_file_reached_by_two_entries_of_a_mixture_is_one_line_naming_both(tmp_path, monkeypatch):
+    """Spelt differently (relative and absolute, a folder or glob holding it, a symlink), one file read twice
+    with the same settings would put copies of its validation documents into training: refused before reading.
+    With another text_column it is two readings of the file, as for a repeated path."""
+    (tmp_path / "d").mkdir()
+    p = tmp_path / "d" / "a.jsonl"
+    p.write_text("\n".join(json.dumps({"text": f"alpha {i} " * 8, "q": f"q {i} " * 4}) for i in range(100)))
+    (tmp_path / "link.jsonl").symlink_to(p)
+    monkeypatch.chdir(tmp_path)
+    for other in ("d/a.jsonl", str(tmp_path / "d"), "d/*.jsonl", "link.jsonl"):
+        entries = [{"path": other, "weight": 0.5}, {"path": str(p), "weight": 0.5}]
+        want = rf"^datasets: entries '{re.escape(other)}' and '{p}' both read '{p}' with the same settings \(its"
+        with pytest.raises(DataError, match=want + " documents would be read twice"):
+            prepare(DataArgs(datasets=entries, data_dir=str(tmp_path / "o")), **Q)
+    out = prepare(DataArgs(datasets=[{"path": "d/a.jsonl"}, {"path": str(p), "text_column": "q"}],
+                           data_dir=str(tmp_path / "o2")), **Q)
+    assert all(m["documents"] > 0 for m in json.loads((out / "meta.json").read_text())["mixture"].values())

@@ -30,11 +30,12 @@ from pathlib import Path
 from .. import __version__
 from ..errors import DataError, is_no_space
 from .args import DataArgs
+from .entries import resolve_sources
 from .mixture import Mixture, SourceStream
 from .progress import progress_bar, report
 from .remote_code import strip_code
 from .shards import ShardWriter, dtype_for_vocab, resume_problem
-from .sources import cache_root, check_hub_reachable, check_source, fingerprint, resolve_sources
+from .sources import cache_root, check_hub_reachable, check_source, fingerprint
 from .tiktoken_path import tiktoken_spec
 from .tokenize import Encoder, Pool
 from .tokenizer_load import load_tokenizer, vocab_size

@@ -155,39 +155,6 @@ def check_source(src: Source) -> None:
         _check_file(f)
 
 
-def resolve_sources(args) -> list[Source]:
-    if args.datasets:
-        out = [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
-                              d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
-        for src, d in zip(out, args.datasets):
-            src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template")
-            src.max_epochs = int(d.get("max_epochs", 1))
-        _label_repeated_paths(out)
-        return out
-    if args.dataset:
-        src = resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)
-        src.text_template = getattr(args, "text_template", None)
-        return [src]
-    return [resolve_source(str(BUNDLED_CORPUS))]
-
-
-def _label_repeated_paths(sources: list[Source]) -> None:
-    """A path listed twice in a mixture (two configs or splits of one Hub dataset) is named by what tells the
-    entries apart; twice with the same settings is one line (its documents would be read twice, and the report
-    would merge the two)."""
-    for src in sources:
-        same = [s for s in sources if s.path == src.path]
-        if len(same) == 1:
-            continue
-        parts = [f"{k}={getattr(src, k)}" for k in ("name", "split", "text_column", "text_template")
-                 if len({getattr(s, k) for s in same}) > 1]
-        if not parts:
-            raise DataError(f"dataset '{src.path}': listed {len(same)} times in datasets with the same settings "
-                            "(its documents would be read twice); list it once, with the weight of all, or set "
-                            "its max_epochs")
-        src.label = f"{src.path} ({', '.join(parts)})"
-
-
 def load_source(src: Source, streaming: bool, cache_dir: str | os.PathLike | None = None):
     """A datasets (Iterable)Dataset with a single 'text' column.
 
