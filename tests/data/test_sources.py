@@ -37,6 +37,16 @@ def test_a_saved_dataset_dict_reads_dataset_split(tmp_path, docs_file):
         prepare(DataArgs(dataset=str(saved), dataset_split="validation", data_dir=str(tmp_path / "p")), **Q)
 
 
+def test_a_split_of_a_saved_dataset_without_splits_is_one_line_not_the_whole_dataset(tmp_path, docs_file):
+    _, docs = docs_file(40)
+    saved = tmp_path / "std"
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(saved))
+    with pytest.raises(DataError, match=rf"^dataset '{saved}': a save_to_disk Dataset has no splits \(split 'test'"):
+        prepare(DataArgs(dataset=str(saved), dataset_split="test", data_dir=str(tmp_path / "o")), **Q)
+    with pytest.raises(DataError, match=r"Dataset has no splits \(split 'validation'"):
+        prepare(DataArgs(datasets=[{"path": str(saved), "split": "validation"}], data_dir=str(tmp_path / "p")), **Q)
+
+
 def test_each_split_of_a_saved_dataset_dict_has_its_own_cache(tmp_path, docs_file, monkeypatch):
     """Prepared into the cache (no data_dir), the train and test splits of one folder are two folders: the
     fingerprint names the split, or the second prepare would reuse the first one's shards."""

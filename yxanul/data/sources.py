@@ -248,6 +248,9 @@ def _load_saved(src: Source, streaming: bool):
             raise DataError(f"dataset '{src.path}': no split '{src.split}' (splits: {', '.join(ds)}); "
                             "set dataset_split")
         ds = ds[src.split]
+    elif src.split != "train":  # a Dataset is read whole: a split asked of it must not be a silent no-op
+        raise DataError(f"dataset '{src.path}': a save_to_disk Dataset has no splits (split '{src.split}' selects a "
+                        "split of a DatasetDict or a Hub dataset); leave dataset_split unset")
     return ds.to_iterable_dataset() if streaming else ds
 
 
