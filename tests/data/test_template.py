@@ -117,3 +117,23 @@ def test_a_top_level_template_is_the_default_of_mixture_entries_as_text_column_i
     out = prepare(args, **Q)
     docs = split_docs(out, "train") + split_docs(out, "val")
     assert sorted(docs) == sorted([f"Q: {r['answer']}" for r in rows] + [r["question"] for r in rows])
+
+
+def test_a_flag_template_writes_backslash_n_and_t_as_newline_and_tab_as_yaml_double_quotes_do(tmp_path):
+    r"""The shell passes --text_template "Q: {question}\nA: {answer}" as backslash + n (docs/data.md's example):
+    the documents get a newline, as from YAML's "\n"; \\ is one backslash. Same in `yxanul tokenizer train`."""
+    from yxanul.data.tokenizer_train import TokenizerTrainCommand, sample_and_held_out
+    from yxanul.flags import parse_command
+    from yxanul.tools.prepare import parse_prepare_args
+
+    rows = _qa_rows(20)
+    qa = _jsonl(tmp_path / "qa.jsonl", rows)
+    flag = r"Q: {question}\nA:\t{answer} \\n"
+    want = sorted(f"Q: {r['question']}\nA:\t{r['answer']} \\n" for r in rows)
+    out = prepare(parse_prepare_args(["--dataset", qa, "--text_template", flag, "--data_dir", str(tmp_path / "o")]),
+                  **Q)
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == want
+    cmd = parse_command(TokenizerTrainCommand, ["train", "--dataset", qa, "--out", str(tmp_path / "t"),
+                                                "--text_template", flag], prog="yxanul tokenizer")
+    sample, held = sample_and_held_out(cmd)
+    assert sorted(sample + held) == want

@@ -7,6 +7,7 @@ import os
 
 from ..errors import DataError
 from .sources import BUNDLED_CORPUS, Source, resolve_source
+from .template import unescape
 
 SETTINGS = ("name", "split", "text_column", "text_template")  # what tells two readings of one file apart
 
@@ -18,14 +19,14 @@ def resolve_sources(args) -> list[Source]:
         for src, d in zip(out, args.datasets):
             # the top-level text_template is, like text_column, the default of an entry that sets neither
             top = None if "text_column" in d else getattr(args, "text_template", None)
-            src.max_tokens, src.text_template = d.get("max_tokens"), d.get("text_template", top)
+            src.max_tokens, src.text_template = d.get("max_tokens"), unescape(d.get("text_template", top))
             src.max_epochs = int(d.get("max_epochs", 1))
         _label_repeated_paths(out)
         _refuse_shared_files(out)
         return out
     if args.dataset:
         src = resolve_source(args.dataset, 1.0, args.dataset_split, args.text_column, args.dataset_name)
-        src.text_template = getattr(args, "text_template", None)
+        src.text_template = unescape(getattr(args, "text_template", None))
         return [src]
     return [resolve_source(str(BUNDLED_CORPUS))]
 

@@ -12,6 +12,7 @@ preparing and tokenizer training see the rendered text as the source's ``text`` 
 
 from __future__ import annotations
 
+import re
 import string
 
 from ..errors import ConfigError, DataError
@@ -37,6 +38,17 @@ class _Readable(string.Formatter):
 
 
 _FORMATTER = _Readable()
+_ESCAPES = re.compile(r"\\([nt\\])")
+
+
+def unescape(template: str | None) -> str | None:
+    r"""``\n`` -> newline, ``\t`` -> tab, ``\\`` -> one backslash, wherever the template was written: a shell
+    passes ``--text_template "Q: {q}\nA: {a}"`` as backslash + n (so does a single-quoted or plain YAML scalar),
+    YAML double quotes as a newline; both mean one template. Its constant text never needs a literal backslash-n
+    (a column's text is not touched); ``\\n`` writes one."""
+    if template is None:
+        return None
+    return _ESCAPES.sub(lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], template)
 
 
 def template_fields(template: str, where: str = "text_template") -> list[str]:

@@ -25,6 +25,7 @@ from ..errors import ConfigError, DataError, check_out_folder, make_out_folder
 from ..flags import check_same_as, parse_command, same_as
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source, text_values
+from .template import unescape
 from .tokenizer_load import load_tokenizer
 
 
@@ -68,7 +69,7 @@ class TokenizerTrainCommand:
 def _documents(args: TokenizerTrainCommand):
     src = resolve_source(args.dataset or str(BUNDLED_CORPUS), 1.0, args.dataset_split, args.text_column,
                          args.dataset_name)
-    src.text_template = args.text_template  # as resolve_sources sets it: the rendered text is what is read
+    src.text_template = unescape(args.text_template)  # as resolve_sources sets it: the rendered text is read
     check_source(src)
     check_hub_reachable([src])
     for row in load_source(src, streaming=True):
