@@ -132,3 +132,24 @@ def test_one_file_reached_by_two_entries_of_a_mixture_is_one_line_naming_both(tm
     out = prepare(DataArgs(datasets=[{"path": "d/a.jsonl"}, {"path": str(p), "text_column": "q"}],
                            data_dir=str(tmp_path / "o2")), **Q)
     assert all(m["documents"] > 0 for m in json.loads((out / "meta.json").read_text())["mixture"].values())
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_byte_order_mark_is_not_part_of_a_text_or_csv_document(tmp_path, streaming):
+    """Windows editors start UTF-8 files with a BOM: .txt (gz too) and .csv documents start without it, as .jsonl
+    ones do; a file holding only a BOM has no text."""
+    import gzip
+
+    (tmp_path / "t").mkdir()
+    docs = [f"Document {i} from a Windows editor with words enough." for i in range(12)]
+    for i, d in enumerate(docs[:-1]):
+        (tmp_path / "t" / f"{i:02}.txt").write_bytes(b"\xef\xbb\xbf" + d.encode())
+    (tmp_path / "t" / "99.txt.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + docs[-1].encode()))
+    (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbftext\n" + "\n".join(docs).encode())
+    for src in ("t", "a.csv"):
+        out = prepare(DataArgs(dataset=str(tmp_path / src), streaming=streaming, data_dir=str(tmp_path / f"o{src}")),
+                      **Q)
+        assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(docs)
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\n")
+    with pytest.raises(DataError, match="bom.txt': contains no text"):
+        prepare(DataArgs(dataset=str(tmp_path / "bom.txt"), data_dir=str(tmp_path / "o")), **Q)

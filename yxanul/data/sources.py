@@ -95,7 +95,7 @@ def _check_file(path: str) -> None:
                                     "convert it, e.g. iconv -f latin1 -t utf-8") from None
                 if not chunk:
                     break
-                nonblank = nonblank or bool(text.strip())
+                nonblank = nonblank or bool(text.replace("\ufeff", "").strip())  # a BOM alone is no text
                 offset += len(chunk)
     except (OSError, EOFError) as e:  # a corrupt .gz
         raise DataError(f"dataset '{path}': unreadable ({e})") from None
@@ -214,7 +214,10 @@ def text_values(values: list, src: Source, fix: str | None = None) -> list[str]:
                 "text_template"
             raise DataError(f"dataset '{src.path}': column '{src.text_column}' holds {type(v).__name__} values "
                             f"(e.g. {str(v)[:40]!r}), expected text; {fix}")
-    return [v or "" for v in values]
+    # a .txt file's byte-order mark (Windows editors write one) is not text: datasets keeps it (its utf-8-sig
+    # is lost on a .gz), the json and csv readers drop it
+    bom = "\ufeff" if src.builder == "text" else ""
+    return [(v or "").removeprefix(bom) for v in values]
 
 
 def _bad_json_line(src: Source) -> str | None:
