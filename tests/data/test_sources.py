@@ -153,3 +153,17 @@ def test_a_byte_order_mark_is_not_part_of_a_text_or_csv_document(tmp_path, strea
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\n")
     with pytest.raises(DataError, match="bom.txt': contains no text"):
         prepare(DataArgs(dataset=str(tmp_path / "bom.txt"), data_dir=str(tmp_path / "o")), **Q)
+
+
+def test_a_config_name_for_local_data_is_one_line_not_ignored(tmp_path, docs_file):
+    """dataset_name (an entry's name) selects a Hub dataset's config; local files and save_to_disk folders have
+    none, so it was a silent no-op."""
+    path, docs = docs_file(20)
+    saved = tmp_path / "std"
+    datasets.Dataset.from_dict({"text": docs}).save_to_disk(str(saved))
+    for where in (path, saved):
+        with pytest.raises(DataError, match=rf"^dataset '{where}': config name 'foo' selects a config of a Hub"):
+            prepare(DataArgs(dataset=str(where), dataset_name="foo", data_dir=str(tmp_path / "o")), **Q)
+    with pytest.raises(DataError, match=r"config name 'bar' .* leave dataset_name \(a datasets entry's name\) unset"):
+        prepare(DataArgs(datasets=[{"path": str(path), "name": "bar"}], data_dir=str(tmp_path / "o")), **Q)
+    assert not (tmp_path / "o").exists()

@@ -116,10 +116,17 @@ def _saved_to_disk(p: Path) -> list[str] | None:
     return sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in (".arrow", ".json"))
 
 
+def _no_config_name(path: str, name: str | None) -> None:
+    if name is not None:  # local data is read whole: the config name would be a silent no-op
+        raise DataError(f"dataset '{path}': config name '{name}' selects a config of a Hub dataset, and this is a "
+                        "local path; leave dataset_name (a datasets entry's name) unset")
+
+
 def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_column: str = "text",
                    name: str | None = None) -> Source:
     p = Path(path).expanduser()
     if p.is_dir() and (saved := _saved_to_disk(p)) is not None:
+        _no_config_name(path, name)
         return Source(path, saved, SAVED, weight, split, text_column, name)
     if p.is_dir():
         files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS
@@ -135,6 +142,7 @@ def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_co
         files = [str(p)]
     else:  # a Hub dataset name
         return Source(path, None, None, weight, split, text_column, name)
+    _no_config_name(path, name)
     builders = {_BUILDERS.get(_suffix(f)) for f in files}
     if None in builders or len(builders) != 1:
         raise DataError(f"dataset '{path}': expected files of one kind among {sorted(set(_BUILDERS))}, "
