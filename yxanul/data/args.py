@@ -100,6 +100,9 @@ class DataArgs:
                 raise ConfigError(key, "an integer >= 2 or null", v)
         if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 0:
             raise ConfigError("shuffle_buffer", "an integer >= 0", self.shuffle_buffer)
+        if self.shuffle_buffer and not self.streaming:  # it shuffles a stream: else a silent no-op
+            raise ConfigError("shuffle_buffer", "0 without streaming (the buffer shuffles streamed sources; set "
+                                                "streaming: true, or leave it 0)", self.shuffle_buffer)
         if self.on_source_end not in ("stop", "drop"):
             raise ConfigError("on_source_end", "one of 'stop', 'drop'", self.on_source_end)
         if self.mix_by not in ("tokens", "documents"):
