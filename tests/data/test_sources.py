@@ -3,6 +3,7 @@ source holds that is not text, a split a local file does not have and a path lis
 
 import json
 import re
+from pathlib import Path
 
 import datasets
 import pytest
@@ -10,6 +11,7 @@ from _data import files_of, split_docs
 
 from yxanul.data.args import DataArgs
 from yxanul.data.prepare import prepare
+from yxanul.data.sources import resolve_source
 from yxanul.errors import DataError
 
 Q = {"progress": False, "say": lambda *a, **k: None}
@@ -167,3 +169,27 @@ def test_a_config_name_for_local_data_is_one_line_not_ignored(tmp_path, docs_fil
     with pytest.raises(DataError, match=r"config name 'bar' .* leave dataset_name \(a datasets entry's name\) unset"):
         prepare(DataArgs(datasets=[{"path": str(path), "name": "bar"}], data_dir=str(tmp_path / "o")), **Q)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_hub_repository_folder_reads_its_data_not_its_readme(tmp_path, docs_file):
+    """`hf download` puts README.md (and .gitattributes, a LICENSE) beside the data: that folder was refused as
+    files of two kinds. They are skipped where the data is of another kind; a folder of .md documents keeps its
+    README; two kinds of data are still one line, which says how to read one."""
+    path, docs = docs_file(40)
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    path.rename(repo / "data" / "train.jsonl")
+    for name in ("README.md", "LICENSE.md", ".gitattributes"):
+        (repo / name).write_text("---\nlicense: mit\n---\n# A dataset card\n")
+    out = prepare(DataArgs(dataset=str(repo), data_dir=str(tmp_path / "o")), **Q)
+    assert sorted(split_docs(out, "train") + split_docs(out, "val")) == sorted(docs)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for i, d in enumerate(docs[:12]):
+        (notes / f"{i:02}.md").write_text(d)
+    (notes / "README.md").write_text("The notes, in order.")
+    assert [Path(f).name for f in resolve_source(str(notes)).files][-1] == "README.md"
+    (repo / "data" / "more.txt").write_text("a text file")
+    with pytest.raises(DataError, match=r"got \['.jsonl', '.txt'\]; read one kind with a glob, e.g. '.*repo/\*\*/\*"
+                                        r"\.jsonl'"):
+        prepare(DataArgs(dataset=str(repo), data_dir=str(tmp_path / "o3")), **Q)

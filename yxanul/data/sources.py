@@ -116,6 +116,22 @@ def _saved_to_disk(p: Path) -> list[str] | None:
     return sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix in (".arrow", ".json"))
 
 
+_REPO_FILES = ("readme", "license", "licence", "copying", "notice", "citation", "changelog", "dataset_infos")
+
+
+def _folder_files(p: Path, path: str) -> list[str]:
+    """A folder's data files, hidden ones aside. A Hub repository's own files (README.md, LICENSE, CITATION.cff
+    beside parquet, as `hf download` writes them) are no data where the data is of another kind: skipped; a folder
+    of .md documents keeps its README.md."""
+    files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS
+                   and not any(part.startswith(".") for part in f.relative_to(p).parts))
+    if not files:
+        raise DataError(f"dataset '{path}': a directory with no .txt/.md/.jsonl/.json/.parquet/.csv files")
+    data = [f for f in files if not Path(f).name.lower().startswith(_REPO_FILES)]
+    kinds = {_suffix(f) for f in data}
+    return [f for f in files if f in data or _suffix(f) in kinds] if data else files
+
+
 def _no_config_name(path: str, name: str | None) -> None:
     if name is not None:  # local data is read whole: the config name would be a silent no-op
         raise DataError(f"dataset '{path}': config name '{name}' selects a config of a Hub dataset, and this is a "
@@ -129,10 +145,7 @@ def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_co
         _no_config_name(path, name)
         return Source(path, saved, SAVED, weight, split, text_column, name)
     if p.is_dir():
-        files = sorted(str(f) for f in p.rglob("*") if f.is_file() and _suffix(str(f)) in _BUILDERS
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
-        if not files:
-            raise DataError(f"dataset '{path}': a directory with no .txt/.md/.jsonl/.json/.parquet/.csv files")
+        files = _folder_files(p, path)
     elif any(c in path for c in "*?["):
         files = sorted(f for f in glob.glob(os.path.expanduser(path), recursive=True) if os.path.isfile(f))
         if not files:
@@ -145,8 +158,11 @@ def resolve_source(path: str, weight: float = 1.0, split: str = "train", text_co
     _no_config_name(path, name)
     builders = {_BUILDERS.get(_suffix(f)) for f in files}
     if None in builders or len(builders) != 1:
+        suffixes = sorted({_suffix(f) for f in files})
+        most = max(suffixes, key=[_suffix(f) for f in files].count)
+        glob_ = f"; read one kind with a glob, e.g. '{path.rstrip('/')}/**/*{most}'" if p.is_dir() else ""
         raise DataError(f"dataset '{path}': expected files of one kind among {sorted(set(_BUILDERS))}, "
-                        f"got {sorted({_suffix(f) for f in files})}")
+                        f"got {suffixes}{glob_}")
     for f in files:
         _check_exists(f)  # contents are checked by check_source, only when the source is actually read
     return Source(path, files, builders.pop(), weight, split, text_column, name)
