@@ -81,6 +81,13 @@ def test_held_out_documents_0_holds_out_nothing_and_reports_nothing(tmp_path, ca
     report = json.loads((out / "yxanul_tokenizer_report.json").read_text())
     assert report["sample_documents"] == 50 and report["held_out_documents"] == 0 and report["bytes_per_token"] == {}
     assert "bytes/token" not in capsys.readouterr().out
+    again = ["train", "--dataset", str(docs), "--out", str(out), "--vocab_size", "280", "--held_out_documents", "0"]
+    with pytest.raises(ConfigError, match=r"'out': expected a folder without a tokenizer \(it holds tokenizer.json; "
+                                          r"--overwrite replaces it\)"):
+        tokenizer_main(again)  # it was replaced without a word: a model's ids mean this one
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["vocab"].__len__() == 300
+    assert tokenizer_main([*again, "--overwrite"]) == 0
+    assert len(json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]) == 280
 
 
 def test_a_small_corpus_holds_out_its_last_tenth_apart_from_the_sample(tmp_path):

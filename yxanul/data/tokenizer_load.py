@@ -13,6 +13,10 @@ from ..errors import DataError, first_line
 from .remote_code import declares_code, refused
 from .sources import BUNDLED_TOKENIZER, cache_root, hub_unreachable_why
 
+# what save_pretrained writes for a tokenizer (the first two: transformers' own), any one of which makes a folder one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt")
+
 GPT2_OFFLINE = "gpt2-offline"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "gpt2", "org/name"
 
@@ -63,7 +67,7 @@ def load_tokenizer(name_or_path: str | None, trust_remote_code: bool = False):
     if _looks_like_a_path(name) and not Path(name).exists():
         raise DataError(f"tokenizer '{typed}': no such folder (a tokenizer is a folder, a Hub id like 'gpt2' or "
                         f"'org/name', or '{GPT2_OFFLINE}')")
-    files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+    files = TOKENIZER_FILES
     if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in files):
         raise DataError(f"tokenizer '{typed}': a folder without tokenizer files (expected {' or '.join(files[:2])}, "
                         "as save_pretrained writes)")

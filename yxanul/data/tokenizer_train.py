@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, DataError, check_out_folder, make_out_folder
@@ -26,7 +27,7 @@ from ..flags import check_same_as, parse_command, same_as
 from .args import DataArgs
 from .sources import BUNDLED_CORPUS, check_hub_reachable, check_source, load_source, resolve_source, text_values
 from .template import unescape
-from .tokenizer_load import load_tokenizer
+from .tokenizer_load import TOKENIZER_FILES, load_tokenizer
 
 
 @dataclass
@@ -50,6 +51,8 @@ class TokenizerTrainCommand:
     dataset_split: str = same_as(DataArgs, "dataset_split")
     text_column: str = same_as(DataArgs, "text_column")
     text_template: str | None = same_as(DataArgs, "text_template")
+    overwrite: bool = field(default=False, metadata={"help": "Replace the tokenizer an existing --out holds (a "
+                                                             "tokenizer there is kept otherwise: one line, exit 2)."})
 
     def __post_init__(self):
         if not self.out:
@@ -64,6 +67,10 @@ class TokenizerTrainCommand:
         if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:
             raise ConfigError("sample_bytes/held_out_documents/min_frequency", ">= 1024 / >= 0 / >= 1",
                               (self.sample_bytes, self.held_out_documents, self.min_frequency))
+        held = [n for n in TOKENIZER_FILES if (Path(self.out).expanduser() / n).is_file()]
+        if held and not self.overwrite:  # another tokenizer (an export's too): the one its model's ids mean
+            raise ConfigError("out", f"a folder without a tokenizer (it holds {held[0]}; --overwrite replaces it)",
+                              self.out)
 
 
 def _documents(args: TokenizerTrainCommand):
