@@ -10,10 +10,11 @@ from yxanul.planning.cli import PROFILES, PlanCommand, launch_line, plan
 from yxanul.planning.memory import STRATEGIES, memory, model_shapes
 
 GiB = 2**30
+GPT2 = ("--vocab_size", "50257")  # the numbers below are for GPT-2's vocabulary (the default is the run's tokenizer's)
 
 
 def run_json(capsys, *argv):
-    code = main(["plan", *argv, "--json"])
+    code = main(["plan", *GPT2, *argv, "--json"])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -63,7 +64,7 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
     _, fp8 = run_json(capsys, "--preset", "nano", "--gpus", "1", "--gpu_memory", "16", "--use_fp8", "true")
     assert fp8["choice"]["launch"].startswith("accelerate launch --config_file accelerate_configs/single_gpu_fp8.yaml "
                                               "train.py") and "--use_fp8 true" in fp8["choice"]["launch"]
-    zero = launch_line(PlanCommand(preset="7b", gpus=8), "zero3", True)
+    zero = launch_line(PlanCommand(preset="7b", gpus=8, vocab_size=50257), "zero3", True)
     assert "--mixed_precision" not in zero  # DeepSpeed's profiles leave the precision to the yxanul config
     _, ddp = run_json(capsys, "--preset", "nano", "--gpus", "4", "--gpu_memory", "16")  # fits whole: DDP
     assert ddp["choice"]["strategy"] == "ddp"
@@ -72,7 +73,7 @@ def test_hsdp_only_across_nodes_and_single_for_one_gpu(capsys):
 
 
 def test_max_micro_batch_is_the_largest_that_fits():
-    a = PlanCommand(preset="3b", seq_length=2048, gpus=8, nodes=1, gpu_memory=80)
+    a = PlanCommand(preset="3b", seq_length=2048, gpus=8, nodes=1, gpu_memory=80, vocab_size=50257)
     p = plan(a)
     c = config_from_preset("3b", 50257, 2048, backend="torch")
     s = model_shapes(c)
@@ -86,7 +87,7 @@ def test_max_micro_batch_is_the_largest_that_fits():
 
 
 def test_table_output_names_every_strategy(capsys):
-    assert main(["plan", "--preset", "3b", "--seq_length", "2048", "--gpus", "8", "--nodes", "2"]) == 0
+    assert main(["plan", *GPT2, "--preset", "3b", "--seq_length", "2048", "--gpus", "8", "--nodes", "2"]) == 0
     out = capsys.readouterr().out
     for s in STRATEGIES[1:]:
         assert f" {s} " in out
@@ -94,12 +95,12 @@ def test_table_output_names_every_strategy(capsys):
 
 
 def test_nothing_fits_exits_1_with_the_one_line_table_advice(capsys):
-    assert main(["plan", "--preset", "7b", "--gpus", "1", "--gpu_memory", "24"]) == 1
+    assert main(["plan", *GPT2, "--preset", "7b", "--gpus", "1", "--gpu_memory", "24"]) == 1
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == ("nothing fits (any strategy, with or without activation checkpointing); each of these alone "
                     "would: --gpus 8 | --gpu_memory 138.2"), last  # micro-batch 1 already: no smaller one advised
     for fewer in (["--gpus", "4"], ["--gpu_memory", "138.1"]):  # the least that fits
-        assert main(["plan", "--preset", "7b", "--gpus", "1", "--gpu_memory", "24", *fewer]) == 1, fewer
+        assert main(["plan", *GPT2, "--preset", "7b", "--gpus", "1", "--gpu_memory", "24", *fewer]) == 1, fewer
 
 
 @pytest.mark.parametrize("argv, advised", [
@@ -117,7 +118,7 @@ def test_nothing_fits_advises_only_changes_that_fit(capsys, argv, advised):
     code, p = run_json(capsys, *argv)
     assert code == 1 and p["choice"] is None and p["advice"] == advised
     for change in advised:
-        assert main(["plan", *argv, *change.split()]) == 0, change  # the later flag wins
+        assert main(["plan", *GPT2, *argv, *change.split()]) == 0, change  # the later flag wins
         capsys.readouterr()
 
 
@@ -152,6 +153,42 @@ def test_the_config_of_the_launch_line_is_read_as_train_reads_it(capsys, tmp_pat
     assert " --config CONFIG.yaml " in run_json(capsys, "--preset", "nano", "--gpus", "1")[1]["choice"]["launch"]
 
 
+def test_the_vocabulary_is_the_one_train_would_use(capsys, tmp_path):
+    """Unset, --vocab_size follows the run: the bundled 8k BPE (train's default: nano is the 5.05M-parameter model
+    train builds, not GPT-2's 0.02B), the --config's tokenizer (its largest id + 1, as prepare records it), a
+    data_dir given alone (its meta.json), and the flag over all of them; a tokenizer train could not load is one
+    line, exit 2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def vocab(*argv):
+        assert main(["plan", "--preset", "nano", "--seq_length", "32", "--gpus", "2", "--gpu_memory", "3",
+                     "--backend", "torch", *argv, "--json"]) == 0
+        p = json.loads(capsys.readouterr().out)
+        assert p["params"] == model_shapes(config_from_preset("nano", p["vocab_size"], 32, backend="torch")).params
+        return p["vocab_size"], p["params"]
+
+    assert vocab() == (8192, 5_048_576)  # what train builds with no tokenizer set
+    raw = Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1, "a": 2, "b": 70_000}, unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="<unk>").save_pretrained(tmp_path / "t")
+    run = tmp_path / "run.yaml"
+    run.write_text(f"tokenizer: {tmp_path / 't'}\ndata_dir: {tmp_path / 'd'}\n")
+    assert vocab("--config", str(run))[0] == 70_001
+    assert vocab("--config", str(run), "--vocab_size", "50257")[0] == 50257
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "meta.json").write_text(json.dumps({"vocab_size": 1234}))
+    run.write_text(f"data_dir: {tmp_path / 'd'}\n")
+    assert vocab("--config", str(run))[0] == 1234
+    run.write_text(f"tokenizer: {tmp_path / 'none'}\n")
+    assert main(["plan", "--preset", "nano", "--config", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: tokenizer '{tmp_path / 'none'}': no such folder"), err
+    assert main(["plan", "--preset", "nano", "--seq_length", "32", "--gpus", "2", "--gpu_memory", "3",
+                 "--backend", "torch"]) == 0
+    assert capsys.readouterr().out.startswith("nano: 5.05M parameters (vocabulary 8192), ")
+
+
 def test_every_launchable_strategy_has_a_shipped_profile():
     from pathlib import Path
 
@@ -165,7 +202,7 @@ def test_docs_example_is_the_real_output(capsys):
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "distributed.md").read_text()
-    cmd = "$ yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80\n"
+    cmd = "$ yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 --vocab_size 50257\n"
     shown = doc.split(cmd, 1)[1].split("```", 1)[0]
     assert main(cmd.split()[2:]) == 0
     assert capsys.readouterr().out == shown

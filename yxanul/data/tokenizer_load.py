@@ -103,6 +103,21 @@ def vocab_size(tok) -> int:
     return max(max(ids, default=-1) + 1, len(tok))
 
 
+def run_vocab_size(run: dict) -> int:
+    """The tokenizer size `yxanul train` builds the embedding for, from its config file's keys, without preparing
+    anything: a ``data_dir`` given alone is a prepared folder (its meta.json's size, when it holds one); otherwise
+    the data is prepared with ``tokenizer`` (None: the bundled 8k BPE), whose largest id + 1 prepare records."""
+    alone = run.get("data_dir") and all(run.get(k) is None for k in ("dataset", "datasets", "tokenizer"))
+    try:
+        meta = json.loads((Path(str(run["data_dir"])).expanduser() / "meta.json").read_text()) if alone else {}
+    except (OSError, ValueError):  # nothing prepared there yet: train prepares it with the bundled tokenizer
+        meta = {}
+    if isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int):
+        return meta["vocab_size"]
+    name = run.get("tokenizer")
+    return vocab_size(load_tokenizer(None if name is None else str(name), bool(run.get("trust_remote_code")))[1])
+
+
 def load_prepared_tokenizer(data_dir):
     """The tokenizer a prepared folder was made with (its own copy, else the recorded name)."""
     from transformers import AutoTokenizer

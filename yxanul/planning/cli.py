@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..config_file import load_yaml
+from ..data.tokenizer_load import run_vocab_size
 from ..errors import ConfigError
 from ..flags import check_same_as, parse_command, same_as
 from ..models.args import ModelArgs
@@ -52,7 +53,9 @@ class PlanCommand:
     headroom: float = field(default=0.1, metadata={
         "help": "Fraction of the GPU memory kept free for fragmentation and temporaries (1 GiB for the CUDA "
                 "context comes off as well)."})
-    vocab_size: int = field(default=50257, metadata={"help": "Tokenizer size (padded as the trainer pads it)."})
+    vocab_size: int | None = field(default=None, metadata={
+        "help": "Tokenizer size (padded as the trainer pads it). Default: what train would use: the tokenizer of "
+                "--config (a data_dir given alone: its prepared size), else the bundled 8k BPE."})
     backend: Literal["te", "torch"] = field(default="te", metadata={
         "help": "Layer implementation of the run: te (Transformer Engine, what GPU runs use) or torch (the plain "
                 "twin); their activations differ (docs/distributed.md)."})
@@ -69,7 +72,7 @@ class PlanCommand:
             raise ConfigError("preset", "one of " + ", ".join(PRESETS), self.preset)
         check_same_as(self)
         for key in ("gpus", "nodes", "vocab_size"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(key, "an integer >= 1", getattr(self, key))
         if not 0 < self.gpu_memory < math.inf:
             raise ConfigError("gpu_memory", "a number of GiB > 0", self.gpu_memory)
@@ -79,8 +82,9 @@ class PlanCommand:
             raise ConfigError("use_fp8", "false with backend torch (FP8 runs on Transformer Engine)", True)
         if self.backend == "torch" and self.loss_impl == "te":
             raise ConfigError("loss_impl", "default or chunked with backend torch (te is Transformer Engine's)", "te")
-        if self.config is not None:  # the launch line would fail on it: train reads it first
-            load_yaml(self.config)
+        run = {} if self.config is None else load_yaml(self.config)  # train reads it first: a bad one fails here
+        if self.vocab_size is None:
+            self.vocab_size = run_vocab_size(run)
         if self.master_weights == "fp32" and self.world > 1:
             raise ConfigError("master_weights", "none with more than one GPU (DDP, DeepSpeed and FSDP2 keep their "
                                                 "own masters)", "fp32")
@@ -163,7 +167,8 @@ def plan(a: PlanCommand) -> dict:
             rows.append(row)
             if choice is None and row["fits"]:
                 choice = row
-    return {"preset": a.preset, "params": shapes.params, "flops_per_token": config.flops_per_token(a.seq_length),
+    return {"preset": a.preset, "params": shapes.params, "vocab_size": a.vocab_size,
+            "flops_per_token": config.flops_per_token(a.seq_length),
             "seq_length": a.seq_length, "micro_batch_size": a.micro_batch_size, "gpus_per_node": a.gpus,
             "backend": a.backend, "fp8": a.use_fp8, "loss_impl": loss, "master_weights": a.master_weights,
             "nodes": a.nodes, "gpu_memory_gib": a.gpu_memory, "budget_bytes": a.budget, "rows": rows,
@@ -241,7 +246,9 @@ def _gib(b: int) -> str:
 
 def table(p: dict) -> str:
     """The readable form of ``plan()``."""
-    head = (f"{p['preset']}: {p['params'] / 1e9:.2f}B parameters, {p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
+    params = f"{p['params'] / 1e9:.2f}B" if p["params"] >= 1e9 else f"{p['params'] / 1e6:.2f}M"
+    head = (f"{p['preset']}: {params} parameters (vocabulary {p['vocab_size']}), "
+            f"{p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
             f"seq {p['seq_length']}, micro-batch {p['micro_batch_size']}, {p['nodes']} node(s) x {p['gpus_per_node']} "
             f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU); backend "
             f"{p['backend']}, {'FP8' if p['fp8'] else 'BF16'}, loss {p['loss_impl']}"
