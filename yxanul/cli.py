@@ -52,7 +52,8 @@ def train_main(argv: list[str] | None = None) -> int:
             if cfg.checkpoint.output_dir is None and cfg.checkpoint.run_name is None:  # the default is new each time
                 raise ConfigError("list_checkpoints", "--output_dir RUN_DIR or --run_name NAME with it (or `yxanul "
                                   "checkpoints RUN_DIR`): the default run directory is new at every launch", True)
-            print(listing(run_dir_of(cfg)))
+            if os.environ.get("RANK", "0") == "0":  # under a launcher every rank gets the flag: one table per job
+                print(listing(run_dir_of(cfg)))
             return 0
         from .training import from_config, train  # torch: --help and config errors stay light
 

@@ -57,3 +57,18 @@ def test_a_checkpoint_pruned_while_the_table_is_made_is_no_row_and_no_traceback(
     monkeypatch.setattr(table, "list_checkpoints", listed_then_pruned)
     text = table.format_table(tmp_path)
     assert "step_1" not in text and "step_2" in text and "step_3" in text and "DAMAGED" not in text, text
+
+
+def test_train_list_checkpoints_prints_the_table_on_rank_0_only(tmp_path, acc_model, capsys, monkeypatch):
+    """`accelerate launch train.py --list_checkpoints` starts every rank with the flag: the job prints one table,
+    rank 0's (RANK as the launcher sets it), not one per process."""
+    from yxanul.cli import train_main
+
+    acc, _, _ = acc_model
+    save_checkpoint(acc, tmp_path, _state(7, 2.0), keep_last=2)
+    printed = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert train_main(["--list_checkpoints", "--output_dir", str(tmp_path)]) == 0
+        printed[rank] = capsys.readouterr().out
+    assert "step_7" in printed["0"] and printed["1"] == "", printed
