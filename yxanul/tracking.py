@@ -32,7 +32,8 @@ class TrackingArgs:
     wandb_entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)."})
     sample_tokens: int = field(default=48,
                                metadata={"help": "Tokens generated for the sample printed at each evaluation "
-                                                 "(0: none)."})
+                                                 "(0: none); fewer where prompt and sample would pass the model's "
+                                                 "seq_length positions."})
     sample_prompt: str = field(default="\n", metadata={"help": "Prompt of the generated sample."})
 
     def __post_init__(self):

@@ -31,11 +31,17 @@ def evaluate_loss(model, batches, plan, accelerator) -> float:
 
 
 def sample(model, tokenizer, prompt: str, n_tokens: int, device) -> str:
-    """``n_tokens`` sampled after ``prompt`` (top-k 50, temperature 0.8, seed 0) without touching the
-    training RNG streams (resume stays exact)."""
+    """Up to ``n_tokens`` sampled after ``prompt`` (top-k 50, temperature 0.8, seed 0) without touching the
+    training RNG streams (resume stays exact). Prompt and sample stay within the model's positions, as in
+    `yxanul generate`: past them it never trained (and transformers warns at every sample)."""
     ids = tokenizer(prompt, return_tensors="pt").input_ids.to(device)
     if ids.numel() == 0:
         ids = torch.tensor([[tokenizer.eos_token_id]], device=device)
+    limit = int(model.config.max_position_embeddings)
+    ids = ids[:, -(limit - 1):] if ids.shape[1] >= limit > 1 else ids  # a long prompt keeps its end: one new token
+    n_tokens = min(n_tokens, limit - ids.shape[1])
+    if n_tokens < 1:
+        return ""
     was_training = model.training
     model.eval()  # no training-only branches (checkpointing, TE's weight caching) while sampling
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # keep resume exact
