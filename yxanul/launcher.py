@@ -19,7 +19,9 @@ HANDLE``), so a Ctrl-C in the terminal is delivered once and the trainer's preem
 it then raises ``SignalException``, which ends here as one line and exit code 128 + the signal. The
 one-process launcher (no torchrun: a plain ``subprocess.Popen``) forwards nothing itself: here SIGTERM
 goes on to its worker, and SIGINT too unless the worker already got it from the terminal (same process
-group), because a second SIGINT tells the trainer not to wait for the checkpoint.
+group), because a second SIGINT tells the trainer not to wait for the checkpoint. Before any worker exists
+(a node waiting in the rendezvous for the others), either signal ends the launcher: one line, 128 + the
+signal (``StopBeforeWorkers``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -80,32 +83,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.error = _one_line  # accelerate's argparse prints its usage, then the error: one line instead
     logging.getLogger("accelerate.commands.launch").addFilter(_not_accelerates_defaults_notice)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    check_the_head_node(args)
+    waiting = check_the_head_node(args)
     cpu_processes_through_torchrun(args)
     held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
     previous = {sig: signal.signal(sig, forward_to_children) for sig in STOP_SIGNALS}  # torchrun replaces them
+    stopper = StopBeforeWorkers(waiting)
     try:
+        if waiting:  # a silent wait for a node that does not come looks like a hang
+            print(f"yxanul launch: {waiting} ...", flush=True)
         return launch(launch_command, args, held)
     finally:
+        stopper.close()
         held.close(emit=True)  # a no-op once launch() decided
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def check_the_head_node(args) -> None:
+def check_the_head_node(args) -> str:
     """Several machines meet at ``main_process_ip``: without one (multi_node_fp8.yaml leaves it to the job script)
-    torchrun tried to reach 'None:29500' for 15 minutes, printing only C++ socket warnings."""
+    torchrun tried to reach 'None:29500' for 15 minutes, printing only C++ socket warnings. Returns what this node
+    waits for at the start ("node 0 of 2: waiting for 1 more node at HOST:PORT"), "" on one machine."""
     config = {}
     if args.config_file and Path(args.config_file).is_file():
-        try:  # two keys of the file: read here, before accelerate's launch command acts on it
+        try:  # a few keys of the file: read here, before accelerate's launch command acts on it
             config = yaml.safe_load(Path(args.config_file).read_text())
         except yaml.YAMLError:  # accelerate reports its own file in one line
-            return
+            return ""
     config = config if isinstance(config, dict) else {}
     machines = args.num_machines or config.get("num_machines") or 1
-    if isinstance(machines, int) and machines > 1 and not (args.main_process_ip or config.get("main_process_ip")):
+    if not isinstance(machines, int) or machines < 2:
+        return ""
+    ip = args.main_process_ip or config.get("main_process_ip")
+    if not ip:
         raise UserError(f"yxanul launch: {machines} machines meet at the head node: pass --main_process_ip (its "
                         "address, the same on every node) and --machine_rank, or --num_machines 1")
+    port = args.main_process_port or config.get("main_process_port") or 29500  # accelerate's default
+    rank = args.machine_rank if args.machine_rank is not None else config.get("machine_rank") or 0
+    others = machines - 1
+    return f"node {rank} of {machines}: waiting for {others} more node{'s' if others > 1 else ''} at {ip}:{port}"
 
 
 def _one_line(message: str):
@@ -217,6 +232,8 @@ def forward_to_children(signum, _frame) -> None:
 
     children = psutil.Process().children()
     if not children:
+        if StopBeforeWorkers.watching:  # its thread got the same signal and stops the launcher with one line
+            return
         raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
     for child in children:
         try:
@@ -233,3 +250,50 @@ def _terminal_interrupted(pgid: int) -> bool:
         return pgid == os.getpgrp() == os.tcgetpgrp(sys.stdin.fileno())
     except (OSError, ValueError):  # no terminal: the signal came from kill, to this process alone
         return False
+
+
+class StopBeforeWorkers:
+    """SIGTERM/SIGINT before any worker exists (the rendezvous: torchrun waits for the other nodes in C++, in
+    ``TCPStore``'s constructor, up to 15 minutes) stop the launcher: one line, exit 128 + the signal. A Python
+    signal handler runs only when the main thread is back in Python, which that wait never is: alone, it would
+    leave both signals unanswered until SIGKILL. The interpreter's C handler also writes the signal's number to
+    the wakeup fd, and the wait releases the GIL, so a thread reading that fd can act. Once torchrun has started
+    its workers (its own handlers replace ``forward_to_children``) or the one-process launcher has a child, it
+    does nothing: the signal goes to the workers, which checkpoint."""
+
+    watching = False
+
+    def __init__(self, waiting: str):
+        import psutil
+
+        self.waiting = f" ({waiting})" if waiting else ""
+        self._process = psutil.Process()  # ready: the line should come before anything the signal makes C++ print
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)  # the C handler must never block
+        self._previous = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        StopBeforeWorkers.watching = True
+        threading.Thread(target=self._watch, name="yxanul-launch-stop", daemon=True).start()
+
+    def _watch(self) -> None:
+        with self._read:
+            while data := self._read.recv(64):  # b"": close() shut the other end
+                for signum in data:
+                    if signum in STOP_SIGNALS and self._no_worker_yet(signum):
+                        self._stop(signum)
+
+    def _no_worker_yet(self, signum: int) -> bool:
+        return signal.getsignal(signum) is forward_to_children and not self._process.children()
+
+    def _stop(self, signum: int) -> None:
+        try:
+            sys.stdout.flush()
+            print(f"launcher received {signal.Signals(signum).name} before any worker started{self.waiting}: "
+                  "stopped", file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # a closed stream: the exit code still says it
+            pass
+        os._exit(128 + signum)  # the main thread is in C++ until the rendezvous times out: it cannot unwind
+
+    def close(self) -> None:
+        StopBeforeWorkers.watching = False
+        signal.set_wakeup_fd(self._previous)
+        self._write.close()  # the thread reads EOF and ends

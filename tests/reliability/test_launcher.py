@@ -143,6 +143,68 @@ def test_a_rank_killed_by_sigkill_is_named_in_one_line_not_a_bug_report(tmp_path
     assert not [s for s in (*LAUNCHER_RECORDS, "internal error") if s in stderr], stderr[-3000:]
 
 
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node(rank, port, *args, cwd):
+    """`yxanul launch` as node ``rank`` of a 2-node job whose head node is this machine (one process per node)."""
+    return subprocess.Popen(_cmd(*TWO, "--num_machines", "2", "--num_processes", "2", "--machine_rank", str(rank),
+                                 "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=cwd)
+
+
+def _wait_until(condition, proc, what, timeout=240):
+    deadline = time.time() + timeout
+    while not condition():
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            stdout, stderr = proc.communicate(timeout=90)
+            pytest.fail(f"{what} (exit code {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
+        time.sleep(0.2)
+
+
+def _stop_all(*procs):
+    import psutil
+
+    for proc in procs:
+        try:
+            for p in [*psutil.Process(proc.pid).children(recursive=True), proc]:
+                p.kill()
+        except (psutil.Error, OSError):  # already gone
+            pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_waiting_for_the_other_nodes_stops_the_launcher(tmp_path, sig):
+    """Node 0 of 2 waits for node 1, which never comes, in torchrun's rendezvous: a C++ wait (TCPStore) in which no
+    Python signal handler runs. Before, the launcher ignored SIGTERM and Ctrl-C there until SIGKILL (up to 15 min).
+    Now it says what it waits for, and the signal ends it: one line, exit 128 + the signal."""
+    import psutil
+
+    port = _free_port()
+    proc = _node(0, port, "-m", "yxanul", "train", *RUN, "--max_steps", "2", "--output_dir", str(tmp_path / "r"),
+                 cwd=tmp_path)
+    try:  # the head node's store listens: the launcher is in the rendezvous wait
+        _wait_until(lambda: any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                                for c in psutil.Process(proc.pid).net_connections("tcp")), proc, "no rendezvous")
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        _stop_all(proc)
+    waiting = f"node 0 of 2: waiting for 1 more node at 127.0.0.1:{port}"
+    assert proc.returncode == 128 + sig, stdout[-2000:] + stderr[-3000:]
+    assert f"yxanul launch: {waiting} ..." in stdout.splitlines(), stdout[-2000:]
+    assert stderr.strip().splitlines() == [f"launcher received {sig.name} before any worker started ({waiting}): "
+                                           "stopped"], stderr[-3000:]
+    assert not (tmp_path / "r").exists()
+
+
 def _saved_step(stdout, out, sig=signal.SIGTERM):
     step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
