@@ -13,7 +13,7 @@ from . import __version__
 from .checkpoint import listing, run_dir_of
 from .config import parse_args
 from .config_file import with_default_config
-from .errors import ConfigError, EveryRankError, UserError, first_line
+from .errors import PEER_LOST_EXIT_CODE, ConfigError, EveryRankError, UserError, first_line
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
@@ -161,8 +161,8 @@ def run(func, argv, *, process_exit: bool = False) -> int:
     """Call a command. Every way it can end is an exit code, within seconds:
     a UserError -> one line on stderr, its exit code (2; 3 for a diverged run); a full disk, a read-only
     or forbidden path, a file where a folder goes, a link to nothing -> one line naming the file, 2; a closed
-    stdout (``| head``) -> one line, 141; Ctrl-C -> 130; any other exception -> its traceback (a bug: report
-    it), then one line, 1.
+    stdout (``| head``) -> one line, 141; Ctrl-C -> 130; a collective whose peer process is gone -> one line, 4;
+    any other exception -> its traceback (a bug: report it), then one line, 1.
     ``process_exit``: the process exits with the returned code (the `yxanul` entry points, train.py):
     then, on every error, a watchdog ends the process after ``EXIT_GRACE_S`` if something (a thread,
     a child) would keep it alive. An in-process caller (a test, a notebook) gets the code back and no watchdog."""
@@ -191,8 +191,8 @@ def _run(func, argv) -> int:
         line = _path_error_line(e)
         return _fail(line, 2) if line else _bug(e)
     except Exception as e:  # noqa: BLE001 - the last line of defence: exit, never hang
-        line = _peer_lost_line(e)
-        return _fail(line, EXIT_BUG) if line else _bug(e)
+        line = _peer_lost_line(e)  # its own code: `yxanul launch` then knows the line is printed, and no bug
+        return _fail(line, PEER_LOST_EXIT_CODE) if line else _bug(e)
 
 
 def _reports_for_the_job(e: UserError) -> bool:
@@ -274,8 +274,8 @@ def _peer_lost_line(e: BaseException) -> str | None:
         return None
     said = re.sub(r"^\[[^\]]*\]\s*", "", first_line(e)).split(". ")[0][:160]  # gloo's "[pair.cc:537] Read error..."
     return (f"error: rank {dist.get_rank()} of {dist.get_world_size()}: another process of the job is gone ({said}); "
-            "the launcher's output says which and why (SIGKILL: often the out-of-memory killer); the same command "
-            "with --resume latest continues from the last checkpoint")
+            "the launcher's output on that process's node says which and why (SIGKILL: often the out-of-memory "
+            "killer); the same command with --resume latest continues from the last checkpoint")
 
 
 def _bug(e: BaseException) -> int:

@@ -18,6 +18,9 @@ class UserError(Exception):
     exit_code = 2
 
 
+PEER_LOST_EXIT_CODE = 4  # a rank whose collective failed because another process of the job is gone (not a bug)
+
+
 class EveryRankError(UserError):
     """A user error every rank of a job finds alike, also after the process group exists (the run directory, the
     resume target: the same shared files): rank 0 prints it, the others exit quietly."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import UserError
+from .errors import PEER_LOST_EXIT_CODE, UserError
 
 USAGE = "yxanul launch [accelerate launch args] train.py|-m yxanul train [training flags]"
 ELASTIC_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # torchrun's per-worker failure records
@@ -155,6 +155,9 @@ def launch(launch_command, args, held: HeldRecords) -> int:
             held.close(emit=False)  # torchrun's "failed (exitcode: -9)" records: the line below says it
             print(killed[0], file=sys.stderr, flush=True)
             return killed[1]
+        if _another_node_lost_a_process(e.failures):
+            held.close(emit=False)  # each rank printed its "another process of the job is gone" line
+            return PEER_LOST_EXIT_CODE
         return _failed(_user_error_or_first(e.failures), held)
     except subprocess.CalledProcessError as e:  # the one-process launcher (and DeepSpeed's multi-node one)
         return _failed(e.returncode, held)
@@ -197,6 +200,15 @@ def _killed_line(failures) -> tuple[str, int] | None:
     return (f"error: rank {rank} (local rank {f.local_rank} on {socket.gethostname()}, pid {f.pid}) was killed by "
             f"{name}{why}; the job's other processes stopped; the same command with --resume latest continues from "
             "the last checkpoint", 128 - f.exitcode)
+
+
+def _another_node_lost_a_process(failures) -> bool:
+    """Whether this node's ranks stopped only because a process of another node is gone (killed there: that
+    node's launcher names it in its one line): a rank here said so and exited 4, the others too or were stopped by
+    torchrun. That line is the whole story here: torchrun's ChildFailedError report would only bury it."""
+    codes = [f.exitcode for f in failures.values()]
+    return PEER_LOST_EXIT_CODE in codes and all(
+        c == PEER_LOST_EXIT_CODE or (c < 0 and -c in CLOSING_SIGNALS) for c in codes)
 
 
 def _user_error_or_first(failures) -> int:

@@ -205,6 +205,32 @@ def test_a_stop_signal_while_waiting_for_the_other_nodes_stops_the_launcher(tmp_
     assert not (tmp_path / "r").exists()
 
 
+def test_a_rank_killed_on_another_node_is_one_line_on_each_node(tmp_path):
+    """Two nodes (launchers) on this machine, one rank each; SIGKILL to node 1's rank. Node 1's launcher names it
+    (exit 128 + 9). Node 0's rank says another process of the job is gone; before, node 0's launcher then printed
+    torchrun's ChildFailedError report (~30 lines, exit 1). Now that line is node 0's whole output, exit 4."""
+    import psutil
+
+    port, out = _free_port(), tmp_path / "r"
+    args = ["-m", "yxanul", "train", *RUN, "--max_steps", "100000", "--log_freq", "100000", "--checkpoint_freq", "0",
+            "--output_dir", str(out)]
+    nodes = [_node(rank, port, *args, cwd=tmp_path) for rank in (0, 1)]
+    try:
+        _wait_until(lambda: (out / "metrics.jsonl").exists(), nodes[0], "no first step")
+        worker = next(p for p in psutil.Process(nodes[1].pid).children(recursive=True)
+                      if p.environ().get("RANK") == "1" and p.parent().environ().get("RANK") is None)
+        worker.kill()
+        (_, err0), (_, err1) = (node.communicate(timeout=120) for node in nodes)
+    finally:
+        _stop_all(*nodes)
+    assert nodes[1].returncode == 128 + signal.SIGKILL, err1[-3000:]
+    assert err1.strip().splitlines()[-1].startswith("error: rank 1 (local rank 0 on "), err1[-3000:]
+    assert f"pid {worker.pid}) was killed by SIGKILL" in err1
+    assert nodes[0].returncode == 4, err0[-3000:]
+    lines = [ln for ln in err0.splitlines() if ln.strip() and "examples/s]" not in ln and "tok/s]" not in ln]
+    assert len(lines) == 1 and lines[0].startswith("error: rank 0 of 2: another process of the job is gone ("), lines
+
+
 def _saved_step(stdout, out, sig=signal.SIGTERM):
     step = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert f"received {sig.name}: checkpoint saved at step {step}, exiting" in stdout, stdout
