@@ -253,3 +253,29 @@ def test_closing_the_iteration_stops_its_workers(bundled):
     assert workers and all(w.is_alive() for w in workers)
     it.close()
     assert not any(w.is_alive() for w in workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_id_outside_the_vocabulary_is_one_line_naming_shard_and_token(bundled, tmp_path, workers):
+    """A shard edited after it verified (verify.py trusts an unchanged size/times/inode): the batch that reads the
+    bad id is a DataError naming the shard and the token, not an IndexError in the embedding; from a worker too
+    (torch would put the worker's traceback in the message)."""
+    import re
+    import shutil
+
+    data = tmp_path / "d"
+    shutil.copytree(bundled, data)
+    for split in ("train", "val"):
+        tokens = np.memmap(data / f"{split}_00000.bin", dtype=np.uint16, mode="r+", offset=32)
+        tokens[::50] = 9000  # vocabulary 8192; every window of 65 holds one
+        tokens.flush()
+    with pytest.raises(DataError) as e:
+        take(WindowLoader(data, "train", 64, 4, seed=0, num_workers=workers, packed=True), 1)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"shard '{data / 'train_00000.bin'}': token ")
+    assert msg.endswith("is id 9000, outside the vocabulary of 8192 (the file changed after it verified); delete "
+                        f"{data} and prepare again")
+    index = int(re.search(r"token ([\d,]+) is", msg)[1].replace(",", ""))
+    assert index % 50 == 0 and open_shard(data / "train_00000.bin")[index] == 9000
+    with pytest.raises(DataError, match=f"^shard '{data / 'val_00000.bin'}': token 0 is id 9000"):
+        list(eval_batches(data, 64, 4, 1))

@@ -50,6 +50,22 @@ def test_a_flipped_bit_in_a_cached_train_shard_stops_before_step_1(data, tmp_pat
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
+def test_a_shard_edited_after_it_verified_with_its_mtime_kept_is_hashed_again(data, tmp_path):
+    """``touch -d``/``os.utime``/``cp -p`` set an mtime back; the ctime in verified.json's key moves anyway."""
+    import os
+
+    from yxanul.data import verify
+
+    verify.verified(data, say=None)  # a first run start: the copy is recorded as verified
+    shard = data / "train_00000.bin"
+    before = shard.stat()
+    tokens = np.memmap(shard, dtype=np.uint16, mode="r", offset=HEADER)
+    _poke(shard, 1000, int(tokens[1000]) ^ 1)  # still a valid id: only the hash can tell
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    r = _train(data, tmp_path / "r")
+    one_line(r, 2, f"shard '{shard}': its contents changed since `yxanul prepare`")
+
+
 def test_an_id_outside_the_vocabulary_in_the_val_shard_stops_before_step_1(data, tmp_path):
     """Even where the checksum was recomputed over the bad id (or was never recorded): the id is checked."""
     import hashlib

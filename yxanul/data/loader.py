@@ -47,7 +47,8 @@ class _Windows:
         if split not in meta["splits"]:
             raise DataError(f"data_dir '{data_dir}': no '{split}' split (splits: {', '.join(meta['splits'])})")
         self.files = [Path(data_dir) / f for f in meta["splits"][split]["shards"]]
-        self.T, self.split = seq_length, split
+        self.T, self.split, self.data_dir = seq_length, split, data_dir
+        self.vocab = meta.get("vocab_size")  # ids at or past it: a shard changed after it verified (`check_ids`)
         self.L = base_length if base_length and base_length % seq_length == 0 else seq_length  # chunk length
         self.r = self.L // self.T  # sub-windows per chunk
         self.shards = None  # opened lazily (per DataLoader worker)
@@ -83,7 +84,19 @@ class _Windows:
             rows = np.nonzero(shard == s)[0]
             starts = (chunk[rows] - self.offsets[s]) * self.L + k[rows] * self.T
             out[rows] = self.shards[s][starts[:, None] + cols]
+        if self.vocab is not None and out.max() >= self.vocab:
+            self.out_of_vocab(out, shard, (chunk - self.offsets[shard]) * self.L + k * self.T)
         return out
+
+    def out_of_vocab(self, out: np.ndarray, shard: np.ndarray, starts: np.ndarray):
+        """The DataError of the first id of ``out`` outside the vocabulary: its shard and token index. verify.py
+        checked every shard at the start, but it trusts a file whose size, times and inode did not change;
+        a shard edited after that check would otherwise be an IndexError in the embedding (or a device-side
+        assert) mid-run. The max over a batch in `gather` costs microseconds, no device sync."""
+        row, col = np.argwhere(out >= self.vocab)[0]
+        raise DataError(f"shard '{self.files[shard[row]]}': token {int(starts[row]) + int(col):,} is id "
+                        f"{int(out[row, col])}, outside the vocabulary of {self.vocab} (the file changed after it "
+                        f"verified); delete {self.data_dir} and prepare again")
 
 
 class _BatchDataset(torch.utils.data.Dataset):
@@ -193,6 +206,10 @@ class WindowLoader:
             for batch in it:
                 self._yielded += 1
                 yield batch
+        except DataError:  # from a worker, torch puts its traceback in the message: build the batch here, one line
+            if self.num_workers:
+                self._ds[self._yielded]  # a pure function of its index
+            raise
         finally:  # the generator is closed (or collected): its workers go now, never at exit
             _stop_workers(it)
 

@@ -4,7 +4,11 @@ does not have is one line naming the file before step 1 (not silent training, no
 first evaluation, not a device-side assert).
 
 Hashing reads every byte once (~1 GB/s), so a shard that verified is remembered in ``verified.json``
-in the folder by its size, mtime and inode: the next run start re-hashes only shards whose file changed.
+in the folder by its size, mtime, ctime and inode: the next run start re-hashes only shards whose file changed.
+The ctime is what no tool can set back (``touch -d``, ``os.utime`` and ``cp -p`` restore an mtime; any write
+or utime moves the ctime), so a shard edited with its mtime kept is hashed again. A change no key sees (a bit
+flipped on the disk itself) is still caught where it matters most: the loader checks each batch's ids against
+the vocabulary (`loader._Windows.gather`).
 A read-only folder is simply hashed at every start. A folder prepared by an older yxanul without
 checksums is still used, with one line saying so; its ids are still checked (by a scan).
 """
@@ -27,7 +31,7 @@ CHUNK = 64 << 20
 
 def _key(path: Path) -> list:
     st = path.stat()
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def _scan(path: Path) -> tuple[str, int]:
