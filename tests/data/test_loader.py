@@ -97,6 +97,11 @@ def test_epoch_wraparound_new_permutation(tmp_path, docs_file):
     resumed = WindowLoader(out, "train", 8, 2, seed=0)
     resumed.load_state_dict({"epoch": 1, "position": 2 * (steps - 1), "seq_length": 8, "seed": 0})
     assert same(take(resumed, 2), batches[2 * steps - 1:2 * steps + 1])  # resume across the wrap
+    ends = WindowLoader(out, "train", 8, 2, seed=0)
+    take(ends, steps)  # epoch 0's last batch: `epoch` is the next one's, `last_epoch` the one handed out
+    assert (ends.last_epoch, ends.epoch, ends.state_dict()["epoch"]) == (0, 1, 1)
+    take(ends, 1)
+    assert ends.last_epoch == ends.epoch == 1
 
 
 def test_one_process_accumulating_and_that_many_processes_read_the_same_windows_across_epochs(tmp_path, docs_file):

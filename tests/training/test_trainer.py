@@ -355,6 +355,34 @@ def test_trainer_step_log_eval_save_and_exact_resume_in_process(tmp_path):
     r.finish()
 
 
+def test_the_epoch_logged_and_saved_is_the_one_the_step_trained_on(tmp_path):
+    """The last step of an epoch was logged (console and metrics.jsonl) and saved as the next epoch: the loader's
+    `epoch` is the next batch's. Now the step's own; its checkpoint keeps the next batch's place beside it, and
+    a resume from it logs the next epoch from its first step on."""
+    import yxanul.training.trainer as tr
+    from yxanul.data.args import DataArgs
+    from yxanul.data.loader import WindowLoader
+    from yxanul.data.prepare import prepare
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("\n".join(json.dumps({"text": f"Document {i}: " + "word " * 40}) for i in range(20)))
+    data = prepare(DataArgs(dataset=str(docs), data_dir=str(tmp_path / "d"), val_fraction=0.2), progress=False,
+                   say=lambda *a, **k: None)
+    spe = WindowLoader(data, "train", 32, 8, seed=0)._ds.steps_per_epoch
+    assert 2 <= spe <= 3, spe
+    run = ("--data_dir", str(data), "--micro_batch_size", "8", "--max_steps", str(spe + 2))
+    tr.train(_cfg(tmp_path, *run, "--checkpoint_freq", str(spe)))
+    rows = {r["step"]: r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r}
+    assert [rows[s]["epoch"] for s in range(1, spe + 3)] == [0] * spe + [1] * 2
+    ckpt = tmp_path / "run" / "checkpoints" / f"step_{spe}"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["epoch"] == 0 and (state["data"]["epoch"], state["data"]["position"]) == (1, 0)
+    tr.train(_cfg(tmp_path, *run, "--resume", str(ckpt)))
+    resumed = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r][-2:]
+    assert [(r["step"], r["epoch"], r["loss"]) for r in resumed] == [(s, 1, rows[s]["loss"]) for s in
+                                                                      (spe + 1, spe + 2)]
+
+
 def test_a_damaged_latest_never_costs_the_checkpoint_the_resume_fell_back_to(tmp_path, capsys):
     """keep_last 2, step_2 and step_4 saved, step_4's optimizer.bin truncated: the resume falls back to step_2,
     and its save at step 6 keeps step_2 (the damaged step_4 counted among the two newest pruned it: one bad

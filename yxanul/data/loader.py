@@ -168,7 +168,14 @@ class WindowLoader:
 
     @property
     def epoch(self) -> int:
+        """The epoch of the next batch (what `state_dict` resumes at)."""
         return self._ds.locate(self._yielded)[0]
+
+    @property
+    def last_epoch(self) -> int:
+        """The epoch of the last batch handed out: the one a step just trained on, which `epoch` is not after the
+        last step of an epoch (before any batch of this loader: the next one's)."""
+        return self._ds.locate(max(self._yielded - 1, 0))[0]
 
     def state_dict(self) -> dict:
         epoch, pos = self._ds.locate(self._yielded)

@@ -35,7 +35,7 @@ class TrainState:
 
     step: int = 0                          # optimizer steps done
     tokens_seen: int = 0                   # training tokens consumed (all processes)
-    epoch: int = 0                         # the loader's epoch at the last save
+    epoch: int = 0                         # the epoch of the last saved step's batches (``data``: the next one's)
     data: dict | None = None               # WindowLoader.state_dict() at the last save: the exact data position
     val_loss: float | None = None          # the last validation LM loss
     best_val_loss: float | None = None     # best validation LM loss of the run so far

@@ -230,7 +230,7 @@ class Trainer:
         self.tokens_per_sec = self.batch.tokens_per_step / dt
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss, self.logged_steps, self.logged_at = loss, self.logged_steps + 1, st.step
-        row = {"step": st.step, "epoch": self.loader.epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
+        row = {"step": st.step, "epoch": self.loader.last_epoch, "loss": loss, "lr": self.lr, "grad_norm": norm,
                "dt_ms": dt * 1e3, "tokens_per_sec": self.tokens_per_sec, "precision": self.plan.label,
                "tokens_seen": st.tokens_seen, "seq_length": self.loader.seq_length}
         if lm_loss is not None:
@@ -242,7 +242,7 @@ class Trainer:
         if self.plan.fp8_enabled and self.cfg.precision.fp8_stats:
             row.update({f"fp8/{k}": v for k, v in self.plan.fp8_stats(self.unwrapped_model).items()})
         self.report.refresh(self.unwrapped_model)
-        self.say(format_step_line(st.step, self.loader.epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
+        self.say(format_step_line(st.step, self.loader.last_epoch, loss, self.lr, norm, dt * 1e3, self.tokens_per_sec,
                                   self.plan.label, lm_loss=lm_loss, penalty=penalty,
                                   max_steps=self.cfg.train.max_steps), flush=True)
         self.said_at = time.perf_counter()
@@ -297,7 +297,7 @@ class Trainer:
         st, acc = self.state, self.accelerator
         finite = bool(torch.isfinite(acc.reduce(out.loss.detach(), "sum")))  # one sync per checkpoint
         self.guard.before_save(st.step, out.grad_norm, loss_finite=finite, run_dir=self.run_dir)
-        st.epoch, st.data = self.loader.epoch, self.loader.state_dict()
+        st.epoch, st.data = self.loader.last_epoch, self.loader.state_dict()  # the step's epoch; the next batch's place
         info = RunInfo(precision=self.plan.label, backend=self.mcfg.backend, world_size=acc.num_processes,
                        tokens_per_step=self.batch.tokens_per_step, val_sequences=self.val_sequences,
                        **self.plan.metadata())
