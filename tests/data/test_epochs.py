@@ -126,6 +126,18 @@ def test_drop_at_a_sources_max_tokens(tmp_path):
     assert 12_000 <= meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] < 12_100
 
 
+def test_stop_at_a_sources_max_tokens_says_which_source_ended_the_mixture(tmp_path):
+    """A source at its own max_tokens ends a `stop` mixture as running out does; the closing line said nothing."""
+    a, b = write_docs(tmp_path / "a.jsonl", 500, 20, "a"), write_docs(tmp_path / "b.jsonl", 500, 20, "b", seed=1)
+    lines = []
+    out = prepare(DataArgs(datasets=[{"path": str(a)}, {"path": str(b), "max_tokens": 3000}], val_fraction=0.05,
+                           data_dir=str(tmp_path / "o")), progress=False, say=lines.append)
+    assert 3000 <= json.loads((out / "meta.json").read_text())["mixture"][str(b)]["tokens"] < 3100
+    ended = [x for x in lines if "the mixture ended when" in x]
+    assert len(ended) == 1 and ended[0].startswith(f"data: the mixture ended when '{b}' reached its max_tokens 3,000 "
+                                                   "(on_source_end: stop"), lines
+
+
 def test_interrupted_after_a_drop_resumes_byte_identical(tmp_path, monkeypatch):
     """The checkpoint keeps who dropped (and when): stopped well after the QA set left, the resumed run
     does not read it again and ends with the same bytes as an uninterrupted one."""

@@ -102,6 +102,7 @@ class Mixture:
         self.epoch_docs = list(st.get("epoch_docs", self.docs))  # documents consumed in it
         self.ended = list(st.get("ended", [False] * n))        # its last epoch was read to the end
         self.dropped = [tuple(d) if d else None for d in st.get("dropped", [None] * n)]  # (total tokens, why)
+        self.ended_by: tuple[int, str] | None = None  # ``stop``: the source that ended the mixture, and how
 
     def state(self) -> dict:
         return {"docs": list(self.docs), "tokens": list(self.tokens), "epoch": list(self.epoch),
@@ -118,6 +119,7 @@ class Mixture:
         for i, (cap, t) in enumerate(zip(self.caps, self.tokens)):
             if cap is not None and t >= cap and self.dropped[i] is None:
                 if self.on_end == "stop":
+                    self.ended_by = (i, f"reached its max_tokens {cap:,}")
                     return None
                 self._drop(i, f"reached its max_tokens {cap:,}")
         live = [i for i in range(len(self.weights)) if self.dropped[i] is None]
@@ -134,6 +136,8 @@ class Mixture:
             self.epoch_docs[i] = 0
             return True
         self.ended[i] = True
+        if self.on_end == "stop":
+            self.ended_by = (i, "ran out")
         if self.on_end == "drop":
             self._drop(i, f"its {self.max_epochs[i]} epoch{'s' if self.max_epochs[i] > 1 else ''} were read")
         return False

@@ -116,7 +116,6 @@ class _Packer:
         self.sources = sources
         self.streams = [None if self.mix.dropped[i] else self._open(i) for i in range(len(sources))]
         self.pending = None  # (split, ids, source): one document of lag, see finish()
-        self.ended_by = None  # the source whose end ended the mixture, if one did
         self._saved_at, self._shards_at_save = time.monotonic(), self._shards()
 
     def _open(self, i: int):
@@ -136,8 +135,7 @@ class _Packer:
             if ids is not None:
                 return i, ids
             again = self.mix.source_ended(i)
-            if not again and self.mix.on_end == "stop":
-                self.ended_by = i
+            if not again and self.mix.on_end == "stop":  # mix.ended_by says which source and how
                 return None, None
             self.streams[i] = self._open(i) if again else None
 

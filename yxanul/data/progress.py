@@ -45,10 +45,10 @@ def report(say, out, splits: dict, packer, dt: float) -> None:
         if "dropped_at_tokens" in r:
             say(f"data: '{name}' left the mixture at {r['dropped_at_tokens']:,} tokens ({r['dropped_because']}); "
                 "the other sources' weights renormalise from there")
-    if packer.ended_by is not None and len(packer.names) > 1:
-        cap = packer.args.max_tokens
+    if packer.mix.ended_by is not None and len(packer.names) > 1:
+        (i, how), cap = packer.mix.ended_by, packer.args.max_tokens
         said = f": {tr['tokens'] + va['tokens']:,} tokens of max_tokens {cap:,}" if cap else ""
-        say(f"data: the mixture ended when '{packer.names[packer.ended_by]}' ran out (on_source_end: stop, the first "
+        say(f"data: the mixture ended when '{packer.names[i]}' {how} (on_source_end: stop, the first "
             "source to end ends it; 'drop' lets the others go on: docs/data.md, Mixtures)"
             + said)
     say(f"data: {new:,} tokens in {dt:.1f}s = {new / max(dt, 1e-9):,.0f} tokens/s with {procs} tokenizing "
