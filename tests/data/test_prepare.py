@@ -245,6 +245,20 @@ def test_tiny_dataset_val_fallback_and_too_small(tmp_path):
         prepare(DataArgs(dataset=str(p)), **Q)
 
 
+def test_too_few_documents_because_of_a_max_tokens_names_it(tmp_path):
+    """The data had enough documents; the cap stopped the reading after one. The error said only 'one document'."""
+    p = tmp_path / "five.jsonl"
+    p.write_text("".join(f'{{"text": "document number {i} of five"}}\n' for i in range(5)))
+    with pytest.raises(DataError, match=f"^dataset '{p}': one document only: too few to hold one out for validation; "
+                                        "max_tokens 3 ended the reading there: raise it$"):
+        prepare(DataArgs(dataset=str(p), max_tokens=3, data_dir=str(tmp_path / "a")), **Q)
+    q = tmp_path / "other.jsonl"
+    q.write_text(p.read_text())
+    with pytest.raises(DataError, match=f"; the max_tokens 3 of '{p}' ended the reading there: raise it$"):
+        prepare(DataArgs(datasets=[{"path": str(p), "max_tokens": 3}, {"path": str(q)}], data_dir=str(tmp_path / "b")),
+                **Q)
+
+
 def test_atomic_prepare_and_ensure_prepared(tmp_path, docs_file, monkeypatch):
     path, _ = docs_file()
     args = DataArgs(dataset=str(path), data_dir=str(tmp_path / "d"))

@@ -179,6 +179,18 @@ class _Packer:
             bar.update(len(ids))
             self.doc_index += 1
 
+    def cut_short(self) -> str | None:
+        """The cap that ended the reading before the data ran out (``max_tokens`` in total or of a source,
+        ``max_documents``), which an error about too few documents names; None: the data ran out."""
+        a, m = self.args, self.mix
+        if a.max_tokens is not None and sum(m.tokens) >= a.max_tokens:
+            return f"max_tokens {a.max_tokens:,}"
+        if m.ended_by and m.ended_by[1] != "ran out":
+            return f"the max_tokens {m.caps[m.ended_by[0]]:,} of '{self.names[m.ended_by[0]]}'"
+        if a.max_documents is not None and self.doc_index >= a.max_documents:
+            return f"max_documents {a.max_documents:,}"
+        return None
+
     def finish(self) -> dict:
         """Write the last document (to the split that is still empty, if one is, unless its source was read more
         than once: a copy of it may be in the other split) and close the shards."""
@@ -273,7 +285,9 @@ def _finish(work, args, sources, fp, tok_name, tok, dtype, splits, packer) -> No
         what = ("no text" if n == 0 else "one document only: too few to hold one out for validation" if n == 1 else
                 f"no document of {n} was held out for {'validation' if splits['train']['documents'] else 'training'}"
                 f" (val_fraction {args.val_fraction}; every copy of a document read more than once takes one split)")
-        raise DataError(f"dataset '{sources[0].path}': {what}")
+        cut = packer.cut_short()
+        raise DataError(f"dataset '{sources[0].path}': {what}" + (f"; {cut} ended the reading there: raise it" if cut
+                                                                  else ""))
 
     tok.save_pretrained(work.path / "tokenizer")
     strip_code(work.path / "tokenizer")  # the folder never keeps code that came with a tokenizer
