@@ -121,3 +121,27 @@ def test_training_through_stages_and_resume(tmp_path):
     assert sorted(b) == list(range(5, 13)) and max(abs(a[s] - b[s]) for s in b) <= 1e-5
     state = json.loads((tmp_path / "part" / "checkpoints" / "step_12" / "trainer_state.json").read_text())
     assert state["data"]["seq_length"] == 32
+
+
+def test_a_stage_length_that_does_not_divide_the_runs_is_one_warning_at_start():
+    """Such a stage reads its own window grid: the stage change into or out of it starts the next epoch (the rest of
+    the current one is not read). Said once when the curriculum is planned; stages that divide say nothing."""
+    from yxanul.config import resolve
+    from yxanul.training.batching import plan_curriculum, resolve_batch
+
+    def said(stages, seq_length=48):
+        cfg = resolve({"curriculum": stages, "seq_length": seq_length, "micro_batch_size": 4,
+                       "target_tokens_per_step": 384})
+        lines = []
+        batch = resolve_batch(cfg.batch, seq_length=seq_length, world_size=1, say=lines.append)
+        plan_curriculum(cfg, batch, batch.tokens_per_step, 1, lines.append)
+        return [line for line in lines if line.startswith("warning: curriculum")]
+
+    assert said([{"seq_length": 32, "until_steps": 4}, {"seq_length": 48}]) == [
+        "warning: curriculum stage 0: seq_length 32 does not divide the run's seq_length 48: the stage change out of "
+        "it starts the next epoch (the rest of the current one is not read); stage lengths dividing 48 share one "
+        "pass (e.g. 24 or 48)"]
+    middle = said([{"seq_length": 16, "until_steps": 2}, {"seq_length": 32, "until_steps": 4}, {"seq_length": 48}])
+    assert len(middle) == 1 and middle[0].startswith("warning: curriculum stage 1: seq_length 32 does not divide the "
+                                                     "run's seq_length 48: the stage change into or out of it starts")
+    assert said([{"seq_length": 16, "until_steps": 2}, {"seq_length": 24, "until_steps": 4}, {"seq_length": 48}]) == []

@@ -156,6 +156,24 @@ class Curriculum:
     def max_seq_length(self) -> int:
         return max(s.seq_length for s in self.stages)
 
+    def grid_warnings(self, base_length: int) -> list[str]:
+        """One line per stage whose seq_length does not divide ``base_length`` (the run's seq_length): the loader
+        reads such a stage on its own window grid (data.md, Curriculum), so entering or leaving it starts the next
+        epoch, the rest of the current one unread. Said at start: the loss of data shows nowhere else."""
+        lines = []
+        for i, st in enumerate(self.stages):
+            T = st.seq_length
+            if base_length % T == 0 or len(self.stages) == 1:
+                continue
+            lo = max((d for d in range(2, T) if base_length % d == 0), default=None)
+            hi = min(d for d in range(T + 1, base_length + 1) if base_length % d == 0)
+            change = " or ".join(w for w, at in (("into", i > 0), ("out of", i < len(self.stages) - 1)) if at)
+            lines.append(f"warning: curriculum stage {i}: seq_length {T} does not divide the run's seq_length "
+                         f"{base_length}: the stage change {change} it starts the next epoch (the rest of the "
+                         f"current one is not read); stage lengths dividing {base_length} share one pass (e.g. "
+                         + (f"{lo} or {hi})" if lo else f"{hi})"))
+        return lines
+
 
     def plan_stages(self, micro_for: Callable[[int], int], world_size: int,
                     multiple: Callable[[int], int] | int = 1) -> list:
