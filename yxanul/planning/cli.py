@@ -248,7 +248,7 @@ def table(p: dict) -> str:
     """The readable form of ``plan()``."""
     params = f"{p['params'] / 1e9:.2f}B" if p["params"] >= 1e9 else f"{p['params'] / 1e6:.2f}M"
     head = (f"{p['preset']}: {params} parameters (vocabulary {p['vocab_size']}), "
-            f"{p['flops_per_token'] / 1e9:.1f} GFLOPs/token at "
+            f"{p['flops_per_token'] / 1e9:.3g} GFLOPs/token at "
             f"seq {p['seq_length']}, micro-batch {p['micro_batch_size']}, {p['nodes']} node(s) x {p['gpus_per_node']} "
             f"GPUs of {p['gpu_memory_gib']:g} GiB (budget {_gib(p['budget_bytes'])} GiB per GPU); backend "
             f"{p['backend']}, {'FP8' if p['fp8'] else 'BF16'}, loss {p['loss_impl']}"
