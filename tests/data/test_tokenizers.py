@@ -226,9 +226,9 @@ def test_ids_with_holes_size_the_dtype_and_vocab_size_by_the_largest_id(tmp_path
     assert meta["dtype"] == "uint32" and meta["vocab_size"] == 70_001
     shard = open_shard(out / meta["splits"]["train"]["shards"][0])
     assert sorted(set(np.asarray(shard).tolist())) == [0, 2, 70_000]
-    from yxanul.tools.find_batch import _tokenizer_size  # find-batch probes the embedding train will build
+    from yxanul.data.tokenizer_load import run_vocab_size  # find-batch and plan size the embedding train builds
 
-    assert _tokenizer_size(str(tmp_path / "holes")) == meta["vocab_size"]
+    assert run_vocab_size({"tokenizer": str(tmp_path / "holes")}) == meta["vocab_size"]
 
 
 def test_bench_data_measures_raw_and_pipeline_on_the_same_documents(tmp_path, capsys):

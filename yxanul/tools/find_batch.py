@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import parse_args
 from ..config_file import with_default_config
-from ..data.tokenizer_load import load_tokenizer, vocab_size
+from ..data.tokenizer_load import run_vocab_size
 from ..errors import ConfigError
 from ..flags import build_parser, parse_command_and_rest
 from ..training import speed_defaults
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
 
     ours, cfg = _parse(argv)
     t0 = time.perf_counter()
-    vocab = ours.vocab_size or _tokenizer_size(cfg.data.tokenizer)
+    vocab = ours.vocab_size or run_vocab_size(cfg.to_flat_dict())  # as train and plan size it: one home
     # the probe measures the run's loss and weights; cuda_graphs held off: the probes change the micro-batch
     cfg, line = speed_defaults.for_run(cfg, model_config(cfg.model, vocab).backend, speed_table, probes=True,
                                        facts=probe_facts())
@@ -102,11 +102,6 @@ def main(argv: list[str] | None = None, speed_table: dict | None = None) -> int:
     _print_result(res, b, ours.world_size, T, multiple, plan, device)
     print(f"total {time.perf_counter() - t0:.1f}s")
     return 0
-
-
-def _tokenizer_size(name: str | None) -> int:
-    """The embedding rows `yxanul train` gives this tokenizer: its largest id + 1 (prepare's meta vocab_size)."""
-    return vocab_size(load_tokenizer(name)[1])
 
 
 def cpu_bound(b: BatchArgs, seq_length: int, world_size: int, multiple: int) -> tuple[int, MemoryBudget]:

@@ -326,6 +326,18 @@ def test_find_batch_without_arguments_probes_the_default_run_bounded_on_cpu(caps
         [["1", "ok"], ["2", "ok"], ["4", "ok"], ["8", "ok"]]
 
 
+def test_find_batch_probes_the_vocabulary_of_a_prepared_data_dir_as_train_would(tmp_path, capsys):
+    """A data_dir given alone: train builds the embedding of its meta.json's vocab_size; find-batch read only the
+    tokenizer key (the bundled 8,192 here), so it probed another model."""
+    import json
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "meta.json").write_text(json.dumps({"vocab_size": 1234}))
+    assert fb.main(["--model", "nano", "--seq_length", "32", "--max_micro_batch_size", "1", "--backend", "torch",
+                    "--data_dir", str(tmp_path / "d")]) == 0
+    assert "probing nano (torch, fp32, vocab 1,234, seq_length 32" in capsys.readouterr().out
+
+
 def test_find_batch_without_a_target_says_the_effective_batch_it_changes(capsys):
     """No target: a run keeps gradient_accumulation_steps, so the micro-batch found multiplies the batch."""
     assert fb.main(["--model", "nano", "--seq_length", "32", "--vocab_size", "512", "--backend", "torch",
