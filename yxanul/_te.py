@@ -56,6 +56,20 @@ except Exception as e:  # noqa: BLE001 - RuntimeError when cuDNN/CUDA libs are m
     TE_IMPORT_ERROR = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
+def cudnn_runtime() -> str | None:
+    """The cuDNN that TE's fused attention runs on, as "9.14.0" (None without TE). TE loads its own:
+    ``_load_cuda_library("cudnn")`` prefers a system libcudnn over the pip one torch was built against, so it can
+    differ from torch's, and then ``torch.backends.cudnn.version()`` raises. Never raises itself."""
+    if not TE_AVAILABLE:
+        return None
+    try:  # pragma: no cover - TE on a GPU machine
+        from transformer_engine.pytorch.utils import get_cudnn_version
+
+        return ".".join(map(str, get_cudnn_version()))
+    except Exception as e:  # noqa: BLE001 - a record of the environment, not a check
+        return f"unknown ({type(e).__name__})"
+
+
 def autocast(enabled: bool = True, recipe=None):
     """`te.autocast` (TE >= 2.9) or the deprecated `te.fp8_autocast` on older TE. A new instance per
     call: TE's class-based context refuses concurrent re-entry of one instance. Nested contexts:

@@ -20,8 +20,18 @@ def environment(device) -> dict:
         env["device_name"] = torch.cuda.get_device_name(device)
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
         env["driver"] = _driver_version()
-        env["cudnn"] = torch.backends.cudnn.version()  # TE's fused attention (BF16 and FP8) is cuDNN's: its rules vary
+        env["cudnn"] = _te.cudnn_runtime()  # TE's fused attention (BF16 and FP8) is cuDNN's: its rules vary
+        env["cudnn_torch"] = _torch_cudnn(torch)
     return env
+
+
+def _torch_cudnn(torch) -> str:
+    """torch's cuDNN as a string. ``torch.backends.cudnn.version()`` raises where the process already loaded another
+    libcudnn (TE loads the system's first): a bench that measured must not die writing down its environment."""
+    try:
+        return str(torch.backends.cudnn.version())
+    except Exception as e:  # noqa: BLE001 - RuntimeError "cuDNN version incompatibility" on such images
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
 def _driver_version() -> str | None:
