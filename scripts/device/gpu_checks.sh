@@ -6,7 +6,7 @@
 #                                              # that are not slow, the Trainer FP8 ones (alone, ZeRO-1) first;
 #                                              # the speed table: BF16 + FP8 delayed x gpt2-124m, medium, xlarge at
 #                                              # seq 1024 x (default, every speed variant alone, all stacked)
-#   bash scripts/device/gpu_checks.sh parity   # ~2 min: medium BF16 vs FP8 delayed, val loss within 0.5 %?
+#   bash scripts/device/gpu_checks.sh parity   # ~2 min: medium BF16 vs FP8 delayed, FP8 val loss at most 0.5 % above?
 #   bash scripts/device/gpu_checks.sh profile  # ~1 min: per-step kernel table, host vs device, gpt2-124m + medium
 #   bash scripts/device/gpu_checks.sh tests    # TESTS_FIRST (the Trainer FP8 proofs, slow ones too) first, then every
 #                                              # other GPU/TE test that is not slow
@@ -130,7 +130,7 @@ first() {
   cat "$OUT/summary.md"  # the end of the output comes back in the tool's reply
 }
 
-parity() {  # shortened: PARITY_STEPS (250) of medium, BF16 then FP8 delayed, the val loss within 0.5 %?
+parity() {  # shortened: PARITY_STEPS (250) of medium, BF16 then FP8 delayed, FP8 val loss at most 0.5 % above?
   local steps=${PARITY_STEPS:-250} micro=${PARITY_MICRO:-16} seq=${PARITY_SEQ:-1024} cap=${PARITY_CAP_S:-100}
   local model=${PARITY_MODEL:-medium} flags=${PARITY_FLAGS:-}
   local common=(--model "$model" --seq_length "$seq" --micro_batch_size "$micro" --max_steps "$steps"

@@ -4,9 +4,9 @@ The rule: a variant becomes the default for a preset when, at every precision me
 FP8 delayed), its tokens/s is at least ``--min_speedup`` (1.03) x today's default's in the same bench call
 group (same date, GPU, preset, seq and precision), and so is its fastest step's time (a host-bound eager step
 jitters by tens of %: a median gain inside that spread is not one), its losses stay finite, and the parity
-run (FP8 vs BF16 validation loss, ``medium``), trained with every flag of the variant, is within
-``--parity_tolerance`` (0.5 %); with some flags missing the verdict is 'pending'. A variant whose own flags act
-on FP8 runs only (``speed_defaults.FP8_ONLY``: ``--fp8_attention``) runs its BF16 cases unchanged: there it
+run (FP8 vs BF16 validation loss, ``medium``), trained with every flag of the variant, puts FP8 at most
+``--parity_tolerance`` (0.5 %) above BF16; with some flags missing the verdict is 'pending'. A variant whose own
+flags act on FP8 runs only (``speed_defaults.FP8_ONLY``: ``--fp8_attention``) runs its BF16 cases unchanged: there it
 must only not be slower than ``2 - min_speedup`` (0.97: noise), its gain is asked of FP8 (a variant without an FP8
 case is no default). A variant that is slower
 anywhere, or that was not measured, stays a flag with the reason. From the default's own rows it also says where FP8
@@ -146,8 +146,10 @@ def fp8_vs_bf16(rows: dict, preset: str, seq: int) -> float | None:
 
 
 def parity_within(parity: dict, tol: float = PARITY_TOLERANCE) -> bool:
-    """FP8 vs BF16 validation loss within ``tol`` (a NaN is not: ``abs(nan) > tol`` is False)."""
-    return math.isfinite(parity["val_rel_diff"]) and abs(parity["val_rel_diff"]) <= tol
+    """FP8's validation loss at most ``tol`` above BF16's (a NaN is not). One-sided: FP8 below BF16 is no harm. Two
+    single-seed runs part at the first FP8 step (delayed scaling's first backward runs with scale 1), so how far
+    FP8 lands *below* measures the two runs' spread, not FP8's rounding (docs/benchmarks.md, "Parity")."""
+    return math.isfinite(parity["val_rel_diff"]) and parity["val_rel_diff"] <= tol
 
 
 def _verdict(speed: dict, why: list, parity: dict | None, tol: float, flags: str) -> tuple[str, str]:
@@ -246,7 +248,7 @@ def write_table(path: Path, entries: dict[str, dict | None]) -> list[str]:
 
 def report(decisions: list[dict], threshold: int | None, ratios: list[tuple], parity: dict | None, tag: str) -> str:
     lines = [(f"defaults decision from {tag} (rule: >= {MIN_SPEEDUP:.2f}x at every precision, finite losses, "
-              f"FP8 vs BF16 val loss within {100 * PARITY_TOLERANCE:g} %):")]
+              f"FP8 val loss at most {100 * PARITY_TOLERANCE:g} % above BF16):")]
     if parity:
         lines.append(f"  parity ({parity['model']}, flags '{parity.get('flags', '')}'): val loss at step "
                      f"{parity['val_step']} BF16 {parity['val_loss_bf16']:.4f} FP8 {parity['val_loss_fp8']:.4f} "
