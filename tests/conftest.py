@@ -66,6 +66,22 @@ def _fresh_accelerate_state():
     PartialState._reset_state()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temp_files_under_basetemp(tmp_path_factory):
+    """What the code under test and the processes it starts put in the temp folder (torchelastic's
+    ``torchelastic_*`` run folders, DeepSpeed's and Triton's scratch) lands under pytest's basetemp, which pytest
+    prunes, not in /tmp, where every run of the suite left its own."""
+    import tempfile
+
+    tmp = tmp_path_factory.mktemp("tmpdir", numbered=False)
+    before, os.environ["TMPDIR"], tempfile.tempdir = os.environ.get("TMPDIR"), str(tmp), None
+    yield tmp
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+
 
 @pytest.fixture(scope="session")
 def fast() -> tuple[str, ...]:
