@@ -153,6 +153,26 @@ def test_the_config_of_the_launch_line_is_read_as_train_reads_it(capsys, tmp_pat
     assert " --config CONFIG.yaml " in run_json(capsys, "--preset", "nano", "--gpus", "1")[1]["choice"]["launch"]
 
 
+def test_the_plan_is_of_the_run_its_config_describes_and_flags_win(capsys, tmp_path):
+    """`yxanul plan --config run.yaml` plans the run train would start from that file (its model, seq_length,
+    micro-batch, backend, FP8, loss, master weights), not the plan's defaults (7b, 2048, BF16); a flag wins."""
+    run = tmp_path / "run.yaml"
+    run.write_text("model: small\nseq_length: 512\nmicro_batch_size: 4\nbackend: auto\nuse_fp8: true\n"
+                   "loss_impl: chunked\nmaster_weights: fp32\n")
+    p = run_json(capsys, "--gpus", "1", "--config", str(run))[1]
+    got = {k: p[k] for k in ("preset", "seq_length", "micro_batch_size", "backend", "fp8", "loss_impl",
+                             "master_weights")}
+    assert got == {"preset": "small", "seq_length": 512, "micro_batch_size": 4, "backend": "te", "fp8": True,
+                   "loss_impl": "chunked", "master_weights": "fp32"}
+    assert " --model small --seq_length 512 --micro_batch_size 4 " in p["choice"]["launch"]
+    p = run_json(capsys, "--gpus", "1", "--config", str(run), "--model", "nano", "--seq_length", "256",
+                 "--use_fp8", "false")[1]
+    assert (p["preset"], p["seq_length"], p["fp8"], p["micro_batch_size"]) == ("nano", 256, False, 4)
+    # the file's master weights on 8 GPUs: the plan's own one-line refusal, as with the flag
+    assert main(["plan", "--gpus", "8", "--config", str(run)]) == 2
+    assert "master_weights" in capsys.readouterr().err
+
+
 def test_the_vocabulary_is_the_one_train_would_use(capsys, tmp_path):
     """Unset, --vocab_size follows the run: the bundled 8k BPE (train's default: nano is the 5.05M-parameter model
     train builds, not GPT-2's 0.02B), the --config's tokenizer (its largest id + 1, as prepare records it), a

@@ -12,6 +12,7 @@ more than the next sharding step costs when its communication overlaps).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Literal
 from ..config_file import load_yaml
 from ..data.tokenizer_load import run_vocab_size
 from ..errors import ConfigError
-from ..flags import check_same_as, parse_command, same_as
+from ..flags import check_same_as, coerce, fields_of, given_flags, parse_command, same_as
 from ..models.args import ModelArgs
 from ..models.presets import PRESETS
 from ..precision.args import PrecisionArgs
@@ -275,9 +276,30 @@ def table(p: dict) -> str:
     return "\n".join(lines)
 
 
+# the plan's fields a training config sets, by the config's key (the run's model is the plan's preset)
+FROM_CONFIG = {"model": "preset", "seq_length": "seq_length", "micro_batch_size": "micro_batch_size",
+               "backend": "backend", "use_fp8": "use_fp8", "loss_impl": "loss_impl", "master_weights": "master_weights"}
+
+
+def with_config(a: PlanCommand, given: set[str]) -> PlanCommand:
+    """The run ``--config`` describes: its model, seq_length, micro-batch, backend, FP8, loss and master weights
+    where the command line left them unset (a flag wins, as in `yxanul train --config F --flag`). The config's
+    ``backend: auto`` is the GPU run's ``te``; its key, not the plan's default, is what the plan is of."""
+    if a.config is None:
+        return a
+    run, fields = load_yaml(a.config), fields_of(PlanCommand)
+    aliases = {"preset": {"preset", "model"}}
+    values = {}
+    for key, name in FROM_CONFIG.items():
+        if key in run and not aliases.get(name, {name}) & given and not (key == "backend" and run[key] == "auto"):
+            values[name] = coerce(key, fields[name][1], run[key], from_cli=False)
+    return dataclasses.replace(a, **values) if values else a
+
+
 def main(argv: list[str] | None = None) -> int:
     """`yxanul plan --preset 7b --seq_length 4096 --gpus 8 --nodes 2 --gpu_memory 80 [--json]`."""
     a = parse_command(PlanCommand, argv, prog="yxanul plan", description=__doc__.split("\n\n")[0])
+    a = with_config(a, given_flags(argv))
     p = plan(a)
     print(json.dumps(p, indent=2) if a.json else table(p))
     return 0 if p["choice"] else 1
