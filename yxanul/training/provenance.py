@@ -4,6 +4,7 @@ Every checkpoint holds ``trained_on.json`` (covered by its manifest)::
 
     {"tokenizer": sha256 of the tokenizer's serialized vocabulary, merges and special tokens,
      "dataset": the prepared data's fingerprint (meta.json: sources, tokenizer and prepare settings),
+     "dataset_content": the prepared tokens' identity (a hash over the shards' sha256s, train and val),
      "val_split": {"val_fraction": ..., "val_tokens": ...},
      "seq_length": ..., "seed": ...}
 
@@ -11,6 +12,11 @@ Computed once when the run starts (`record`), never per step. On resume (`check`
 is one line naming what changed (old -> new), exit 2, unless ``--resume_allow_changes`` names it:
 then one line per allowed change says what it does to the run. A checkpoint written before these
 records existed resumes with one line saying that it could not be checked.
+
+The fingerprint holds each local source file's path, size and modification time (a cheap identity, read
+before anything is tokenized), so a dataset copied to another cluster, moved or touched gets a new one. The
+tokens decide: prepared again to the same tokens (``dataset_content``), the resume continues at its data
+position with one note; other tokens under the same settings are a changed ``dataset``.
 """
 
 from __future__ import annotations
@@ -47,10 +53,24 @@ def tokenizer_hash(tokenizer) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def content_hash(meta: dict) -> str | None:
+    """The prepared tokens' identity: a hash over every shard's token count and sha256 (prepare's manifest), train
+    then val, in reading order; None where a shard has no sha256 (older prepared data). Where the files live and
+    when they were written are not in it."""
+    parts = []
+    for split in ("train", "val"):
+        for e in ((meta.get("splits") or {}).get(split) or {}).get("manifest") or []:
+            if not e.get("sha256"):
+                return None
+            parts.append(f"{split} {e.get('tokens')} {e['sha256']}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16] if parts else None
+
+
 def record(cfg, data_dir, tokenizer) -> dict:
     """The trained-on record of this run (read once at setup)."""
     meta = json.loads((Path(data_dir) / "meta.json").read_text())
     return {"tokenizer": tokenizer_hash(tokenizer), "dataset": meta.get("fingerprint"),
+            "dataset_content": content_hash(meta),
             "val_split": {"val_fraction": cfg.data.val_fraction,
                           "val_tokens": (meta.get("splits") or {}).get("val", {}).get("tokens")},
             "seq_length": cfg.model.seq_length, "seed": cfg.train.seed}
@@ -94,19 +114,32 @@ def precheck(cfg, run_dir) -> None:
     changes = {n: (old[n], v) for n, v in now.items() if n in old and v is not None and old[n] != v}
     if "val_fraction" in val and val["val_fraction"] != cfg.data.val_fraction:
         changes["val_split"] = ({"val_fraction": val["val_fraction"]}, {"val_fraction": cfg.data.val_fraction})
-    if "dataset" in changes:  # a fingerprint alone says nothing: the data settings that differ say why
-        saved = saved_config(ckpt)
-        keys = [f.name for f in dataclasses.fields(cfg.data) if f.name in saved and saved[f.name] != getattr(
-            cfg.data, f.name)]
-        if "tokenizer" in keys:  # `check` would name it too (its hash)
-            changes = {"tokenizer": (saved["tokenizer"], cfg.data.tokenizer), **changes}
-        why = ", ".join(f"{k} {saved[k]} -> {getattr(cfg.data, k)}" for k in keys if k != "tokenizer")
-        if not why and not keys:  # the fingerprint holds each source file's path, size and modification time too
-            why = ("the same data settings: a source file was moved, touched or changed since; if its content is "
-                   "the same, allowing it resumes with the data read from its start")
-        if why:
-            changes["dataset"] = (f"{changes['dataset'][0]}", f"{changes['dataset'][1]} ({why})")
+    if "dataset" in changes:
+        changes = _dataset_change(cfg.data, ckpt, old, changes)
     _refuse(ckpt, changes, set(cfg.checkpoint.resume_allow_changes or ()))
+
+
+LOCATION_KEYS = ("dataset", "datasets", "data_dir", "tokenizer")  # where the data is, not what it is
+
+
+def _dataset_change(data, ckpt, old: dict, changes: dict) -> dict:
+    """``changes`` with the dataset's explained: a fingerprint alone says nothing, the data settings that differ
+    say why. Where only the data's location differs (a local file or folder moved, copied or touched) and the
+    checkpoint records its tokens, the change is left to `check`: the tokens, once prepared, decide."""
+    saved = saved_config(ckpt)
+    keys = [f.name for f in dataclasses.fields(data) if f.name in saved and saved[f.name] != getattr(data, f.name)]
+    local = all(k in LOCATION_KEYS and (k == "datasets" or Path(str(getattr(data, k))).exists()) for k in keys)
+    if old.get("dataset_content") and local:
+        return {n: v for n, v in changes.items() if n != "dataset"}
+    if "tokenizer" in keys:  # `check` would name it too (its hash)
+        changes = {"tokenizer": (saved["tokenizer"], data.tokenizer), **changes}
+    why = ", ".join(f"{k} {saved[k]} -> {getattr(data, k)}" for k in keys if k != "tokenizer")
+    if not why and not keys:  # the fingerprint holds each source file's path, size and modification time too
+        why = ("the same data settings: a source file was moved, touched or changed since; if its content is "
+               "the same, allowing it resumes with the data read from its start")
+    if why:
+        changes["dataset"] = (f"{changes['dataset'][0]}", f"{changes['dataset'][1]} ({why})")
+    return changes
 
 
 def check(ckpt: Path, rec: dict, allowed: list[str] | None, data_state: dict | None, say) -> list[str]:
@@ -121,11 +154,20 @@ def check(ckpt: Path, rec: dict, allowed: list[str] | None, data_state: dict | N
         old = json.loads(path.read_text())
     except (OSError, ValueError):
         raise UserError(f"resume '{ckpt}': {FILE} is not JSON") from None
-    changed = [n for n in NAMES if n in old and old[n] != rec.get(n)]
+    changes = {n: (old[n], rec.get(n)) for n in NAMES if n in old and old[n] != rec.get(n)}
+    was, now = old.get("dataset_content"), rec.get("dataset_content")
+    if was and now and was == now and "dataset" in changes:  # moved, copied or touched: the same tokens
+        say(f"note: resume '{ckpt}': the dataset's fingerprint changed ({old['dataset']} -> {rec.get('dataset')}: "
+            f"a source file was moved, copied or touched) but its prepared tokens are the same ({now}): "
+            "training continues at the saved data position")
+        del changes["dataset"]
+    elif was and now and was != now:  # other tokens, whatever the settings say
+        changes["dataset"] = (f"{old.get('dataset')} (tokens {was})", f"{rec.get('dataset')} (tokens {now})")
+    changed = list(changes)
     allowed = set(allowed or ())
-    _refuse(ckpt, {n: (old[n], rec.get(n)) for n in changed}, allowed)
+    _refuse(ckpt, changes, allowed)
     epoch = int((data_state or {}).get("epoch", 0))
     for n in changed:
-        say(f"warning: resume with another {n} ({_show(old[n])} -> {_show(rec.get(n))}), allowed: "
+        say(f"warning: resume with another {n} ({_show(changes[n][0])} -> {_show(changes[n][1])}), allowed: "
             + CONSEQUENCE[n].format(epoch=epoch, next_epoch=epoch + 1))
     return changed
