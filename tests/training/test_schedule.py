@@ -145,3 +145,26 @@ def test_a_stage_length_that_does_not_divide_the_runs_is_one_warning_at_start():
     assert len(middle) == 1 and middle[0].startswith("warning: curriculum stage 1: seq_length 32 does not divide the "
                                                      "run's seq_length 48: the stage change into or out of it starts")
     assert said([{"seq_length": 16, "until_steps": 2}, {"seq_length": 24, "until_steps": 4}, {"seq_length": 48}]) == []
+
+
+def test_a_stage_that_starts_after_max_steps_is_one_warning_at_start():
+    """A stage boundary at or past max_steps leaves the later stages unrun: their seq_length is never trained, and
+    nothing said so. One line per such stage when the curriculum is planned; stages the run reaches say nothing."""
+    from yxanul.config import resolve
+    from yxanul.training.batching import plan_curriculum, resolve_batch
+
+    def said(stages, max_steps):
+        cfg = resolve({"curriculum": stages, "seq_length": 32, "micro_batch_size": 4, "max_steps": max_steps,
+                       "target_tokens_per_step": 256})
+        lines = []
+        batch = resolve_batch(cfg.batch, seq_length=32, world_size=1, say=lines.append)
+        plan_curriculum(cfg, batch, batch.tokens_per_step, 1, lines.append)
+        return [line for line in lines if line.startswith("warning: curriculum")]
+
+    stages = [{"seq_length": 16, "until_steps": 10}, {"seq_length": 32, "until_steps": 20}, {"seq_length": 32}]
+    assert said(stages, 10) == [
+        "warning: curriculum stage 1 (seq_length 32) starts at step 11, after max_steps 10: it never runs (end the "
+        "stages before it earlier, or raise max_steps)",
+        "warning: curriculum stage 2 (seq_length 32) starts at step 21, after max_steps 10: it never runs (end the "
+        "stages before it earlier, or raise max_steps)"]
+    assert len(said(stages, 15)) == 1 and said(stages, 21) == []

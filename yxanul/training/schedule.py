@@ -174,6 +174,12 @@ class Curriculum:
                          + (f"{lo} or {hi})" if lo else f"{hi})"))
         return lines
 
+    def reach_warnings(self, max_steps: int) -> list[str]:
+        """One line per stage that starts at or after ``max_steps``: the run ends before it, so its seq_length is
+        never trained (a boundary in steps of another schedule, or until_tokens of a larger batch)."""
+        return [f"warning: curriculum stage {i} (seq_length {st.seq_length}) starts at step {st.start_step + 1}, "
+                f"after max_steps {max_steps}: it never runs (end the stages before it earlier, or raise max_steps)"
+                for i, st in enumerate(self.stages) if i > 0 and st.start_step >= max_steps]
 
     def plan_stages(self, micro_for: Callable[[int], int], world_size: int,
                     multiple: Callable[[int], int] | int = 1) -> list:

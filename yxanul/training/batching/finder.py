@@ -121,7 +121,7 @@ def plan_curriculum(cfg, batch: BatchPlan, tokens_per_step: int, world_size: int
         return None, None
 
     cur = Curriculum.from_config(cfg.batch.curriculum, tokens_per_step, max_seq_length=cfg.model.seq_length)
-    for line in cur.grid_warnings(cfg.model.seq_length):
+    for line in [*cur.grid_warnings(cfg.model.seq_length), *cur.reach_warnings(cfg.train.max_steps)]:
         say(line)
     same_tokens = same_tokens_micro(batch.micro_batch, cfg.model.seq_length)
     align = plan.token_alignment if plan is not None else 1
