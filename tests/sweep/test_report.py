@@ -2,6 +2,7 @@
 repeated steps: last row wins), goal, the table's columns, best.json and the PNGs (fast: no training)."""
 
 import json
+import math
 
 import pytest
 
@@ -63,3 +64,17 @@ def test_a_task_metric_is_read_from_the_evaluation_rows_key_without_eval(tmp_pat
     state(tmp_path, [("t0", 0.0, a), ("t1", 0.1, b)], metric="eval/cloze_acc", goal="maximize")
     best = summarize(tmp_path, say=lambda *x: None)
     assert best["trial"] == "t1" and best["final"] == 0.5
+
+
+def test_train_ppl_is_exp_of_the_lm_loss_as_the_trackers_get_it(tmp_path):
+    """metrics.jsonl has no `ppl`: the trackers' `train/ppl` is exp of the LM loss (`lm_loss` under a penalty,
+    else `loss`), so a sweep metric train/ppl ranks the trials by it."""
+    a = run(tmp_path, "a", [(1, 9.0), (2, 4.0)], [(2, 5.0)])
+    b = run(tmp_path, "b", [(1, 9.0)], [(2, 5.5)])
+    with open(f"{b}/metrics.jsonl", "a") as f:  # penalized: loss 4.5 with the penalty, the LM's 3.0
+        f.write(json.dumps({"step": 2, "loss": 4.5, "lm_loss": 3.0, "penalty": 1.5, "tokens_per_sec": 1.0}) + "\n")
+    state(tmp_path, [("t0", 0.0, a), ("t1", 0.1, b)], metric="train/ppl")
+    best = summarize(tmp_path, say=lambda *x: None)
+    assert best["trial"] == "t1" and best["final"] == pytest.approx(math.exp(3.0))
+    assert "| t0 | 0 | 5 | 5 | 54.6 |" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "train_ppl_vs_penalty_weight.png").read_bytes()[:8] == PNG

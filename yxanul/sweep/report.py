@@ -25,14 +25,15 @@ def trial_row(trial: dict[str, Any], metric: str) -> dict[str, Any] | None:
         return None
     rows = read_metrics(f)
     section, key = metric.split("/", 1)
-    by_step: dict[int, dict[str, Any]] = {}
+    by_step: dict[int, float] = {}
     for r in rows:  # after a resume the last row of a step wins (as in yxanul compare)
-        if key in r and ("val_loss" in r) == (section == "eval"):
-            by_step[int(r["step"])] = r
+        value = _logged(r, section, key)
+        if value is not None:
+            by_step[int(r["step"])] = value
     val = {int(r["step"]): float(r["val_loss"]) for r in rows if "val_loss" in r}
     train = [r for r in rows if "tokens_per_sec" in r and r.get("step", 0) > 1]  # step 1 includes start-up
     precisions = [r["precision"] for r in rows if "precision" in r]
-    final = by_step[max(by_step)][key] if by_step else None
+    final = by_step[max(by_step)] if by_step else None
     return {"trial": trial["id"], "params": trial.get("config", trial["params"]), "status": trial.get("status"),
             "metric": metric, "final": final,
             "final_val_loss": val[max(val)] if val else None, "best_val_loss": min(val.values()) if val else None,
@@ -40,6 +41,16 @@ def trial_row(trial: dict[str, Any], metric: str) -> dict[str, Any] | None:
             "tokens_per_sec": median(r["tokens_per_sec"] for r in train) if train else None,
             "precision": max(set(precisions), key=precisions.count) if precisions else None,
             "run_dir": trial["run_dir"]}
+
+
+def _logged(row: dict[str, Any], section: str, key: str) -> Any:
+    """The value a tracker got as ``section/key`` from this metrics.jsonl row (None: not this row's).
+    ``train/ppl`` is not in the rows: the trainer logs it as exp of the LM loss (the penalty left out)."""
+    if ("val_loss" in row) != (section == "eval"):
+        return None
+    if section == "train" and key == "ppl" and key not in row and "loss" in row:
+        return math.exp(min(row.get("lm_loss", row["loss"]), 50))
+    return row.get(key)
 
 
 def _fmt(v: Any) -> str:
