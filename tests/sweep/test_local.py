@@ -4,6 +4,7 @@ again: finished trials are skipped, the interrupted one resumes from its checkpo
 best.json and PNGs are written."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -137,3 +138,74 @@ def test_a_sweep_whose_trials_fail_exits_1_and_names_them(tmp_path):
     assert "2 trial(s) failed: trial-000, trial-001 (run the same command to retry)" in r.stdout
     log = tmp_path / "sweeps" / "penalty_weight_tinyshakespeare" / "trial-000" / "train.log"
     assert f"trial-000 failed (exit code 2, log {log})" in r.stdout and "none.jsonl" in log.read_text()
+
+
+def where_logged(run_dir: Path) -> tuple[str, str]:
+    """(project, entity) of the run record in a trial's W&B offline file, as `wandb sync` reads it: a ':W&B' header
+    of 7 bytes, then records of a 7-byte header (crc, length, type) and a protobuf Record (the run's comes early)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (f,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, pos = f.read_bytes(), 7
+    while pos < len(data):
+        _, n, _ = struct.unpack("<IHB", data[pos:pos + 7])
+        rec = pb.Record()
+        rec.ParseFromString(data[pos + 7:pos + 7 + n])
+        if rec.WhichOneof("record_type") == "run":
+            return rec.run.project, rec.run.entity
+        pos += 7 + n
+    raise AssertionError(f"no run record in {f}")
+
+
+PROJECT_SWEEP = """name: proj_check
+project: file-project
+entity: file-team
+method: grid
+metric: {name: train/ppl, goal: minimize}
+parameters:
+  penalty_weight: {values: [0.0]}
+"""
+
+
+def test_offline_trials_log_to_the_files_project_and_a_rerun_under_another_continues(tmp_path):
+    """The sweep file's project/entity are the trials' W&B settings (W&B's default project took every offline
+    sweep's runs before), a --wandb_project flag wins, and a rerun under another project is no other sweep."""
+    from yxanul.config import parse_args
+    from yxanul.sweep.local import plan
+    from yxanul.sweep.spec import load_spec
+
+    (tmp_path / "s.yaml").write_text(PROJECT_SWEEP)
+    spec = load_spec(str(tmp_path / "s.yaml"))
+    t = plan(spec, str(tmp_path), ["--max_steps", "7"], None, 0, say=lambda *_: None)[1][0]
+    assert (t.settings["wandb_project"], t.settings["wandb_entity"]) == ("file-project", "file-team")
+    t.run_dir.mkdir(parents=True)  # the trial ran: the config.yaml the trainer writes at its start
+    parse_args(["--config", str(ROOT / "yxanul" / "assets" / "default.yaml"), *t.argv]).save(t.run_dir / "config.yaml")
+    again = plan(spec, str(tmp_path), ["--max_steps", "7", "--wandb_project", "other"], None, 0,
+                 say=lambda *_: None)[1][0]
+    assert again.settings["wandb_project"] == "other" and again.changed_settings() == []
+
+
+@pytest.mark.slow
+def test_offline_sweep_runs_are_synced_to_the_files_project(tmp_path):
+    """The real sweep: the trial's W&B offline run records the file's project and entity (what `wandb sync`
+    uploads to); its metric train/ppl ranks it (exp of the logged LM loss); the same sweep rerun under another
+    project skips the finished trial instead of refusing it."""
+    env = dict(os.environ, YXANUL_CACHE=str(tmp_path / "cache"), WANDB_MODE="offline", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    (tmp_path / "s.yaml").write_text(PROJECT_SWEEP)
+    cmd = [sys.executable, "-m", "yxanul", "sweep", str(tmp_path / "s.yaml"), "--offline", "--output_root",
+           str(tmp_path), *TRIAL_FLAGS, "--max_steps", "2", "--warmup_steps", "1", "--eval_freq", "0",
+           "--checkpoint_freq", "0"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = tmp_path / "sweeps" / "proj_check" / "trial-000"
+    assert where_logged(run) == ("file-project", "file-team")
+    last = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"tokens_per_sec"' in x][-1]
+    best = json.loads((tmp_path / "sweeps" / "proj_check" / "best.json").read_text())
+    assert best["trial"] == "trial-000" and best["final"] == pytest.approx(math.exp(last["loss"]))
+    r = subprocess.run([*cmd, "--wandb_project", "moved"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=400)
+    assert r.returncode == 0 and "trial-000 {'penalty_weight': 0.0} already finished, skipped" in r.stdout, \
+        r.stdout[-3000:] + r.stderr[-3000:]

@@ -46,14 +46,16 @@ def plan(spec: SweepSpec, output_root: str, overrides: list[str], count: int | N
             if t["params"] != p:
                 raise UserError(f"{root} holds another sweep (trial {t['id']}: {t['params']} != {p}): use the same "
                                 f"file, --count and --sweep_seed as before, or another --output_root")
-    extra = ["--use_wandb=true"] if _wandb_installed() else []
+    # the file's project/entity (as online): W&B's default project would take every offline sweep's runs
+    wandb = ["--use_wandb=true"] if _wandb_installed() else []
+    extra = wandb + spec.logged_to()  # before the user's flags: a --wandb_project of theirs wins
     trials = [make_trial(spec, f"trial-{i:03d}", p, root / f"trial-{i:03d}", overrides, extra)
               for i, p in enumerate(params)]
     for t in trials:  # a started trial continues only under the settings it ran with
         if changed := t.changed_settings():
             raise UserError(f"{t.run_dir} ran with other settings ({'; '.join(changed)}): run the sweep with the same "
                             "flags as before, or choose another --output_root")
-    if not extra:
+    if not wandb:
         say("wandb is not installed: trials log to metrics.jsonl and TensorBoard only "
             "(pip install 'yxanul[wandb]' for W&B offline files)")
     return root, trials

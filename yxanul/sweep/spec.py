@@ -57,6 +57,10 @@ class SweepSpec:
     def base_config(self) -> str | None:
         return _flag_value(self.fixed, "config")
 
+    def logged_to(self) -> list[str]:
+        """The file's ``project``/``entity`` as the trials' W&B flags (``wandb sync`` uploads each run there)."""
+        return [f"--wandb_{k}={v}" for k, v in (("project", self.project), ("entity", self.entity)) if v]
+
 
 def _flag_value(tokens: list[str], name: str) -> str | None:
     for i, t in enumerate(tokens):

@@ -27,6 +27,8 @@ from ..training import speed_defaults
 from .spec import SweepSpec, _flag_value, trial_flags
 
 RESERVED = ("output_dir", "run_name", "resume")  # the sweep sets these for every trial
+# where the runs are logged, not how they train: a rerun under another W&B project continues its trials
+WHERE_LOGGED = ("wandb_project", "wandb_entity")
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Trial:
         the trial ran with before); empty for a trial that never started."""
         before = saved_config(self.run_dir)
         return [f"{k}: {before.get(k)!r} -> {v!r}" for k, v in self.settings.items()
-                if k not in RESERVED and k in before and before[k] != v]
+                if k not in RESERVED + WHERE_LOGGED and k in before and before[k] != v]
 
     def status(self) -> str:
         """'done' (summary.json with all steps), 'partial' (checkpoints, not done) or 'new'."""
