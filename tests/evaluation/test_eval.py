@@ -270,3 +270,16 @@ def test_eval_tasks_callback(tok_run, prepared, tmp_path):
     model.train()
     cb.evaluate(model, tok, "cpu")
     assert model.training  # restored
+
+
+def test_a_validation_window_longer_than_the_models_positions_is_one_line(tok_run, capsys):
+    """--seq_length past max_position_embeddings (64 here) printed a perplexity of windows the model was never
+    trained on, as if a result: one line naming seq_length and the positions, exit 2; the full window still runs."""
+    run, model = tok_run
+    L = model.config.max_position_embeddings
+    assert cli(["eval", str(run), "--seq_length", str(L + 1), "--eval_steps", "1", "--batch_size", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: config key 'seq_length': expected at most the model's {L} positions (max_position_embeddings), "
+        f"got {L + 1}"]
+    assert cli(["eval", str(run), "--seq_length", str(L), "--eval_steps", "1", "--batch_size", "1"]) == 0
+    assert f"(1 batches of 1 x {L} tokens from " in capsys.readouterr().out

@@ -101,8 +101,8 @@ class EvalCommand:
     num_fewshot: int | None = field(default=None, metadata={
         "help": "Few-shot examples for the lm-eval tasks (default: each task's own, mostly 0)."})
     limit: int | None = field(default=None, metadata={"help": "At most N items per task."})
-    seq_length: int | None = field(default=None, metadata={"help": "Validation window (default: the model's "
-                                                                   "max_position_embeddings)."})
+    seq_length: int | None = field(default=None, metadata={"help": "Validation window (default and at most: "
+                                                                   "the model's max_position_embeddings)."})
     batch_size: int | None = field(default=None, metadata={
         "help": f"Validation windows per forward pass (default: the run's micro_batch_size; {DEFAULT_BATCH_SIZE} for "
                 "an export)."})
@@ -165,9 +165,13 @@ def evaluate(a: EvalCommand, say=print) -> dict:
     device = device_of(a.device)
     data_dir = _validation_data(a, tasks or harness, say)  # nothing to do is one line before the model loads
     model, tok = load_model(a.model, device)
+    positions = int(model.config.max_position_embeddings)
+    if a.seq_length is not None and a.seq_length > positions:  # past them the loss is of no trained model
+        raise ConfigError("seq_length", f"at most the model's {positions} positions (max_position_embeddings)",
+                          a.seq_length)
     results: dict = {"written_by": WRITTEN_BY, "model": a.model}
     if data_dir is not None:
-        T = a.seq_length or int(model.config.max_position_embeddings)
+        T = a.seq_length or positions
         results.update(val_loss(model, data_dir, T, a.batch_size, a.eval_steps, device))
         say(f"val_loss: {results['val_loss']:.4f} | val_ppl: {results['val_ppl']:.2f} "
             f"({results['val_batches']} batches of {a.batch_size} x {T} tokens from {data_dir})")
