@@ -166,6 +166,22 @@ def test_too_few_questions_for_a_step_and_a_file_as_output_dir_are_one_line(qa_r
     assert not (tmp_path / "g").exists()
 
 
+def test_a_completion_as_long_as_the_models_positions_and_limit_0_are_one_line_naming_the_field(qa_run, tmp_path,
+                                                                                                   capsys):
+    """--max_completion_length >= the model's 128 positions left a negative prompt budget ("every prompt is longer
+    than -72 tokens"); --limit 0 was "a non-negative integer", which 0 is: each is one line naming the field."""
+    expected = "fewer tokens than the model's 128 positions (max_position_embeddings), which hold the prompt too"
+    cases = [(["--max_completion_length", "200"], f"config key 'max_completion_length': expected {expected}, got 200"),
+             (["--max_completion_length", "128"], f"config key 'max_completion_length': expected {expected}, got 128"),
+             (["--limit", "0"], "config key 'limit': expected an integer >= 1, got 0"),
+             (["--sft_steps", "-1"], "config key 'sft_steps': expected an integer >= 0 (0: no SFT), got -1")]
+    for argv, line in cases:
+        assert cli(["grpo", str(qa_run), "--device", "cpu", "--max_steps", "1", "--output_dir", str(tmp_path / "g"),
+                    *argv]) == 2, argv
+        assert capsys.readouterr().err.strip().splitlines() == [f"error: {line}"], argv
+    assert not (tmp_path / "g").exists()
+
+
 def test_overwrite_never_deletes_a_run_or_its_checkpoints(qa_run, tmp_path, capsys):
     """--overwrite deletes output_dir first: the MODEL's run, its checkpoints folder or one checkpoint, another run
     directory and a folder above the MODEL are refused in one line before anything loads, every file intact."""

@@ -72,9 +72,10 @@ class GrpoCommand:
                               self.num_generations)
         if self.batch_size % self.num_generations:
             raise ConfigError("batch_size", f"a multiple of num_generations ({self.num_generations})", self.batch_size)
-        if self.sft_steps < 0 or (self.limit is not None and self.limit < 1):
-            raise ConfigError("sft_steps" if self.sft_steps < 0 else "limit", "a non-negative integer",
-                              self.sft_steps if self.sft_steps < 0 else self.limit)
+        if self.sft_steps < 0:
+            raise ConfigError("sft_steps", "an integer >= 0 (0: no SFT)", self.sft_steps)
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError("limit", "an integer >= 1", self.limit)
         for key in ("learning_rate", "sft_learning_rate", "temperature"):
             if not getattr(self, key) > 0:
                 raise ConfigError(key, "a number > 0", getattr(self, key))
@@ -209,7 +210,12 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     check_out_spares_runs(a.output_dir, a.model, "output_dir", a.overwrite)  # --overwrite deletes it: never a run
     ds = load_qa(a.dataset, a.split, a.dataset_name, a.limit)  # a bad dataset fails before the model loads
     model, tok = load_causal_lm(a.model)
-    ds = fitting(ds, tok, int(model.config.max_position_embeddings) - a.max_completion_length, a.dataset, say)
+    positions = int(model.config.max_position_embeddings)
+    if a.max_completion_length >= positions:  # no position left for a prompt
+        raise ConfigError("max_completion_length", f"fewer tokens than the model's {positions} positions "
+                                                   "(max_position_embeddings), which hold the prompt too",
+                          a.max_completion_length)
+    ds = fitting(ds, tok, positions - a.max_completion_length, a.dataset, say)
     prompts = a.batch_size // a.num_generations
     if len(ds) < prompts:  # TRL's sampler would yield no batch: 0 steps, then "done"
         raise UserError(f"dataset '{a.dataset}': {len(ds)} questions, fewer than the {prompts} prompts of a step "
