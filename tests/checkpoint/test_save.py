@@ -141,3 +141,26 @@ def test_disk_full_is_one_line_removes_the_partial_save_and_keeps_the_previous(t
     assert "needs about " in msg and " bytes" in msg and "step_10 is intact" in msg
     assert not (root / ".tmp-step_20").exists() and [c["step"] for c in list_checkpoints(tmp_path)] == [10]
     assert (root / "step_10" / "model.safetensors").read_bytes() == before and verify_checkpoint(root / "step_10") == []
+
+
+def test_the_weights_files_get_the_mode_of_the_checkpoints_other_files(tmp_path, acc_model):
+    """safetensors writes model.safetensors (and the FP8 state an ``extra`` writes) through a private temporary
+    file, mode 0600, while the checkpoint's other files follow the umask (0644 under 022): another user who may
+    read the run could read its config and not its weights. Every file of the checkpoint now has the one mode."""
+    import os
+
+    from safetensors.torch import save_file
+
+    from yxanul.precision.state import FILE as FP8_STATE
+
+    acc, _, _ = acc_model
+    old = os.umask(0o022)
+    try:
+        ckpt = save_checkpoint(acc, tmp_path, _state(10), keep_last=3,
+                               extra=lambda d: save_file({"scale": torch.ones(1)}, str(d / FP8_STATE)))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in ckpt.iterdir()}
+    assert {"model.safetensors", FP8_STATE, "optimizer.bin", "trainer_state.json"} <= set(modes)
+    assert set(modes.values()) == {0o644}, modes
+    assert verify_checkpoint(ckpt) == []

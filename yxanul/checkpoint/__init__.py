@@ -15,7 +15,7 @@ _WHERE = {
     "list_checkpoints": "resume",
     "read_state": "resume", "resolve_resume": "resume", "verified_checkpoint": "resume",
     "verified_weights_dir": "resume", "save_checkpoint": "save", "left_behind": "save", "load_for_resume": "io",
-    "saved_config": "io", "write_atomic": "io",
+    "saved_config": "io", "weights_mode_like": "io", "write_atomic": "io",
     "MANIFEST": "manifest", "STATE_FILE": "manifest", "checkpoint_bytes": "manifest", "has_manifest": "manifest",
     "read_manifest": "manifest", "verify_checkpoint": "manifest", "write_manifest": "manifest",
     "checkpoints_dir": "pointers", "read_pointer": "pointers", "recompute_best": "pointers",

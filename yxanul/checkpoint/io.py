@@ -5,6 +5,7 @@ TE's fused q/k/v views intact, and `load_for_resume` with its one-line shape-mis
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,13 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def weights_mode_like(path: Path, sibling: Path) -> None:
+    """Give a weights file the permissions of ``sibling``, a file of the same folder: safetensors (and
+    huggingface_hub through it) writes through a private temporary file, mode 0600, while the other files of a
+    checkpoint or export follow the umask (0644 under 022), so others who may read the folder could not load it."""
+    os.chmod(path, stat.S_IMODE(Path(sibling).stat().st_mode))
 
 
 def fsync_dir(path: Path) -> None:

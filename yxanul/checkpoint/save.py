@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import UserError, is_no_space
 from ..run_lock import try_claim
-from .io import fsync_dir, own_storage_for_views, write_atomic
+from .io import fsync_dir, own_storage_for_views, weights_mode_like, write_atomic
 from .manifest import MANIFEST, STATE_FILE, checkpoint_bytes, write_manifest
 from .pointers import checkpoints_dir, read_pointer, recompute_best
 from .resume import list_checkpoints
@@ -155,6 +155,8 @@ def _write_state(accelerator, tmp: Path, state, config_yaml, extra, _fault) -> N
         # milliseconds: the fallback after a damaged `latest` ranks the checkpoints by it (resume.py `_candidates`)
         state = dict(state, saved_at=datetime.datetime.now().isoformat(timespec="milliseconds"))
         write_atomic(tmp / STATE_FILE, json.dumps(state, indent=2))
+        for f in tmp.glob("*.safetensors"):  # accelerate's model*.safetensors and the FP8 state: 0600 as written
+            weights_mode_like(f, tmp / STATE_FILE)
         write_manifest(tmp, write_atomic)  # last: a folder with a manifest is whole
         fsync_dir(tmp)
         if _fault:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import torch
 
-from ..checkpoint import STATE_FILE, check_out_spares_runs, read_state
+from ..checkpoint import STATE_FILE, check_out_spares_runs, read_state, weights_mode_like
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
@@ -157,17 +156,10 @@ def _write_files(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, licens
         # the model's positions, not the 1e30/1e6 placeholder: truncation=True then cuts where the model ends
         tok.model_max_length = int(model.config.max_position_embeddings)
         tok.save_pretrained(str(out))
-    _same_mode_as_config(out)
+    for f in out.glob("model*.safetensors*"):  # written 0600 by huggingface_hub: config.json's mode instead
+        weights_mode_like(f, out / "config.json")
     if ckpt is not None:
         write_run_files(out, ckpt, model.config, license, repo_id, fmt)
-
-
-def _same_mode_as_config(out: Path) -> None:
-    """The weight files get config.json's permissions (huggingface_hub writes them through a private
-    temporary file, mode 0600, while the other files follow the umask, e.g. 0644)."""
-    mode = stat.S_IMODE((out / "config.json").stat().st_mode)
-    for f in out.glob("model*.safetensors*"):
-        os.chmod(f, mode)
 
 
 def read_weights_any(path: str | Path) -> dict[str, torch.Tensor]:
