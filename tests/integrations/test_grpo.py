@@ -202,6 +202,32 @@ def test_overwrite_never_deletes_a_run_or_its_checkpoints(qa_run, tmp_path, caps
     assert {f: f.read_bytes() for root in (qa_run, other) for f in root.rglob("*") if f.is_file()} == before
 
 
+def test_overwrite_replaces_only_an_earlier_grpo_output(qa_run, tmp_path, capsys):
+    """A non-empty output_dir that is no earlier `yxanul grpo` output (no grpo_summary.json on top: a folder
+    holding runs, a home-like folder) is refused in one line with --overwrite, every file intact; an earlier one
+    (grpo_summary.json, model/ below it) is replaced."""
+    import shutil
+
+    shutil.copytree(qa_run, tmp_path / "runs" / "a")
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id").write_text("key")
+    for out in (tmp_path / "runs", tmp_path / "home"):
+        before = {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}
+        assert cli(["grpo", str(qa_run), "--device", "cpu", "--max_steps", "1", "--output_dir", str(out),
+                    "--overwrite"]) == 2, out
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: output_dir '{out}': not an earlier `yxanul grpo` "
+                                                   "output"), err
+        assert {f: f.read_bytes() for f in out.rglob("*") if f.is_file()} == before
+    out = tmp_path / "g"
+    argv = ["grpo", str(qa_run), "--device", "cpu", "--limit", "4", "--max_steps", "1", "--batch_size", "4",
+            "--num_generations", "2", "--max_completion_length", "2", "--output_dir", str(out)]
+    assert cli(argv) == 0 and (out / "model").is_dir()
+    (out / "model" / "stale.bin").write_bytes(b"x")
+    assert cli([*argv, "--overwrite"]) == 0
+    assert (out / "grpo_summary.json").is_file() and not (out / "model" / "stale.bin").exists()
+
+
 @pytest.mark.slow
 def test_sft_then_grpo_raises_the_reward(qa_run, tmp_path):
     """SFT teaches the letter format partly; GRPO (format + answer rewards) then raises the mean reward.

@@ -10,7 +10,7 @@ from .._lazy import lazy_exports
 
 _WHERE = {
     "CheckpointArgs": "args", "RUN_DIR_RESUMES": "args", "prepare_run_dir": "rundir", "run_dir_of": "rundir",
-    "check_out_spares_runs": "rundir",
+    "check_out_spares_runs": "rundir", "EarlierOutput": "rundir",
     "is_checkpoint_dir": "resume", "latest_good_checkpoint": "resume", "likely_resume": "resume",
     "list_checkpoints": "resume",
     "read_state": "resume", "resolve_resume": "resume", "verified_checkpoint": "resume",

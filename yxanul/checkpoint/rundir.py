@@ -8,6 +8,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import EveryRankError, UserError
 from .args import RUN_DIR_RESUMES
@@ -112,12 +113,25 @@ def _has_checkpoints(run_dir: str | os.PathLike) -> bool:
     return (checkpoints_dir(run_dir) / "latest").is_file() or bool(list_checkpoints(run_dir))
 
 
-def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overwrite: bool) -> None:
-    """An output folder that a command fills, and under ``overwrite`` replaces whole (`yxanul export` OUT,
-    `yxanul grpo --output_dir`), must spare every trained file: not the MODEL it reads nor a folder above it,
-    nothing in the MODEL's run's checkpoints folder (its checkpoints, ``best``/``latest``), not a run directory
-    (its checkpoints and logs), nor a non-empty folder of the MODEL's run that is not an earlier export (logs,
-    TensorBoard). One line naming ``label`` (the command's name for OUT) and what it would lose."""
+class EarlierOutput(NamedTuple):
+    """What an earlier output of a command looks like, the one non-empty folder its ``--overwrite`` replaces:
+    ``marker`` at its top and, when ``flat``, files only (an HF export folder has no subfolders)."""
+
+    command: str  # as the user types it: `yxanul export`
+    marker: str
+    flat: bool
+
+    def holds(self, folder: Path) -> bool:
+        return (folder / self.marker).is_file() and not (self.flat and any(p.is_dir() for p in folder.iterdir()))
+
+
+def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overwrite: bool,
+                          earlier: EarlierOutput) -> None:
+    """An output folder that a command fills, and under ``overwrite`` replaces (`yxanul export` OUT, `yxanul grpo
+    --output_dir`), must spare every trained file: not the MODEL it reads nor a folder above it, nothing in the
+    MODEL's run's checkpoints folder (its checkpoints, ``best``/``latest``), not a run directory (its checkpoints
+    and logs); and ``overwrite`` replaces only an ``earlier`` output of the same command, never another non-empty
+    folder (a folder of runs, a home directory). One line naming ``label`` (the command's name for OUT)."""
     out, o, src = Path(out), Path(out).resolve(), Path(source).resolve()
     if o == src or o in src.parents:
         raise UserError(f"{label} '{out}': would overwrite the MODEL '{source}' it reads (choose a folder outside it)")
@@ -128,14 +142,24 @@ def check_out_spares_runs(out: str | Path, source: str | Path, label: str, overw
     if src.parent.name == "checkpoints" and src in o.parents:
         raise UserError(f"{label} '{out}': inside the checkpoint '{source}' it reads (choose a folder outside it)")
     if run is not None and (run / "checkpoints" == o or run / "checkpoints" in o.parents or
-                            (run in o.parents and filled and not (o / "config.json").is_file())):
+                            (run in o.parents and filled and not earlier.holds(o))):
         raise UserError(f"{label} '{out}': inside the run '{run}' whose files it would replace (choose a new "
                         "folder, or one outside the run)")
     if filled and not overwrite:
         raise UserError(f"{label} '{out}': exists and is not empty (choose another folder or --overwrite)")
+    if filled:
+        _check_replaceable(out, o, label, earlier)
+
+
+def _check_replaceable(out: Path, o: Path, label: str, earlier: EarlierOutput) -> None:
+    """A non-empty OUT under ``--overwrite``: an earlier output of the command, and no run or Trainer output."""
     if (o / "checkpoints").is_dir() or ((o / "config.yaml").is_file() and not (o / "config.json").is_file()):
         raise UserError(f"{label} '{out}': a run directory, whose checkpoints and logs --overwrite would replace "
                         "(choose a new folder)")
-    if filled and (any(o.glob("checkpoint-*/trainer_state.json")) or is_hf_trainer_checkpoint(o)):
+    if any(o.glob("checkpoint-*/trainer_state.json")) or is_hf_trainer_checkpoint(o):
         raise UserError(f"{label} '{out}': a transformers Trainer output (its checkpoints, optimizer and logs), "
                         "which --overwrite would replace (choose a new folder)")
+    if not earlier.holds(o):
+        shape = f"{earlier.marker} at its top" + (", files only" if earlier.flat else "")
+        raise UserError(f"{label} '{out}': not an earlier `{earlier.command}` output ({shape}), and --overwrite "
+                        "replaces only those (choose a new or empty folder)")

@@ -23,11 +23,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .._deepspeed import import_deepspeed_quietly
-from ..checkpoint import check_out_spares_runs
+from ..checkpoint import EarlierOutput, check_out_spares_runs
 from ..data.args import DataArgs
 from ..errors import ConfigError, UserError, require
 from ..flags import parse_command, same_as
 from .qa import answer_reward, format_reward, grpo_dataset, load_qa, prompt_of, sft_dataset
+
+SUMMARY = "grpo_summary.json"
+# the one non-empty output_dir --overwrite replaces: a finished earlier run of this command (model/ below it)
+EARLIER = EarlierOutput("yxanul grpo", SUMMARY, flat=False)
 
 
 @dataclass
@@ -207,7 +211,7 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     cpu = a.device == "cpu" or not torch.cuda.is_available()
     if a.device == "cuda" and cpu:
         raise UserError("device 'cuda': no CUDA GPU here (use --device cpu)")
-    check_out_spares_runs(a.output_dir, a.model, "output_dir", a.overwrite)  # --overwrite deletes it: never a run
+    check_out_spares_runs(a.output_dir, a.model, "output_dir", a.overwrite, EARLIER)  # --overwrite deletes it
     ds = load_qa(a.dataset, a.split, a.dataset_name, a.limit)  # a bad dataset fails before the model loads
     model, tok = load_causal_lm(a.model)
     positions = int(model.config.max_position_embeddings)
@@ -235,7 +239,7 @@ def grpo(a: GrpoCommand, say=print) -> dict:
     summary = {"args": asdict(a), "questions": len(ds), "trainable_parameters": trainable,
                "reward_first": sum(curve[:k]) / k,
                "reward_last": sum(curve[-k:]) / k, "steps": len(curve), "model": str(out / "model")}
-    (out / "grpo_summary.json").write_text(json.dumps(summary, indent=2))
+    (out / SUMMARY).write_text(json.dumps(summary, indent=2))
     say(f"mean reward (format + answer, max 2): first {k} steps {summary['reward_first']:.3f} -> last {k} steps "
         f"{summary['reward_last']:.3f}; model saved to {out / 'model'}")
     return summary

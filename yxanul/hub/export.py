@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from ..checkpoint import STATE_FILE, check_out_spares_runs, read_state, weights_mode_like
+from ..checkpoint import STATE_FILE, EarlierOutput, check_out_spares_runs, read_state, weights_mode_like
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
 from ..models.state_dict import is_llama_state, llama_to_yxanul, yxanul_to_llama
@@ -35,6 +35,10 @@ from .loading import (
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# the one non-empty OUT --overwrite replaces: an earlier export (config.json on top, files only, as HF saves it)
+EARLIER = EarlierOutput("yxanul export", "config.json", flat=True)
+
+
 def llama_config(config, dtype: torch.dtype):
     """The LlamaConfig of a YxanulConfig (no biases, SiLU, default RoPE with the same theta)."""
     from transformers import LlamaConfig
@@ -98,7 +102,7 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
         raise UserError(f"export --format: expected llama or yxanul, got {fmt!r}")
     check_shard_size(max_shard_size)
     out = Path(out)
-    check_out_spares_runs(out, source, "export OUT", overwrite)
+    check_out_spares_runs(out, source, "export OUT", overwrite, EARLIER)
     if is_export(source):
         model, tok = load_model(source)
         if getattr(model.config, "model_type", None) != "yxanul":
@@ -106,7 +110,7 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
                             "the run or checkpoint it came from; or use it as it is: transformers loads it)")
         return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
     with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
-        check_out_spares_runs(out, ckpt, "export OUT", overwrite)  # the checkpoint a run directory resolved to
+        check_out_spares_runs(out, ckpt, "export OUT", overwrite, EARLIER)  # the checkpoint a run directory names
         model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
         return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
 
@@ -186,7 +190,7 @@ class ExportCommand:
         "help": "llama: LlamaForCausalLM, loads without yxanul; yxanul: save_pretrained of YxanulForCausalLM."})
     dtype: Literal["bf16", "fp32"] = field(default="bf16", metadata={"help": "Dtype of the saved weights."})
     max_shard_size: str = field(default="5GB", metadata={"help": "Shard the weights above this size (e.g. 2GB)."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace a non-empty OUT folder."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace an earlier export in OUT."})
 
     def __post_init__(self):
         check_shard_size(self.max_shard_size)
