@@ -53,3 +53,10 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(run, tmp_path, ca
     assert cli(["export", str(run), str(hf), "--overwrite"]) == 0
     assert (hf / "model.safetensors").is_file() and not list(hf.glob("model-*")) and (hf / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flat", "hf", "home", "nested", "run", "runs"]
+
+
+def test_a_shard_size_below_one_byte_is_one_line(run, tmp_path, capsys):
+    for size in ("0GB", "-1GB", "0.0000001KB", "infGB"):
+        assert cli(["export", str(run), str(tmp_path / "o"), f"--max_shard_size={size}"]) == 2, size
+        assert "'max_shard_size': expected a size such as 5GB or 500MB, above 0" in _one_error(capsys), size
+    assert not (tmp_path / "o").exists()

@@ -117,15 +117,18 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
 
 def check_shard_size(value: str) -> None:
     """``max_shard_size`` as huggingface_hub's savers will parse it (their own parser: a private module, so an
-    import that moves is no error here), checked before anything is written."""
+    import that moves is no error here), checked before anything is written: a size of at least one byte (0GB or
+    -1GB would write one shard per tensor)."""
     try:
         from huggingface_hub.serialization._base import parse_size_to_int
     except ImportError:  # pragma: no cover - a huggingface_hub that moved it: its saver still checks
         return
     try:
-        parse_size_to_int(str(value))
-    except ValueError:
-        raise ConfigError("max_shard_size", "a size such as 5GB or 500MB (units TB, GB, MB, KB)", value) from None
+        size = parse_size_to_int(str(value))
+    except (ValueError, OverflowError):  # OverflowError: infGB
+        size = 0
+    if size < 1:
+        raise ConfigError("max_shard_size", "a size such as 5GB or 500MB, above 0 (units TB, GB, MB, KB)", value)
 
 
 def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overwrite, license, repo_id) -> Path:
