@@ -55,8 +55,32 @@ def test_overwrite_replaces_an_earlier_export_and_nothing_else(run, tmp_path, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flat", "hf", "home", "nested", "run", "runs"]
 
 
+def test_export_into_the_current_directory(run, tmp_path, monkeypatch, capsys):
+    """OUT = "." (cwd, which cannot be renamed): the files land in it, new and under --overwrite, and no hidden
+    folder is left beside it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert cli(["export", str(run), "."]) == 0
+    first = _files(here)
+    assert Path("config.json") in first and Path("model.safetensors") in first
+    assert cli(["export", str(run), ".", "--overwrite", "--dtype", "fp32"]) == 0
+    assert _files(here).keys() == first.keys() and _files(here) != first  # replaced: fp32 weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "run"]
+    assert "exported" in capsys.readouterr().out
+
+
 def test_a_shard_size_below_one_byte_is_one_line(run, tmp_path, capsys):
     for size in ("0GB", "-1GB", "0.0000001KB", "infGB"):
         assert cli(["export", str(run), str(tmp_path / "o"), f"--max_shard_size={size}"]) == 2, size
         assert "'max_shard_size': expected a size such as 5GB or 500MB, above 0" in _one_error(capsys), size
     assert not (tmp_path / "o").exists()
+
+
+def test_an_out_that_cannot_be_written_is_one_line(run, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    outs = ([Path("/proc/yxanul-x/out")] if Path("/proc").is_dir() else []) + [tmp_path / "file" / "out"]
+    for out in outs:
+        assert cli(["export", str(run), str(out)]) == 2, out
+        assert _one_error(capsys).startswith(f"error: export OUT '{out}': "), out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "run"]

@@ -10,6 +10,8 @@ The name mapping (yxanul/TE <-> Llama) is models/state_dict.py; docs/export.md h
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -104,15 +106,20 @@ def export(source: str | Path, out: str | Path, fmt: str = "llama", dtype: str =
     out = Path(out)
     check_out_spares_runs(out, source, "export OUT", overwrite, EARLIER)
     if is_export(source):
-        model, tok = load_model(source)
-        if getattr(model.config, "model_type", None) != "yxanul":
-            raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model (export "
-                            "the run or checkpoint it came from; or use it as it is: transformers loads it)")
-        return _write_export(model, tok, None, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
+        with _written_into(out) as tmp:
+            model, tok = load_model(source)
+            if getattr(model.config, "model_type", None) != "yxanul":
+                raise UserError(f"export MODEL '{source}': a {model.config.model_type} export, not a yxanul model "
+                                "(export the run or checkpoint it came from; or use it as it is: transformers loads "
+                                "it)")
+            _write_files(model, tok, None, tmp, fmt, dtype, max_shard_size, license, repo_id)
+        return out
     with verified_source(source) as ckpt:  # verified, and pinned: a running training cannot prune it meanwhile
         check_out_spares_runs(out, ckpt, "export OUT", overwrite, EARLIER)  # the checkpoint a run directory names
-        model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
-        return _write_export(model, tok, ckpt, out, fmt, dtype, max_shard_size, overwrite, license, repo_id)
+        with _written_into(out) as tmp:
+            model, tok = load_checkpoint_model(ckpt), tokenizer_of_checkpoint(ckpt)
+            _write_files(model, tok, ckpt, tmp, fmt, dtype, max_shard_size, license, repo_id)
+    return out
 
 
 def check_shard_size(value: str) -> None:
@@ -131,27 +138,47 @@ def check_shard_size(value: str) -> None:
         raise ConfigError("max_shard_size", "a size such as 5GB or 500MB, above 0 (units TB, GB, MB, KB)", value)
 
 
-def _write_export(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, overwrite, license, repo_id) -> Path:
-    """Write into a new folder beside ``out``, then swap it in: a failure half-way leaves ``out`` as it was (an
-    ``--overwrite`` deleted the previous export first)."""
-    fill_token_ids(model, tok)
-    tmp = out.absolute().parent / f".{out.name}.tmp-{os.getpid()}"
+@contextlib.contextmanager
+def _written_into(out: Path):
+    """A new folder beside ``out`` to write into, made before the model loads (an OUT that cannot be created or
+    written is one line then, not an error after the work), swapped in when the block ends: a failure half-way
+    leaves ``out`` as it was (an ``--overwrite`` deleted the previous export first)."""
+    full = Path(os.path.abspath(out))  # "." gets its name: the folder beside it is named after it
+    tmp = full.parent / f".{full.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
-        _write_files(model, tok, ckpt, tmp, fmt, dtype, max_shard_size, license, repo_id)
+        if full.is_dir() and not os.access(full, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"export OUT '{out}': cannot be written ({e.strerror or type(e).__name__}); choose another "
+                        "folder") from None
+    try:
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = tmp.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():  # empty, or replaced by --overwrite
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
+    _swap_in(tmp, full)
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """``tmp`` becomes ``out``: renamed to it when ``out`` is new; else (empty, an earlier export under
+    --overwrite, or the current directory, which cannot be renamed) its files are moved into ``out`` and the
+    earlier export's other files removed (files only: `check_out_spares_runs` let no folder in)."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    new = {f.name for f in tmp.iterdir()}
+    for f in tmp.iterdir():
+        shutil.move(str(f), str(out / f.name))  # os.rename (replacing) on one filesystem, else a copy
+    for f in out.iterdir():
+        if f.name not in new:
+            f.unlink()  # e.g. the shards of an earlier export sharded otherwise
+    tmp.rmdir()
 
 
 def _write_files(model, tok, ckpt, out: Path, fmt, dtype, max_shard_size, license, repo_id) -> None:
+    fill_token_ids(model, tok)
     if fmt == "llama":
         save_llama(model, out, DTYPES[dtype], max_shard_size)
     else:
