@@ -1,6 +1,7 @@
 """`yxanul plot-lr`: printed values equal lr_at, the PNG is real, YAML + flag precedence, curriculum."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,24 @@ def test_an_out_that_is_no_image_file_is_one_line_before_plotting(tmp_path):
         with pytest.raises(ConfigError, match=r"config key '(out|tolerance|tokens_per_step)'"):
             command(argv)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    """compare and plot-lr write their figure through `save_figure`: a path under a file, or under /proc (a
+    virtual filesystem), is one line naming the command's --out and the path, exit 2, not a traceback."""
+    import json
+
+    from yxanul.cli import main as cli
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "loss": 9.0 - s})
+                                                              for s in range(1, 6)))
+    outs = ([Path("/proc/yxanul-x/f.png")] if Path("/proc").is_dir() else []) + [tmp_path / "file" / "f.png"]
+    for out in outs:
+        run = str(tmp_path / "run")
+        for argv, label in ((["plot-lr", "--max_steps", "20"], "plot-lr"), (["compare", run, run], "compare")):
+            assert cli([*argv, "--out", str(out)]) == 2, (argv, out)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(f"error: {label} --out '{out}': cannot be written ("), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "run"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, UserError
 from ..flags import parse_command
-from .figures import check_figure_out
+from .figures import check_figure_out, save_figure
 
 
 @dataclass
@@ -148,9 +148,7 @@ def plot(runs: list[Curves], out: Path, smooth_points: int = 10, ylabel: str = "
     ax2.set_xlabel("step")
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_figure(fig, out, "compare --out", dpi=120)
     return drawn
 
 

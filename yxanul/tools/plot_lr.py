@@ -23,7 +23,7 @@ from ..flags import parse_command, same_as
 from ..training.args import TrainArgs
 from ..training.optim import OptimArgs
 from ..training.schedule import Curriculum, lr_at
-from .figures import check_figure_out
+from .figures import check_figure_out, save_figure
 
 
 @dataclass
@@ -149,8 +149,7 @@ def plot(sc: Schedule, out: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    save_figure(fig, out, "plot-lr --out")
 
 
 def report(sc: Schedule, out: str) -> None:
@@ -170,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_command(PlotLRCommand, argv, prog="yxanul plot-lr", description=__doc__.split("\n\n")[0])
     values = _values(a)
     sc = schedule(values)
-    Path(values["out"]).absolute().parent.mkdir(parents=True, exist_ok=True)
     plot(sc, values["out"])
     report(sc, values["out"])
     return 0
