@@ -243,3 +243,33 @@ def test_every_flag_the_docs_show_exists():
                 wrong += [f"{doc.relative_to(root)}:{n}: {cmd} --{f}" for f in re.findall(r"(?<![\w-])--([\w-]+)",
                                                                                         m.group(0)) if f not in allowed]
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["train", "--output_dir", ""], "output_dir"), (["train", "--resume="], "resume"),
+    (["train", "--data_dir", ""], "data_dir"), (["train", "--config", ""], "config"),
+    (["prepare", "--tokenizer="], "tokenizer"),
+    (["eval", "run", "--data_dir="], "data_dir")])
+def test_a_path_flag_given_empty_is_one_line_not_the_default(capsys, argv, key):
+    """`--output_dir "$DIR"` with DIR unset: the flag's default would silently be used (runs/<name>, a fresh start
+    instead of the resume, the default cache, the embedded default run)."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: config key '{key}': expected a non-empty value (leave the flag out for its default), got ''"]
+
+
+def test_a_literals_own_none_is_a_value_not_unset():
+    """`--master_weights none` where the field is Optional (the command's "unset: the config's value") chose none;
+    it was read as unset, so the config's (or a speed default's) fp32 won."""
+    import dataclasses
+    from typing import Literal
+
+    from yxanul.flags import coerce, parse_command, same_as
+    from yxanul.precision.args import PrecisionArgs
+
+    Command = dataclasses.make_dataclass("Command", [("master_weights", Literal["none", "fp32"] | None,
+                                                      same_as(PrecisionArgs, "master_weights", default=None))])
+    assert parse_command(Command, ["--master_weights", "none"], prog="x").master_weights == "none"
+    assert parse_command(Command, ["--master_weights", "null"], prog="x").master_weights is None
+    assert parse_command(Command, [], prog="x").master_weights is None
+    assert coerce("loss_impl", Literal["default", "te"] | None, "none", from_cli=True) is None  # no own none

@@ -24,9 +24,11 @@ from .data.args import DataArgs
 from .errors import ConfigError
 from .evaluation.args import EvalTaskArgs
 from .flags import (
+    GivenOnce,
     OneLineParser,
     add_field,
     bare_booleans,
+    coerce,
     merge,
     parse_known,
     strip_optional,
@@ -108,7 +110,7 @@ def build_parser(prog: str = "yxanul train") -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )
-    parser.add_argument("--config", help="YAML file with flat `key: value` pairs (any key below).")
+    parser.add_argument("--config", action=GivenOnce, help="YAML file with flat `key: value` pairs (any key below).")
     groups: dict[str, argparse._ArgumentGroup] = {}
     embedded = embedded_defaults()
     for key, (section, f, tp) in _fields().items():
@@ -245,7 +247,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "yxanul train") -> Con
     bools = {k for k, (_, _, tp) in fields.items() if strip_optional(tp)[0] is bool}
     argv = [a for a in argv or () if a != "--"]  # a `--` before the flags separates nothing: train has no positionals
     ns = parse_known(build_parser(prog), bare_booleans(underscored(argv, fields), bools), fields)
-    path = ns.pop("config", None)
+    path = coerce("config", str | None, ns.pop("config", None), from_cli=True)  # `--config ""`: one line
     yaml_values = load_yaml(path) if path else {}
     embedded = path is not None and os.path.abspath(path) == os.path.abspath(DEFAULT_CONFIG)
     cfg = resolve(yaml_values, ns, source=path, user_keys=set(ns) | (set() if embedded else set(yaml_values)))

@@ -4,6 +4,7 @@ line each), and the embedded default run that `yxanul train` and the commands re
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +30,41 @@ def with_default_config(argv: list[str]) -> list[str]:
     return ["--config", DEFAULT_CONFIG, *argv]
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *base`: the keys of another mapping (SafeLoader merges them)
+
+
+def _what(key) -> str:
+    """A key that YAML did not read as a string, as YAML read it: 'the boolean true' (YAML 1.1's on, yes)."""
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return f"the boolean {str(key).lower()}"
+    return f"the {'integer' if isinstance(key, int) else type(key).__name__} {key}"
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last) and a key that is
+    not a string (``5:``, YAML 1.1's ``on:``/``no:``, ``null:``: no key is named so). A merge (``<<: *base``)
+    is no key of the mapping: its keys are the base's, which the mapping's own keys override."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, str):
+                if not isinstance(key, Hashable):  # a list or mapping as key: the loader's own "unhashable key"
+                    continue
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key_node.value}' is read by YAML as {_what(key)}, not a name (keys are "
+                                "names such as max_steps)", key_node.start_mark)
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key '{key}' given twice (lines {seen[key]} and {line}; the last would win silently)",
                     key_node.start_mark)
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = line
+            seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
 

@@ -3,7 +3,8 @@
 A command declares its arguments as a dataclass (litgpt style: the signature is the schema) and calls
 :func:`parse_command`. Each field becomes ``--name`` with its ``metadata["help"]``; a field with
 ``metadata={"positional": True}`` is a positional argument (``list[...]`` ones take one or more);
-``metadata={"aliases": ["--old-name"]}`` keeps an old spelling of a flag working.
+``metadata={"aliases": ["--old-name"]}`` keeps an old spelling of a flag working; ``metadata={"once": True}``
+refuses the flag given twice (``--config``: the second file would silently replace the first).
 Types: int, float, str, bool (a bare ``--flag`` means true; ``--flag false`` works too), ``X | None``,
 ``Literal[...]`` (choices), ``list[int|float|str]`` (several values after the flag), and
 ``list[dict]``/``dict`` (YAML only). Every mistake is one line (a :class:`~yxanul.errors.UserError`,
@@ -134,10 +135,13 @@ def whole_number(value) -> int | None:
 def coerce(key: str, tp, value, from_cli: bool):
     """Convert/validate ``value`` for a field of type ``tp``; raise ConfigError naming ``key``."""
     base, optional = strip_optional(tp)
-    if value is None or (from_cli and optional and isinstance(value, str) and value.lower() in ("none", "null")):
+    own = get_origin(base) is Literal and value in get_args(base)  # a Literal's own "none" is a value, not unset
+    if value is None or (from_cli and optional and not own and str(value).lower() in ("none", "null")):
         if optional:
             return None
         raise ConfigError(key, describe(tp), value)
+    if from_cli and optional and value == "" and base is str:  # `--output_dir "$UNSET"` is not unset
+        raise ConfigError(key, "a non-empty value (leave the flag out for its default)", value)
     try:
         if _is_list(base):
             item = _list_item(base)
@@ -263,18 +267,25 @@ class OneLineParser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+class GivenOnce(argparse.Action):
+    """A flag given twice is one line (``--config a.yaml --config b.yaml`` read b.yaml alone). The parsers'
+    ``argument_default=SUPPRESS`` leaves it unset until given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if hasattr(namespace, self.dest):
+            raise UserError(f"{parser.prog}: {option_string} given twice ('{getattr(namespace, self.dest)}', then "
+                            f"'{values}'): give it once (the last would silently replace the first)")
+        setattr(namespace, self.dest, values)
+
+
 def add_field(parser_or_group, name: str, f: dataclasses.Field, tp, embedded: dict | None = None) -> None:
     """One dataclass field as one argparse argument (values stay strings; :func:`coerce` types them). ``embedded``:
     the command reads the embedded default without --config; its value of this key, if any, is the default shown."""
     base, _ = strip_optional(tp)
     help_ = f.metadata.get("help", "")
-    if f.default is not dataclasses.MISSING:
-        default = f.default
-    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        default = f.default_factory()  # type: ignore[misc]
-    else:
-        default = None
-    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+    factory = f.default_factory  # type: ignore[misc]
+    required = f.default is dataclasses.MISSING and factory is dataclasses.MISSING
+    default = None if required else f.default if factory is dataclasses.MISSING else factory()
     if f.metadata.get("positional"):
         kw: dict[str, Any] = {"help": help_, "metavar": f.metadata.get("metavar", name.upper())}
         if _is_list(base):
@@ -293,6 +304,8 @@ def add_field(parser_or_group, name: str, f: dataclasses.Field, tp, embedded: di
         kw.update(metavar="{" + ",".join(str(c) for c in get_args(base)) + "}")
     elif _is_list(base) and _list_item(base) in (int, float, str):
         kw.update(nargs="+")
+    if f.metadata.get("once"):
+        kw.update(action=GivenOnce)
     parser_or_group.add_argument(f"--{name}", *f.metadata.get("aliases", ()), **kw)
 
 

@@ -131,6 +131,8 @@ def test_trial_overrides_win_and_swept_or_reserved_flags_are_refused(tmp_path):
         make_trial(spec, "x", plan_trials(spec, 1)[0], tmp_path, ["--output_dir", "elsewhere"])
     with pytest.raises(UserError, match="max_lr"):
         make_trial(spec, "x", plan_trials(spec, 1)[0], tmp_path, ["--max_lr", "fast"])
+    with pytest.raises(UserError, match="^yxanul sweep: --config given twice"):  # the second was dropped
+        make_trial(spec, "x", plan_trials(spec, 1)[0], tmp_path, ["--config", base, f"--config={base}"])
 
 
 def test_accelerate_prefix_of_the_command_launches_every_rank(tmp_path):

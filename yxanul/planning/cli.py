@@ -64,6 +64,7 @@ class PlanCommand:
     loss_impl: Literal["default", "chunked", "te"] | None = same_as(ModelArgs, "loss_impl", default=None)
     master_weights: Literal["none", "fp32"] = same_as(PrecisionArgs, "master_weights")
     config: str | None = field(default=None, metadata={
+        "once": True,
         "help": "Training config named in the launch line, read as `yxanul train --config` reads it (a missing or "
                 "broken file is one line, exit 2); without it the line says CONFIG.yaml, to fill in."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON."})

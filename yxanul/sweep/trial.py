@@ -66,6 +66,9 @@ class Trial:
 def split_overrides(overrides: list[str], spec: SweepSpec) -> tuple[str | None, list[str]]:
     """`--config FILE` out of the user's extra flags; refuse flags the sweep owns or sweeps."""
     base = _flag_value(overrides, "config")
+    configs = [t for t in overrides if t == "--config" or t.startswith("--config=")]
+    if len(configs) > 1:  # only the first would be read, silently
+        raise UserError("yxanul sweep: --config given twice: give one base config")
     rest, skip = [], False
     for t in overrides:
         if skip:

@@ -30,7 +30,8 @@ from .figures import check_figure_out, save_figure
 class PlotLRCommand:
     """Plot the learning-rate schedule to a PNG."""
 
-    config: str | None = field(default=None, metadata={"help": "Flat YAML config (keys not used here are ignored)."})
+    config: str | None = field(default=None, metadata={"help": "Flat YAML config (keys not used here are ignored).",
+                                                       "once": True})
     max_lr: float | None = same_as(OptimArgs, "max_lr", default=None)
     min_lr_ratio: float | None = same_as(OptimArgs, "min_lr_ratio", default=None)
     warmup_steps: int | None = same_as(OptimArgs, "warmup_steps", default=None)

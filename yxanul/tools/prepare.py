@@ -23,8 +23,9 @@ class PrepareCommand(DataArgs):
 
     reads_embedded_default: ClassVar[bool] = True  # without --config: `yxanul train`'s data keys (its --help says)
 
-    config: str | None = field(default=None, metadata={"help": "YAML config; only its data keys are used (e.g. a "
-                                                                "'datasets' mixture); flags override it."})
+    config: str | None = field(default=None, metadata={"once": True, "help": "YAML config; only its data keys are "
+                                                                              "used (e.g. a 'datasets' mixture); flags "
+                                                                              "override it."})
 
 
 def parse_prepare_args(argv: list[str] | None) -> DataArgs:
