@@ -26,6 +26,7 @@ signal (``StopBeforeWorkers``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.error = _one_line  # accelerate's argparse prints its usage, then the error: one line instead
     logging.getLogger("accelerate.commands.launch").addFilter(_not_accelerates_defaults_notice)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    check_counts(args)
     waiting = check_the_head_node(args)
     cpu_processes_through_torchrun(args)
     held = HeldRecords(logging.getLogger(ELASTIC_LOGGER))
@@ -103,13 +105,7 @@ def check_the_head_node(args) -> str:
     """Several machines meet at ``main_process_ip``: without one (multi_node_fp8.yaml leaves it to the job script)
     torchrun tried to reach 'None:29500' for 15 minutes, printing only C++ socket warnings. Returns what this node
     waits for at the start ("node 0 of 2: waiting for 1 more node at HOST:PORT"), "" on one machine."""
-    config = {}
-    if args.config_file and Path(args.config_file).is_file():
-        try:  # a few keys of the file: read here, before accelerate's launch command acts on it
-            config = yaml.safe_load(Path(args.config_file).read_text())
-        except yaml.YAMLError:  # accelerate reports its own file in one line
-            return ""
-    config = config if isinstance(config, dict) else {}
+    config = _config_file(args)
     machines = args.num_machines or config.get("num_machines") or 1
     if not isinstance(machines, int) or machines < 2:
         return ""
@@ -121,6 +117,37 @@ def check_the_head_node(args) -> str:
     rank = args.machine_rank if args.machine_rank is not None else config.get("machine_rank") or 0
     others = machines - 1
     return f"node {rank} of {machines}: waiting for {others} more node{'s' if others > 1 else ''} at {ip}:{port}"
+
+
+def check_counts(args) -> None:
+    """``--num_processes``/``--num_machines`` of 0 or less: accelerate took them (a negative count of processes
+    even trained, on one); one line instead."""
+    for flag in ("num_processes", "num_machines"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UserError(f"yxanul launch: --{flag} expected a whole number of at least 1, got {value}")
+
+
+def _config_file(args) -> dict:
+    """The accelerate config file (``--config_file``, else accelerate's default one if it exists), read before
+    accelerate's launch command acts on it: a file whose top level is not a mapping (empty, a list) ended in an
+    AttributeError traceback inside accelerate; one line naming the file instead. {} when there is none, or when it
+    is not valid YAML/JSON (accelerate reports that in one line)."""
+    from accelerate.commands.config.config_args import default_config_file
+
+    path = Path(args.config_file) if args.config_file else Path(default_config_file)
+    if not path.is_file():
+        return {}  # a --config_file that is not there: accelerate's own one line
+    try:
+        text = path.read_text(encoding="utf-8")
+        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+        return {}
+    if not isinstance(config, dict):
+        got = "an empty file" if config is None else f"a {type(config).__name__}"
+        raise UserError(f"yxanul launch: the accelerate config file '{path}': expected a mapping of keys "
+                        f"(compute_environment: ..., num_processes: ...), got {got}")
+    return config
 
 
 def _one_line(message: str):

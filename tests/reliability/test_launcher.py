@@ -293,6 +293,25 @@ def test_a_launch_flag_mistake_is_one_line_not_accelerates_usage_and_error(capsy
         assert len(err) == 1 and err[0].startswith("error: yxanul launch: ") and needle in err[0], err
 
 
+def test_a_config_file_that_is_not_a_mapping_and_a_count_below_1_are_one_line(tmp_path, capsys):
+    """An empty accelerate config file, or one whose top level is a list, ended in accelerate's AttributeError
+    traceback; --num_processes -3 (or 0) was taken and a run trained on one process."""
+    from yxanul.cli import main as cli
+
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "list.yaml").write_text("- num_processes: 2\n")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    cases = [(["--config_file", str(tmp_path / name)], f"'{tmp_path / name}': expected a mapping") for name in
+             ("empty.yaml", "list.yaml", "list.json")]
+    cases += [(["--num_processes", n, "--cpu"], f"--num_processes expected a whole number of at least 1, got {n}")
+              for n in ("-3", "0")]
+    cases.append((["--num_machines", "0", "--cpu"], "--num_machines expected a whole number of at least 1"))
+    for argv, needle in cases:
+        assert cli(["launch", *argv, "-m", "yxanul", "train", "--max_steps", "1"]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: yxanul launch: ") and needle in err[0], err
+
+
 def test_a_run_directory_mistake_after_the_process_group_exists_is_still_one_line(tmp_path):
     """The run directory is checked after the process group exists (the default name is rank 0's), and every rank
     finds the same mistake: rank 0 prints it, the other exits quietly (it printed it too, once per rank)."""
