@@ -104,6 +104,32 @@ def test_bad_arguments_are_one_line_errors(kw, key):
         BenchCommand(**kw)
 
 
+@pytest.mark.parametrize("kw,needle", [
+    ({"tokens_per_micro": 1000, "seq_lengths": "512,1024"}, "'tokens_per_micro': expected an integer >= the "
+                                                            "longest seq_lengths (1024)"),
+    ({"fp8_min_gemm_dim": -2}, "'fp8_min_gemm_dim': expected an integer >= 0, or -1"),
+    ({"time_limit": -5.0}, "'time_limit': expected seconds >= 0"),
+    ({"time_limit": float("nan")}, "'time_limit': expected seconds >= 0")])
+def test_values_that_ran_but_not_as_asked_are_refused(kw, needle):
+    """tokens_per_micro below a sequence length ran every such case at micro-batch 1, -2 read as -1 (the training
+    default), and a negative time limit skipped every case after the first (NaN: no limit)."""
+    with pytest.raises(ConfigError) as e:
+        BenchCommand(**kw)
+    assert needle in str(e.value)
+
+
+def test_a_range_mistake_is_one_line_and_micro_batch_size_makes_tokens_per_micro_unused(capsys):
+    from yxanul.cli import main as cli
+
+    tiny = ["--presets", "nano", "--seq_lengths", "32", "--tokens_per_micro", "32", "--precisions", "fp32", "--steps",
+            "1", "--warmup", "0", "--vocab_size", "512"]  # one small case, were it not refused
+    assert cli(["bench", *tiny, "--time_limit", "-5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "error: config key 'time_limit': expected seconds >= 0 (0: no " \
+        "limit), got -5.0\n", captured
+    BenchCommand(tokens_per_micro=100, seq_lengths="1024", micro_batch_size=1, fp8_min_gemm_dim=-1)
+
+
 @pytest.mark.parametrize("flag", ["--presets", "--precisions", "--seq_lengths"])
 def test_an_empty_list_is_a_usage_error_not_an_empty_table(capsys, flag):
     """No case to run would print an empty table and exit 0, as if the benchmark passed."""

@@ -101,8 +101,22 @@ class BenchCommand:
             raise ConfigError("seq_lengths", "comma-separated integers", self.seq_lengths) from None
         if not seqs or min(seqs) < 16:
             raise ConfigError("seq_lengths", "comma-separated integers >= 16", self.seq_lengths)
+        self._check_ranges(max(seqs))
         if self.out is not None:  # bench.json is written after the first case: a bad folder fails now, not then
             check_out_folder("out", self.out)
+
+    def _check_ranges(self, longest_seq: int) -> None:
+        """Values that ran, but not as asked: a micro-batch of 1 at every sequence length longer than
+        tokens_per_micro, -5 read as -1, and every case after the first skipped under a negative time limit."""
+        if not self.micro_batch_size and self.tokens_per_micro < longest_seq:
+            raise ConfigError("tokens_per_micro", f"an integer >= the longest seq_lengths ({longest_seq}): the "
+                              "micro-batch is tokens_per_micro // seq_length (or set micro_batch_size)",
+                              self.tokens_per_micro)
+        if self.fp8_min_gemm_dim < -1:
+            raise ConfigError("fp8_min_gemm_dim", "an integer >= 0, or -1 for the training default",
+                              self.fp8_min_gemm_dim)
+        if not self.time_limit >= 0:  # also NaN, which never compares true: no limit
+            raise ConfigError("time_limit", "seconds >= 0 (0: no limit)", self.time_limit)
 
 
 TE_ONLY = ("fuse_qkv_params", "fuse_qkv_rope", "fuse_wgrad_accumulation")  # the torch backend ignores or refuses
