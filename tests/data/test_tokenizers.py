@@ -56,6 +56,17 @@ def test_tokenizer_train_bad_flags_are_one_line():
         tokenizer_main(["train"])
 
 
+@pytest.mark.parametrize("flag,value,least", [("sample_bytes", "1000", 1024), ("held_out_documents", "-1", 0),
+                                              ("min_frequency", "0", 1)])
+def test_a_value_out_of_range_names_its_own_flag_only(tmp_path, capsys, flag, value, least):
+    """The three ranges were one message naming 'sample_bytes/held_out_documents/min_frequency' and all three values."""
+    from yxanul.cli import main as cli
+
+    assert cli(["tokenizer", "train", "--out", str(tmp_path / "tok"), f"--{flag}", value]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: config key '{flag}': expected an integer >= {least}, got {int(value)}\n", err
+
+
 def test_tokenizer_train_reads_the_rendered_text_template(tmp_path):
     from transformers import AutoTokenizer
 

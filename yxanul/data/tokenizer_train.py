@@ -64,9 +64,9 @@ class TokenizerTrainCommand:
                               self.vocab_size)
         if not self.special_tokens or not all(self.special_tokens):
             raise ConfigError("special_tokens", "one or more non-empty strings (the first is EOS)", self.special_tokens)
-        if self.sample_bytes < 1024 or self.held_out_documents < 0 or self.min_frequency < 1:
-            raise ConfigError("sample_bytes/held_out_documents/min_frequency", ">= 1024 / >= 0 / >= 1",
-                              (self.sample_bytes, self.held_out_documents, self.min_frequency))
+        for key, least in (("sample_bytes", 1024), ("held_out_documents", 0), ("min_frequency", 1)):
+            if getattr(self, key) < least:  # the one key at fault, not all three
+                raise ConfigError(key, f"an integer >= {least}", getattr(self, key))
         held = [n for n in TOKENIZER_FILES if (Path(self.out).expanduser() / n).is_file()]
         if held and not self.overwrite:  # another tokenizer (an export's too): the one its model's ids mean
             raise ConfigError("out", f"a folder without a tokenizer (it holds {held[0]}; --overwrite replaces it)",
