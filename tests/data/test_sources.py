@@ -193,3 +193,17 @@ def test_a_hub_repository_folder_reads_its_data_not_its_readme(tmp_path, docs_fi
     with pytest.raises(DataError, match=r"got \['.jsonl', '.txt'\]; read one kind with a glob, e.g. '.*repo/\*\*/\*"
                                         r"\.jsonl'"):
         prepare(DataArgs(dataset=str(repo), data_dir=str(tmp_path / "o3")), **Q)
+
+
+def test_an_empty_yxanul_cache_is_unset_not_the_current_folder(tmp_path, monkeypatch):
+    """`YXANUL_CACHE= yxanul prepare ...` read Path(""): prepared data was written into the current folder."""
+    from yxanul.data.prepare import target_dir
+    from yxanul.training.batching.cache import user_cache_file
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("YXANUL_CACHE", "")
+    monkeypatch.chdir(tmp_path)
+    out = target_dir(DataArgs())[0]
+    assert out.parent == home / ".cache" / "yxanul" / "data", out
+    assert user_cache_file() == home / ".cache" / "yxanul" / "batch_cache.json"

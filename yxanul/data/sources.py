@@ -21,8 +21,10 @@ BUNDLED_TOKENIZER = ASSETS / "tokenizer"
 
 
 def cache_root() -> Path:
-    """Where prepared data and converted tokenizers are cached (``YXANUL_CACHE``)."""
-    return Path(os.environ.get("YXANUL_CACHE", Path.home() / ".cache" / "yxanul"))
+    """Where prepared data, converted tokenizers and measured batch sizes are cached: ``YXANUL_CACHE``, else
+    ~/.cache/yxanul. The one place that reads the variable; an empty one (``YXANUL_CACHE= yxanul prepare``) is
+    unset, not ``Path("")``, the current folder."""
+    return Path(os.environ.get("YXANUL_CACHE") or Path.home() / ".cache" / "yxanul")
 
 
 _BUILDERS = {".txt": "text", ".md": "text", ".text": "text", ".jsonl": "json", ".json": "json",

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ...data.sources import cache_root
 from .search import SearchResult, apply_margin
 
 SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -49,8 +50,7 @@ def cache_key(fields: dict) -> str:
 
 
 def user_cache_file() -> Path:
-    root = os.environ.get("YXANUL_CACHE") or Path.home() / ".cache" / "yxanul"
-    return Path(root) / "batch_cache.json"
+    return cache_root() / "batch_cache.json"
 
 
 def cache_files(run_dir=None, user_cache: bool = True) -> list[Path]:
