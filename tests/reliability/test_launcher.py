@@ -89,7 +89,9 @@ def test_any_other_failure_keeps_the_launchers_output_and_exit_code(tmp_path):
         assert record in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("launcher", [TWO, ["--cpu", "--num_processes", "2"]], ids=["cpu_yaml", "cpu_flag"])
+# the profile file is what users launch with; the flag spelling reaches the same accelerate launch (slow: 20 s)
+@pytest.mark.parametrize("launcher", [TWO, pytest.param(["--cpu", "--num_processes", "2"], marks=pytest.mark.slow)],
+                         ids=["cpu_yaml", "cpu_flag"])
 def test_a_tiny_two_process_run_exits_0(tmp_path, launcher):
     """The CPU profile, and `--cpu --num_processes 2` (accelerate alone: one process), both train 2 gloo ranks."""
     from yxanul.training.state import read_state_file
@@ -312,6 +314,7 @@ def test_a_config_file_that_is_not_a_mapping_and_a_count_below_1_are_one_line(tm
         assert len(err) == 1 and err[0].startswith("error: yxanul launch: ") and needle in err[0], err
 
 
+@pytest.mark.slow  # three launches (~50 s on 2 cores); the fast siblings: test_a_user_error_is_one_line_and_exit_2_*
 def test_a_run_directory_mistake_after_the_process_group_exists_is_still_one_line(tmp_path):
     """The run directory is checked after the process group exists (the default name is rank 0's), and every rank
     finds the same mistake: rank 0 prints it, the other exits quietly (it printed it too, once per rank)."""
