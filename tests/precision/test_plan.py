@@ -178,3 +178,18 @@ def test_fp8_attention_below_sm100_needs_head_dim_128():
     with pytest.raises(ConfigError, match="head_dim 72 on NVIDIA B200 .*head_dim <= 128, a multiple of 16"):
         check_fp8_attention(delayed, b200, te_cfg("medium-large", num_attention_heads=16, num_key_value_heads=16))
     check_fp8_attention(PrecisionArgs(use_fp8=True, fp8_recipe="delayed"), H100, te_cfg("gpt2-124m"))  # flag off
+
+
+def test_bf16_on_a_cpu_without_onednn_bf16_kernels_is_one_warning():
+    """An AVX2-only CPU runs BF16 matmuls on torch's reference path (a nano step ~40x FP32's): one line says so
+    and names --mixed_precision fp32; a CPU with the kernels, a GPU, and FP32 say nothing."""
+    cpu = facts(cuda_available=False, bf16_supported=False, te_available=False, compute_capability=None)
+    said = []
+    resolve_precision(PrecisionArgs(mixed_precision="bf16"), te_cfg(), facts(**{**cpu.__dict__, "cpu_bf16_gemm":
+                                                                                False}), say=said.append)
+    assert len(said) == 1 and said[0].startswith("warning: BF16 on this CPU is slow") and "fp32" in said[0], said
+    for f, precision in ((cpu, "bf16"), (facts(cpu_bf16_gemm=False), "bf16"),
+                         (facts(**{**cpu.__dict__, "cpu_bf16_gemm": False}), "fp32")):
+        said = []
+        resolve_precision(PrecisionArgs(mixed_precision=precision), te_cfg(), f, say=said.append)
+        assert said == [], (f, precision, said)

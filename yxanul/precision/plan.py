@@ -50,6 +50,15 @@ class CapabilityFacts:
     bf16_supported: bool = False
     recipes: dict[str, tuple[bool, str]] = field(default_factory=dict)  # recipe -> (available, TE's reason)
     te_version: str | None = None
+    # oneDNN's BF16 GEMMs (AVX512/AMX); without them (AVX2 only) torch's BF16 matmuls take a reference path
+    cpu_bf16_gemm: bool = True
+
+
+def _cpu_bf16_gemm() -> bool:
+    try:  # the check torch's own inductor makes (torch/_inductor/utils.py, is_mkldnn_bf16_supported)
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: no way to tell, so no warning
+        return True
 
 
 def probe_facts() -> CapabilityFacts:
@@ -60,7 +69,7 @@ def probe_facts() -> CapabilityFacts:
         compute_capability=tuple(torch.cuda.get_device_capability()) if cuda else None,
         bf16_supported=bool(cuda and torch.cuda.is_bf16_supported()),
         recipes=_te.availability() if cuda else {},
-        te_version=_te.te_version or _te.te_installed_version)
+        te_version=_te.te_version or _te.te_installed_version, cpu_bf16_gemm=cuda or _cpu_bf16_gemm())
 
 
 def recipe_spec(args: PrecisionArgs) -> tuple[str, dict]:
@@ -143,6 +152,10 @@ def resolve_precision(args: PrecisionArgs, config, facts: CapabilityFacts | None
         if args.require_fp8:
             raise UserError(f"require_fp8: FP8 is impossible here: {reason}")
         say(f"FP8 off: {reason}; training in {base.upper()}")
+    if base == "bf16" and not facts.cuda_available and not facts.cpu_bf16_gemm:
+        say("warning: BF16 on this CPU is slow: it has no oneDNN BF16 kernels (AVX2 only), so BF16 matmuls take "
+            "torch's reference path (a nano step ~40x FP32's on a 2-core AMD EPYC); --mixed_precision fp32 trains "
+            "faster here")
     if args.use_fp8 and args.fp8_interval != 1:
         say(f"warning: fp8_interval={args.fp8_interval} has no effect (TE has no 'interval' since 1.8: "
             "scales update after every step); recorded only")
