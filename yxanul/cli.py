@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 import re
@@ -13,7 +12,7 @@ from . import __version__
 from .checkpoint import listing, run_dir_of
 from .config import parse_args
 from .config_file import with_default_config
-from .errors import PEER_LOST_EXIT_CODE, ConfigError, EveryRankError, UserError, first_line
+from .errors import DISK_FULL, PEER_LOST_EXIT_CODE, ConfigError, EveryRankError, UserError, first_line, path_error_line
 from .tracking import quiet_tensorboard_writer_thread, tensorboard_logdir
 
 # command -> (module, function, one-line help)
@@ -221,43 +220,17 @@ def _let_rank_0_fail_first() -> None:
 
 
 def _path_error_line(e: OSError) -> str | None:
-    """One line for an OSError that a path the user chose explains (a full disk, a read-only or foreign folder,
-    a file where a folder goes, a link to nowhere, e.g. an unmounted scratch filesystem); None: a bug."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return _disk_full_line(e)
-    if not e.filename:
-        return None
-    fix = "choose another folder (e.g. --output_dir)"
-    link = _dangling_link(str(e.filename))
-    if link is not None and e.errno in (errno.EEXIST, errno.ENOENT):
-        return (f"error: '{link}' is a symbolic link to '{os.readlink(link)}', which does not exist (a filesystem "
-                f"that is not mounted?); mount it, fix the link or {fix}")
-    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only or foreign folder
-        return f"error: '{e.filename}': {e.strerror}; check its permissions or {fix}"
-    in_the_way = e.errno == errno.ENOTDIR or (e.errno == errno.EEXIST and os.path.isfile(e.filename))
-    if in_the_way or e.errno == errno.EISDIR:  # a file where a folder goes, or the reverse
-        what = "a file is in the way of a folder" if in_the_way else "a folder is in the way of a file"
-        return f"error: '{e.filename}': {e.strerror} ({what}); move it or {fix}"
-    return None
+    """One line for an OSError that a path the user chose explains (errors.path_error_line; a full disk names
+    TensorBoard's folder when it was that); None: a bug."""
+    return _disk_full_line(e) if e.errno in DISK_FULL else path_error_line(e)
 
 
-def _dangling_link(path: str) -> str | None:
-    """The first part of ``path`` (itself or a parent) that is a symbolic link to nothing, else None."""
-    parts = os.path.normpath(path).split(os.sep)
-    for i in range(1, len(parts) + 1):
-        part = os.sep.join(parts[:i]) or os.sep
-        if os.path.islink(part) and not os.path.exists(part):
-            return part
-    return None
-
-
-def _disk_full_line(e: OSError) -> str:
+def _disk_full_line(e: OSError) -> str | None:
     tb_dir = tensorboard_logdir(e)
     if tb_dir:
         return (f"error: disk full writing TensorBoard events to {tb_dir}: {e.strerror}; free space, choose another "
                 "--output_dir or --use_tensorboard false, then --resume latest")
-    where = f" writing '{e.filename}'" if e.filename else ""
-    return f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, then --resume latest"
+    return path_error_line(e)
 
 
 # what gloo and NCCL say when a collective's peer process is gone (killed, e.g. by the out-of-memory killer, or crashed)

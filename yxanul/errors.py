@@ -7,6 +7,7 @@ Anything a user can cause by a bad flag, file or config value raises a subclass 
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ class UserError(Exception):
     exit_code = 2
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 PEER_LOST_EXIT_CODE = 4  # a rank whose collective failed because another process of the job is gone (not a bug)
 
 
@@ -115,3 +117,37 @@ def is_no_space(e: BaseException | None) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def path_error_line(e: OSError) -> str | None:
+    """One line for an OSError that a path the user chose explains (a full disk, a read-only or foreign folder,
+    a file where a folder goes, a link to nowhere, e.g. an unmounted scratch filesystem); None: not one of those.
+    The CLI prints it for any command; a command that writes a path of its own (a figure) leaves these to it."""
+    if e.errno in DISK_FULL:
+        where = f" writing '{e.filename}'" if e.filename else ""
+        return (f"error: disk full{where} ({e.strerror}): free space or choose another --output_dir, then --resume "
+                "latest")
+    if not e.filename:
+        return None
+    fix = "choose another folder (e.g. --output_dir)"
+    link = _dangling_link(str(e.filename))
+    if link is not None and e.errno in (errno.EEXIST, errno.ENOENT):
+        return (f"error: '{link}' is a symbolic link to '{os.readlink(link)}', which does not exist (a filesystem "
+                f"that is not mounted?); mount it, fix the link or {fix}")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # a read-only or foreign folder
+        return f"error: '{e.filename}': {e.strerror}; check its permissions or {fix}"
+    in_the_way = e.errno == errno.ENOTDIR or (e.errno == errno.EEXIST and os.path.isfile(e.filename))
+    if in_the_way or e.errno == errno.EISDIR:  # a file where a folder goes, or the reverse
+        what = "a file is in the way of a folder" if in_the_way else "a folder is in the way of a file"
+        return f"error: '{e.filename}': {e.strerror} ({what}); move it or {fix}"
+    return None
+
+
+def _dangling_link(path: str) -> str | None:
+    """The first part of ``path`` (itself or a parent) that is a symbolic link to nothing, else None."""
+    parts = os.path.normpath(path).split(os.sep)
+    for i in range(1, len(parts) + 1):
+        part = os.sep.join(parts[:i]) or os.sep
+        if os.path.islink(part) and not os.path.exists(part):
+            return part
+    return None

@@ -5,10 +5,9 @@ written (`save_figure`): a path that cannot be written is one line too."""
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
-from ..errors import ConfigError, UserError
+from ..errors import ConfigError, UserError, path_error_line
 
 # matplotlib's Agg canvas's formats (`FigureCanvasBase.get_supported_filetypes()`); written out, not asked of
 # matplotlib, which would make --help and every flag error import it
@@ -26,12 +25,6 @@ def check_figure_out(key: str, value: str | None) -> None:
         raise ConfigError(key, f"an image file ending in .png, .pdf, .svg (or {', .'.join(FORMATS)})", value)
 
 
-# path errors the CLI turns into its own one line (cli._path_error_line: a file in the way of a folder, a read-only
-# or foreign folder, a full disk); the others (/proc, a virtual filesystem: ENOENT) are this module's line
-EXPLAINED = {errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
-             errno.EDQUOT}
-
-
 def save_figure(fig, path: str | Path, label: str, **savefig) -> None:
     """Write ``fig`` to ``path`` (its folders made first) and close it; a path that cannot be written (read-only,
     /proc, no space) is one line naming ``label`` (``compare --out``) and the path, not a traceback."""
@@ -41,7 +34,7 @@ def save_figure(fig, path: str | Path, label: str, **savefig) -> None:
         Path(path).absolute().parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, **savefig)
     except OSError as e:
-        if e.filename and e.errno in EXPLAINED:  # the CLI's path line names the part in the way and the fix
+        if path_error_line(e):  # the CLI prints it: it names the part in the way and the fix
             raise
         raise UserError(f"{label} '{path}': cannot be written ({e.strerror or e}); choose another path") from None
     finally:
