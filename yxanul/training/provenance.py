@@ -128,6 +128,7 @@ def _dataset_change(data, ckpt, old: dict, changes: dict) -> dict:
     checkpoint records its tokens, the change is left to `check`: the tokens, once prepared, decide."""
     saved = saved_config(ckpt)
     keys = [f.name for f in dataclasses.fields(data) if f.name in saved and saved[f.name] != getattr(data, f.name)]
+    # no differing key (all() of nothing: True) is a file touched or copied in place: also the tokens' to decide
     local = all(k in LOCATION_KEYS and (k == "datasets" or Path(str(getattr(data, k))).exists()) for k in keys)
     if old.get("dataset_content") and local:
         return {n: v for n, v in changes.items() if n != "dataset"}
