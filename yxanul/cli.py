@@ -220,13 +220,9 @@ def _let_rank_0_fail_first() -> None:
 
 
 def _path_error_line(e: OSError) -> str | None:
-    """One line for an OSError that a path the user chose explains (errors.path_error_line; a full disk names
-    TensorBoard's folder when it was that); None: a bug."""
-    return _disk_full_line(e) if e.errno in DISK_FULL else path_error_line(e)
-
-
-def _disk_full_line(e: OSError) -> str | None:
-    tb_dir = tensorboard_logdir(e)
+    """One line for an OSError that a path the user chose explains (errors.path_error_line), a full disk under
+    TensorBoard's folder naming that folder and --use_tensorboard false; None: a bug."""
+    tb_dir = tensorboard_logdir(e) if e.errno in DISK_FULL else None
     if tb_dir:
         return (f"error: disk full writing TensorBoard events to {tb_dir}: {e.strerror}; free space, choose another "
                 "--output_dir or --use_tensorboard false, then --resume latest")
